@@ -1,1 +1,339 @@
-//! forkd-cgroups
+//! Per-sandbox cgroups on either hierarchy.
+//!
+//! Mechanism: a sandbox gets one cgroup named `forkd/<sandbox id>`. On cgroup v1 (one
+//! mount per controller under `/sys/fs/cgroup/<controller>`) that is one directory per
+//! controller forkd uses (memory, pids, cpu, freezer); on cgroup v2 it is a single
+//! directory in the unified tree, with the controllers enabled in the parents'
+//! `cgroup.subtree_control`. Callers see one [`Cgroup`] either way.
+//!
+//! Limits: memory (hard limit, no swap on v2), number of tasks, and CPU as a quota in
+//! thousandths of a CPU. A memory hog is killed by the kernel's OOM killer inside its own
+//! cgroup; a fork bomb stops at `pids.max`.
+
+#![forbid(unsafe_code)]
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const V1_CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "freezer"];
+const V2_CONTROLLERS: &[&str] = &["memory", "pids", "cpu"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup {path}: {step}")]
+    Io {
+        path: PathBuf,
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no usable cgroup hierarchy under {0} (need cgroup v2 or v1 memory and pids controllers)")]
+    NoHierarchy(PathBuf),
+    #[error("cgroup {0} still has processes after killing them")]
+    Busy(PathBuf),
+}
+
+fn io_err<'a>(path: &'a Path, step: &'static str) -> impl FnOnce(io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io { path: path.to_path_buf(), step, source }
+}
+
+/// Resource limits of one sandbox. `None` means unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Hard memory limit in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Maximum number of tasks (processes and threads).
+    pub pids: Option<u64>,
+    /// CPU quota in thousandths of one CPU (1000 = one full core).
+    pub cpu_millis: Option<u64>,
+}
+
+/// Which cgroup hierarchy this machine uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "version", rename_all = "lowercase")]
+pub enum Hierarchy {
+    V1 { root: PathBuf, controllers: Vec<String> },
+    V2 { root: PathBuf, controllers: Vec<String> },
+}
+
+impl Hierarchy {
+    /// Detects the hierarchy mounted at `/sys/fs/cgroup`.
+    pub fn detect() -> Result<Self, CgroupError> {
+        Self::detect_at(Path::new("/sys/fs/cgroup"))
+    }
+
+    pub fn detect_at(root: &Path) -> Result<Self, CgroupError> {
+        let v2_controllers = root.join("cgroup.controllers");
+        if v2_controllers.exists() {
+            let text = fs::read_to_string(&v2_controllers)
+                .map_err(io_err(&v2_controllers, "read controllers"))?;
+            return Ok(Hierarchy::V2 {
+                root: root.to_path_buf(),
+                controllers: text.split_whitespace().map(String::from).collect(),
+            });
+        }
+        let controllers: Vec<String> = V1_CONTROLLERS
+            .iter()
+            .filter(|c| root.join(c).join("cgroup.procs").exists())
+            .map(|c| c.to_string())
+            .collect();
+        if controllers.iter().any(|c| c == "memory") && controllers.iter().any(|c| c == "pids") {
+            Ok(Hierarchy::V1 { root: root.to_path_buf(), controllers })
+        } else {
+            Err(CgroupError::NoHierarchy(root.to_path_buf()))
+        }
+    }
+
+    pub fn version(&self) -> u8 {
+        match self {
+            Hierarchy::V1 { .. } => 1,
+            Hierarchy::V2 { .. } => 2,
+        }
+    }
+
+    pub fn controllers(&self) -> &[String] {
+        match self {
+            Hierarchy::V1 { controllers, .. } | Hierarchy::V2 { controllers, .. } => controllers,
+        }
+    }
+
+    /// The directories that make up the cgroup `name` (one per v1 controller).
+    fn dirs(&self, name: &str) -> Vec<(Option<String>, PathBuf)> {
+        match self {
+            Hierarchy::V1 { root, controllers } => controllers
+                .iter()
+                .map(|c| (Some(c.clone()), root.join(c).join(name)))
+                .collect(),
+            Hierarchy::V2 { root, .. } => vec![(None, root.join(name))],
+        }
+    }
+}
+
+/// One sandbox's cgroup.
+#[derive(Debug, Clone)]
+pub struct Cgroup {
+    hierarchy: Hierarchy,
+    name: String,
+}
+
+fn write(path: &Path, value: &str, step: &'static str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(io_err(path, step))
+}
+
+impl Cgroup {
+    /// A handle on the cgroup `name` (relative, such as `forkd/<id>`); nothing is created.
+    pub fn new(hierarchy: &Hierarchy, name: &str) -> Self {
+        Cgroup { hierarchy: hierarchy.clone(), name: name.to_string() }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn hierarchy(&self) -> &Hierarchy {
+        &self.hierarchy
+    }
+
+    /// Creates the cgroup (idempotently) and applies `limits`.
+    pub fn create(&self, limits: &Limits) -> Result<(), CgroupError> {
+        if let Hierarchy::V2 { root, controllers } = &self.hierarchy {
+            // Enable our controllers on every ancestor, top-down.
+            let wanted: Vec<&str> = V2_CONTROLLERS
+                .iter()
+                .copied()
+                .filter(|c| controllers.iter().any(|h| h == c))
+                .collect();
+            let mut dir = root.clone();
+            for part in Path::new(&self.name).parent().into_iter().flat_map(|p| p.components()) {
+                let control = dir.join("cgroup.subtree_control");
+                let line: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+                write(&control, &line.join(" "), "enable controllers")?;
+                dir = dir.join(part);
+                fs::create_dir_all(&dir).map_err(io_err(&dir, "create"))?;
+            }
+            let control = dir.join("cgroup.subtree_control");
+            let line: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+            write(&control, &line.join(" "), "enable controllers")?;
+        }
+        for (_, dir) in self.hierarchy.dirs(&self.name) {
+            fs::create_dir_all(&dir).map_err(io_err(&dir, "create"))?;
+        }
+        self.set_limits(limits)
+    }
+
+    /// Applies `limits` to an existing cgroup.
+    pub fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        match &self.hierarchy {
+            Hierarchy::V1 { root, controllers } => {
+                let has = |c: &str| controllers.iter().any(|h| h == c);
+                let dir = |c: &str| root.join(c).join(&self.name);
+                if let Some(bytes) = limits.memory_bytes {
+                    write(&dir("memory").join("memory.limit_in_bytes"), &bytes.to_string(), "set memory limit")?;
+                }
+                if let Some(n) = limits.pids {
+                    write(&dir("pids").join("pids.max"), &n.to_string(), "set pids limit")?;
+                }
+                if let (Some(m), true) = (limits.cpu_millis, has("cpu")) {
+                    let d = dir("cpu");
+                    write(&d.join("cpu.cfs_period_us"), "100000", "set cpu period")?;
+                    write(&d.join("cpu.cfs_quota_us"), &(m * 100).to_string(), "set cpu quota")?;
+                }
+            }
+            Hierarchy::V2 { root, .. } => {
+                let d = root.join(&self.name);
+                if let Some(bytes) = limits.memory_bytes {
+                    write(&d.join("memory.max"), &bytes.to_string(), "set memory limit")?;
+                    // Without swap off, a hog would page out instead of being killed.
+                    let _ = fs::write(d.join("memory.swap.max"), "0");
+                }
+                if let Some(n) = limits.pids {
+                    write(&d.join("pids.max"), &n.to_string(), "set pids limit")?;
+                }
+                if let Some(m) = limits.cpu_millis {
+                    write(&d.join("cpu.max"), &format!("{} 100000", m * 100), "set cpu quota")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves process `pid` into the cgroup (all controllers).
+    pub fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
+        for (_, dir) in self.hierarchy.dirs(&self.name) {
+            write(&dir.join("cgroup.procs"), &pid.to_string(), "add process")?;
+        }
+        Ok(())
+    }
+
+    /// The processes in the cgroup (from the pids controller on v1).
+    pub fn pids(&self) -> Result<Vec<i32>, CgroupError> {
+        let dir = match &self.hierarchy {
+            Hierarchy::V1 { root, .. } => root.join("pids").join(&self.name),
+            Hierarchy::V2 { root, .. } => root.join(&self.name),
+        };
+        let path = dir.join("cgroup.procs");
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(io_err(&path, "list processes")(e)),
+        }
+    }
+
+    pub fn exists(&self) -> bool {
+        self.hierarchy.dirs(&self.name).iter().any(|(_, d)| d.exists())
+    }
+
+    /// How many times the OOM killer fired inside this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let path = match &self.hierarchy {
+            Hierarchy::V1 { root, .. } => root.join("memory").join(&self.name).join("memory.oom_control"),
+            Hierarchy::V2 { root, .. } => root.join(&self.name).join("memory.events"),
+        };
+        fs::read_to_string(path)
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+
+    /// Current memory use in bytes, if the memory controller reports it.
+    pub fn memory_current(&self) -> Option<u64> {
+        let path = match &self.hierarchy {
+            Hierarchy::V1 { root, .. } => root.join("memory").join(&self.name).join("memory.usage_in_bytes"),
+            Hierarchy::V2 { root, .. } => root.join(&self.name).join("memory.current"),
+        };
+        fs::read_to_string(path).ok()?.trim().parse().ok()
+    }
+
+    /// Kills every process in the cgroup and waits (up to `timeout`) until it is empty.
+    pub fn kill_all(&self, timeout: Duration) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + timeout;
+        if let Hierarchy::V2 { root, .. } = &self.hierarchy {
+            let _ = fs::write(root.join(&self.name).join("cgroup.kill"), "1");
+        }
+        loop {
+            let pids = self.pids()?;
+            if pids.is_empty() {
+                return Ok(());
+            }
+            for pid in pids {
+                // The pids were read from our own cgroup a moment ago; a pid that exited
+                // since then makes kill fail with ESRCH, which is fine.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            if Instant::now() > deadline {
+                return Err(CgroupError::Busy(PathBuf::from(&self.name)));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Removes the cgroup; it must be empty. Missing directories are not an error, so
+    /// removal is idempotent.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        for (_, dir) in self.hierarchy.dirs(&self.name) {
+            let mut tries = 0;
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    // EBUSY right after the last task exits: the kernel frees it lazily.
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 100 => {
+                        tries += 1;
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => return Err(io_err(&dir, "remove")(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_v1_layout() {
+        let dir = std::env::temp_dir().join(format!("forkd-cg-test-{}", std::process::id()));
+        for c in ["memory", "pids", "cpu"] {
+            fs::create_dir_all(dir.join(c)).unwrap();
+            fs::write(dir.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        let h = Hierarchy::detect_at(&dir).unwrap();
+        assert_eq!(h.version(), 1);
+        assert_eq!(h.controllers(), &["memory".to_string(), "pids".into(), "cpu".into()]);
+        let cg = Cgroup::new(&h, "forkd/abc");
+        let dirs: Vec<PathBuf> = h.dirs(cg.name()).into_iter().map(|(_, d)| d).collect();
+        assert_eq!(dirs[0], dir.join("memory/forkd/abc"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn detects_v2_layout() {
+        let dir = std::env::temp_dir().join(format!("forkd-cg2-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        let h = Hierarchy::detect_at(&dir).unwrap();
+        assert_eq!(h.version(), 2);
+        assert!(h.controllers().contains(&"pids".to_string()));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_hierarchy_is_an_error_naming_the_root() {
+        let dir = std::env::temp_dir().join(format!("forkd-cg0-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let err = Hierarchy::detect_at(&dir).unwrap_err().to_string();
+        assert!(err.contains(&dir.display().to_string()), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,1 +1,188 @@
-//! forkd-sys
+//! Thin, documented wrappers around the few system calls forkd needs that `nix` does not
+//! offer (pidfds, `close_range`, bringing up loopback in a fresh network namespace).
+//!
+//! This is the only crate in the workspace that contains `unsafe`. Every block says why it
+//! is sound; every raw return code goes through [`check`].
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Turns a raw `-1`-on-error return code into an `io::Result`.
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Opens a pidfd for `pid`: a handle that keeps referring to that process even if the pid
+/// number is later reused, and becomes readable when the process exits.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no
+    // memory is passed.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: the kernel just returned this descriptor to us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sends `signal` to the process behind `pidfd` (race-free against pid reuse).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid descriptor, a signal number, a null siginfo and zero flags.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+/// Reaps the exited child behind `pidfd` without blocking. Returns its wait status (as
+/// `waitpid` would encode it) or `None` when it has not exited yet.
+pub fn pidfd_try_wait(pidfd: BorrowedFd<'_>) -> io::Result<Option<i32>> {
+    // SAFETY: siginfo_t is plain old data; all-zero is a valid value for it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable siginfo_t for the duration of the call.
+    check(unsafe {
+        libc::waitid(
+            libc::P_PIDFD,
+            pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+        )
+    } as libc::c_long)?;
+    // SAFETY: after a successful waitid the pid and status fields are initialised.
+    let (pid, status, code) = unsafe { (info.si_pid(), info.si_status(), info.si_code) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(if code == libc::CLD_EXITED {
+        (status & 0xff) << 8
+    } else {
+        status & 0x7f
+    }))
+}
+
+/// Closes every descriptor numbered `first` and above, so nothing from the host leaks
+/// into a sandbox.
+pub fn close_fds_from(first: libc::c_uint) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; callers use it right before exec, when
+    // no Rust object still owns one of them.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) })?;
+    Ok(())
+}
+
+/// Marks every descriptor numbered `first` and above close-on-exec.
+pub fn cloexec_fds_from(first: libc::c_uint) -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: only sets a flag on descriptors; ownership is unchanged.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    })?;
+    Ok(())
+}
+
+/// Sets the IFF_UP flag on the interface `name` (used for `lo` in a new network
+/// namespace, which starts down).
+pub fn interface_up(name: &CStr) -> io::Result<()> {
+    // SAFETY: a plain socket(2) call.
+    let sock = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }
+        as libc::c_long)?;
+    // SAFETY: the descriptor was just returned to us.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock as RawFd) };
+    // SAFETY: ifreq is plain old data; all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.to_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq with a NUL-terminated name; SIOCGIFFLAGS fills the
+    // flags member of the union.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } as libc::c_long)?;
+    // SAFETY: the flags member was just initialised by the kernel.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS reads the flags member.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } as libc::c_long)?;
+    Ok(())
+}
+
+/// Raw `fork(2)` for single-threaded processes (the sandbox set-up helper and the init).
+///
+/// Returns 0 in the child and the child's pid in the parent.
+///
+/// # Safety
+/// The caller must be single-threaded, or restrict the child to async-signal-safe work
+/// until it calls exec.
+pub unsafe fn fork() -> io::Result<libc::pid_t> {
+    // SAFETY: forwarded to the caller's contract.
+    let pid = unsafe { libc::fork() };
+    check(pid as libc::c_long)?;
+    Ok(pid)
+}
+
+/// Takes ownership of a raw descriptor that a `nix` call just returned.
+pub fn own_fd(fd: RawFd) -> OwnedFd {
+    assert!(fd >= 0, "own_fd called with an invalid descriptor");
+    // SAFETY: the callers pass descriptors freshly returned by a system call, which
+    // nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `_exit(2)`: leaves at once, without running exit handlers or flushing buffers that
+/// belong to a parent process (used in forked children that must not return).
+pub fn exit_immediately(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no memory of ours.
+    unsafe { libc::_exit(code) }
+}
+
+/// Forks the current process. The parent gets the child's pid, the child gets 0.
+///
+/// Used by forkd's in-sandbox init, which is single-threaded.
+pub fn fork_single_threaded() -> io::Result<libc::pid_t> {
+    // SAFETY: callers are single-threaded processes (the init and its relays, the set-up
+    // helper), so the child inherits no lock held by another thread.
+    unsafe { fork() }
+}
+
+/// Prepares `cmd` to run as the leader of a new session with a clean signal mask and,
+/// when `controlling_tty` is set, with its standard input as its controlling terminal.
+pub fn session_leader(cmd: &mut std::process::Command, controlling_tty: bool) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs between fork and exec and calls only async-signal-safe
+    // functions (sigprocmask, setsid, ioctl), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sets the window size of the terminal behind `fd`.
+pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads a winsize that lives for the whole call.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)?;
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! Host-side mechanism for one sandbox: its overlay root, starting its init through the
+//! set-up helper, talking to the init, and tearing it all down.
+//!
+//! All functions here block; the daemon calls them off its async threads.
+
+use crate::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
+use crate::setup::{SetupReply, SetupSpec, CONTROL_SOCKET};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{step} {path}")]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("sandbox set-up failed at step '{step}': {message}")]
+    Setup { step: String, message: String },
+    #[error("the sandbox's init did not answer on {path} within {waited_ms} ms")]
+    InitTimeout { path: PathBuf, waited_ms: u64 },
+    #[error("exec protocol: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Exec(String),
+}
+
+fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> HostError + 'a {
+    move |source| HostError::Io { step, path: path.to_path_buf(), source }
+}
+
+/// Mounts an overlay at `target` with `lowers` (topmost first), `upper` and `work`.
+pub fn mount_overlay(lowers: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> Result<(), HostError> {
+    let lower: Vec<String> = lowers.iter().map(|p| escape_overlay_path(p)).collect();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        escape_overlay_path(upper),
+        escape_overlay_path(work)
+    );
+    mount(Some("overlay"), target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
+        .map_err(|e| io_err("mount overlay on", target)(e.into()))
+}
+
+/// Overlay separates paths with ':' and ','; escape them.
+fn escape_overlay_path(p: &Path) -> String {
+    p.display().to_string().replace('\\', "\\\\").replace(':', "\\:").replace(',', "\\,")
+}
+
+/// Detaches the mount at `target`; a path that is not mounted is fine (idempotent).
+pub fn unmount(target: &Path) -> Result<(), HostError> {
+    match umount2(target, MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(io_err("unmount", target)(e.into())),
+    }
+}
+
+/// Is `path` a mount point right now?
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else { return false };
+    let want = canon.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| t.lines().any(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(want.as_str())))
+        .unwrap_or(false)
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}
+
+/// Starts the sandbox's init by running `exe __setup`; returns the init's host pid.
+pub fn start_init(exe: &Path, spec: &SetupSpec) -> Result<i32, HostError> {
+    let mut child = Command::new(exe)
+        .arg("__setup")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_clear()
+        .spawn()
+        .map_err(io_err("run set-up helper", exe))?;
+    let body = serde_json::to_vec(spec).expect("spec serialises");
+    child.stdin.take().expect("piped").write_all(&body).map_err(io_err("send spec to", exe))?;
+    let out = child.wait_with_output().map_err(io_err("wait for set-up helper", exe))?;
+    match serde_json::from_slice::<SetupReply>(&out.stdout) {
+        Ok(SetupReply::Ok { pid }) => Ok(pid),
+        Ok(SetupReply::Error { step, message }) => Err(HostError::Setup { step, message }),
+        Err(_) => Err(HostError::Setup {
+            step: "run helper".into(),
+            message: format!(
+                "{} exited with {} and no reply: {}",
+                exe.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }),
+    }
+}
+
+/// Connects to the init's control socket under `rootfs` (the host's view of the
+/// sandbox root). Goes through `/proc/self/fd` so long state roots never exceed the
+/// 108-byte limit of a socket path.
+pub fn connect(rootfs: &Path) -> Result<UnixStream, HostError> {
+    let sock = rootfs.join(CONTROL_SOCKET);
+    let dir = sock.parent().expect("socket has a parent");
+    let dirfd = std::fs::File::open(dir).map_err(io_err("open control directory", dir))?;
+    let via = format!("/proc/self/fd/{}/init.sock", dirfd.as_raw_fd());
+    UnixStream::connect(&via).map_err(io_err("connect to", &sock))
+}
+
+/// Waits until the init answers on its socket.
+pub fn wait_ready(rootfs: &Path, timeout: Duration) -> Result<(), HostError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match connect(rootfs) {
+            Ok(_) => return Ok(()),
+            Err(_) if start.elapsed() < timeout => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            Err(_) => {
+                return Err(HostError::InitTimeout {
+                    path: rootfs.join(CONTROL_SOCKET),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                })
+            }
+        }
+    }
+}
+
+/// The collected result of a non-interactive exec.
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    pub pid: i32,
+    pub exit: ExecExit,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Sends `req` on a fresh connection and returns the connection after the `Started`
+/// frame (or the init's error).
+pub fn start_exec(rootfs: &Path, req: &ExecRequest) -> Result<(UnixStream, ExecStarted), HostError> {
+    req.validate().map_err(HostError::Exec)?;
+    let mut conn = connect(rootfs)?;
+    let body = serde_json::to_vec(req).expect("request serialises");
+    proto::write_frame(&mut conn, Kind::Request, &body).map_err(|e| HostError::Protocol(e.to_string()))?;
+    match proto::read_frame(&mut conn).map_err(|e| HostError::Protocol(e.to_string()))? {
+        Some((Kind::Started, body)) => {
+            let started = serde_json::from_slice(&body).map_err(|e| HostError::Protocol(e.to_string()))?;
+            Ok((conn, started))
+        }
+        Some((Kind::Error, body)) => Err(HostError::Exec(error_message(&body))),
+        Some((k, _)) => Err(HostError::Protocol(format!("unexpected {k:?} frame before start"))),
+        None => Err(HostError::Protocol("the init closed the connection before the command started".into())),
+    }
+}
+
+pub fn error_message(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+}
+
+/// Runs `req` to completion and collects its output (binary-safe). `stdin`, when
+/// given, is sent in full followed by end-of-file.
+pub fn exec(rootfs: &Path, req: &ExecRequest, stdin: Option<&[u8]>) -> Result<ExecOutput, HostError> {
+    let mut req = req.clone();
+    req.stdin = stdin.is_some();
+    let (mut conn, started) = start_exec(rootfs, &req)?;
+    if let Some(data) = stdin {
+        let mut w = conn.try_clone().map_err(|e| HostError::Protocol(e.to_string()))?;
+        let data = data.to_vec();
+        // A separate writer, so a command that writes before it reads cannot deadlock us.
+        std::thread::spawn(move || {
+            for chunk in data.chunks(64 * 1024) {
+                if proto::write_frame(&mut w, Kind::Stdin, chunk).is_err() {
+                    return;
+                }
+            }
+            let _ = proto::write_frame(&mut w, Kind::StdinEof, &[]);
+        });
+    }
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        match proto::read_frame(&mut conn).map_err(|e| HostError::Protocol(e.to_string()))? {
+            Some((Kind::Stdout, d)) => stdout.extend_from_slice(&d),
+            Some((Kind::Stderr, d)) => stderr.extend_from_slice(&d),
+            Some((Kind::Exit, body)) => {
+                let exit = serde_json::from_slice(&body).map_err(|e| HostError::Protocol(e.to_string()))?;
+                return Ok(ExecOutput { pid: started.pid, exit, stdout, stderr });
+            }
+            Some((Kind::Error, body)) => return Err(HostError::Exec(error_message(&body))),
+            Some(_) => {}
+            None => return Err(HostError::Protocol("connection closed before the command's exit was reported".into())),
+        }
+    }
+}

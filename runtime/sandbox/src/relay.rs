@@ -1,0 +1,427 @@
+//! A relay runs one exec inside a sandbox, as a child of the init.
+//!
+//! It reads the [`ExecRequest`], starts the command in a new session (on a fresh
+//! pseudo-terminal when asked), and shuttles stdin/stdout/stderr between the command
+//! and the connection as frames. The relay is a child subreaper, so every descendant of
+//! the command that is orphaned comes back to it instead of escaping to the init: a
+//! timeout (or the client hanging up) therefore kills the command's whole tree,
+//! grandchildren that changed session included, and nothing else.
+//!
+//! Detached commands write their output to `/.forkd/logs/<name>.log`; the relay stays
+//! behind as their waiter and records the exit status in `/.forkd/logs/<name>.exit`.
+
+use crate::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const CHUNK: usize = 64 * 1024;
+
+/// Serves one connection and exits.
+pub fn serve_connection(mut conn: UnixStream) -> ! {
+    let code = match run(&mut conn) {
+        Ok(()) => 0,
+        Err(message) => {
+            let body = serde_json::json!({ "message": message }).to_string();
+            let _ = proto::write_frame(&mut conn, Kind::Error, body.as_bytes());
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn run(conn: &mut UnixStream) -> Result<(), String> {
+    let req = match proto::read_frame(conn).map_err(|e| format!("read request: {e}"))? {
+        Some((Kind::Request, body)) => serde_json::from_slice::<ExecRequest>(&body)
+            .map_err(|e| format!("bad exec request: {e}"))?,
+        Some((k, _)) => return Err(format!("expected a request frame, got {k:?}")),
+        None => return Ok(()),
+    };
+    req.validate()?;
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("set subreaper: {e}"))?;
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    mask.thread_block().map_err(|e| format!("block SIGCHLD: {e}"))?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| format!("signalfd: {e}"))?;
+
+    let mut cmd = build_command(&req)?;
+    if req.detach {
+        return run_detached(conn, &req, cmd, sigfd);
+    }
+    // Standard streams: a pty, or three pipes.
+    let pty_master;
+    if req.tty {
+        let pty = nix::pty::openpty(None, None).map_err(|e| format!("openpty: {e}"))?;
+        let slave = pty.slave;
+        cmd.stdin(Stdio::from(slave.try_clone().map_err(|e| e.to_string())?))
+            .stdout(Stdio::from(slave.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(slave));
+        forkd_sys::session_leader(&mut cmd, true);
+        pty_master = Some(pty.master);
+    } else {
+        pty_master = None;
+        cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        forkd_sys::session_leader(&mut cmd, false);
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| spawn_error(&req, e))?;
+    let pid = child.id() as i32;
+    let mut stdin: Option<OwnedFd> = child.stdin.take().map(OwnedFd::from);
+    let mut out: Option<OwnedFd> = match &pty_master {
+        Some(m) => Some(m.try_clone().map_err(|e| e.to_string())?),
+        None => child.stdout.take().map(OwnedFd::from),
+    };
+    let mut err: Option<OwnedFd> = child.stderr.take().map(OwnedFd::from);
+    if req.tty {
+        stdin = pty_master.as_ref().map(|m| m.try_clone()).transpose().map_err(|e| e.to_string())?;
+    }
+    send(conn, Kind::Started, &ExecStarted { pid, log_path: None })?;
+
+    let deadline = req.timeout_ms.map(|ms| started + Duration::from_millis(ms));
+    let mut status: Option<WaitStatus> = None;
+    let mut timed_out = false;
+    let mut client_open = true;
+    let mut drain_until: Option<Instant> = None;
+    let mut buf = vec![0u8; CHUNK];
+    conn.set_nonblocking(false).ok();
+    loop {
+        if status.is_some() && out.is_none() && err.is_none() {
+            break;
+        }
+        if let Some(t) = drain_until {
+            if Instant::now() >= t {
+                break;
+            }
+        }
+        let now = Instant::now();
+        let mut wait = deadline.map(|d| d.saturating_duration_since(now)).unwrap_or(Duration::from_secs(3600));
+        if let Some(t) = drain_until {
+            wait = wait.min(t.saturating_duration_since(now));
+        }
+        let timeout = PollTimeout::try_from(wait.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::NONE);
+        let mut fds = Vec::with_capacity(4);
+        fds.push(PollFd::new(sigfd.as_fd(), PollFlags::POLLIN));
+        let conn_idx = if client_open && status.is_none() {
+            fds.push(PollFd::new(conn.as_fd(), PollFlags::POLLIN));
+            Some(fds.len() - 1)
+        } else {
+            None
+        };
+        let out_idx = out.as_ref().map(|fd| {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
+        let err_idx = err.as_ref().map(|fd| {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(format!("poll: {e}")),
+        }
+        let ready = |i: Option<usize>| i.map(|i| fds[i].any().unwrap_or(false)).unwrap_or(false);
+        let (sig_ready, conn_ready, out_ready, err_ready) =
+            (fds[0].any().unwrap_or(false), ready(conn_idx), ready(out_idx), ready(err_idx));
+        drop(fds);
+        if out_ready && !pump(&mut out, &mut buf, conn, Kind::Stdout)? {
+            out = None;
+        }
+        if err_ready && !pump(&mut err, &mut buf, conn, Kind::Stderr)? {
+            err = None;
+        }
+        if conn_ready {
+            match proto::read_frame(conn) {
+                Ok(Some((Kind::Stdin, data))) => {
+                    if let Some(fd) = &stdin {
+                        let _ = File::from(fd.try_clone().map_err(|e| e.to_string())?).write_all(&data);
+                    }
+                }
+                Ok(Some((Kind::StdinEof, _))) => {
+                    if req.tty {
+                        // EOF on a terminal is the EOF character.
+                        if let Some(fd) = &stdin {
+                            let _ = File::from(fd.try_clone().map_err(|e| e.to_string())?).write_all(&[4]);
+                        }
+                    } else {
+                        stdin = None;
+                    }
+                }
+                Ok(Some((Kind::Resize, data))) if data.len() == 4 => {
+                    if let Some(m) = &pty_master {
+                        let rows = u16::from_be_bytes([data[0], data[1]]);
+                        let cols = u16::from_be_bytes([data[2], data[3]]);
+                        let _ = forkd_sys::set_window_size(m.as_fd(), rows, cols);
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    // The client hung up: nobody is left to see the command, end it.
+                    client_open = false;
+                    kill_tree();
+                }
+            }
+        }
+        if sig_ready {
+            let _ = drain_signals(&sigfd);
+            reap(pid, &mut status);
+            if status.is_some() && drain_until.is_none() {
+                // Descendants may keep the pipes open; give them a moment, not forever.
+                drain_until = Some(Instant::now() + Duration::from_millis(100));
+            }
+        }
+        if status.is_none() {
+            if let Some(d) = deadline {
+                if Instant::now() >= d {
+                    timed_out = true;
+                    kill_tree();
+                }
+            }
+        }
+    }
+    // The command exited (or was killed): collect whatever is still readable.
+    for (fd, kind) in [(&mut out, Kind::Stdout), (&mut err, Kind::Stderr)] {
+        if let Some(f) = fd.as_ref() {
+            let _ = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+        }
+        while fd.is_some() && pump(fd, &mut buf, conn, kind).unwrap_or(false) {}
+    }
+    if timed_out {
+        kill_tree();
+    }
+    let exit = exit_of(status, timed_out, started.elapsed());
+    if client_open {
+        send(conn, Kind::Exit, &exit)?;
+    }
+    Ok(())
+}
+
+fn run_detached(conn: &mut UnixStream, req: &ExecRequest, mut cmd: Command, sigfd: SignalFd) -> Result<(), String> {
+    let name = req.log.clone().unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
+    let log_path = format!("{}/{name}.log", crate::setup::LOG_DIR);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("open {log_path}: {e}"))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
+        .stderr(Stdio::from(log));
+    forkd_sys::session_leader(&mut cmd, false);
+    let started = Instant::now();
+    let child = cmd.spawn().map_err(|e| spawn_error(req, e))?;
+    let pid = child.id() as i32;
+    send(conn, Kind::Started, &ExecStarted { pid, log_path: Some(log_path) })?;
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+    let mut status = None;
+    while status.is_none() {
+        let mut fds = [PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::NONE);
+        let _ = drain_signals(&sigfd);
+        reap(pid, &mut status);
+    }
+    let exit = exit_of(status, false, started.elapsed());
+    let exit_path = format!("{}/{name}.exit", crate::setup::LOG_DIR);
+    let _ = std::fs::write(&exit_path, serde_json::to_vec(&exit).unwrap_or_default());
+    // Keep reaping adopted descendants until none is left, so they stay in our tree.
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+fn spawn_error(req: &ExecRequest, e: std::io::Error) -> String {
+    let prog = req.command_line().first().cloned().unwrap_or_default();
+    match e.kind() {
+        std::io::ErrorKind::NotFound => format!("{prog}: command not found"),
+        std::io::ErrorKind::PermissionDenied => format!("{prog}: permission denied"),
+        _ => format!("start {prog}: {e}"),
+    }
+}
+
+fn send<T: serde::Serialize>(conn: &mut UnixStream, kind: Kind, value: &T) -> Result<(), String> {
+    let body = serde_json::to_vec(value).map_err(|e| e.to_string())?;
+    proto::write_frame(conn, kind, &body).map_err(|e| format!("write to client: {e}"))
+}
+
+/// Reads one chunk from `fd` and forwards it; false at end of stream.
+fn pump(fd: &mut Option<OwnedFd>, buf: &mut [u8], conn: &mut UnixStream, kind: Kind) -> Result<bool, String> {
+    let Some(f) = fd.as_ref() else { return Ok(false) };
+    match nix::unistd::read(f.as_raw_fd(), buf) {
+        Ok(0) => Ok(false),
+        Ok(n) => {
+            // A client that went away is handled by the poll loop; keep draining.
+            let _ = proto::write_frame(conn, kind, &buf[..n]);
+            Ok(true)
+        }
+        Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => Ok(false),
+        // EIO is how a pty reports that its last writer has gone.
+        Err(_) => Ok(false),
+    }
+}
+
+fn drain_signals(sigfd: &SignalFd) -> usize {
+    let mut n = 0;
+    while let Ok(Some(_)) = sigfd.read_signal() {
+        n += 1;
+    }
+    n
+}
+
+/// Reaps every exited descendant; records the main command's status.
+fn reap(main: i32, status: &mut Option<WaitStatus>) {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(ws) => {
+                if ws.pid() == Some(Pid::from_raw(main)) {
+                    *status = Some(ws);
+                }
+            }
+        }
+    }
+}
+
+fn exit_of(status: Option<WaitStatus>, timed_out: bool, elapsed: Duration) -> ExecExit {
+    let (exit_code, signal) = match status {
+        Some(WaitStatus::Exited(_, code)) => (code, None),
+        Some(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
+        _ => (128 + libc::SIGKILL, Some(libc::SIGKILL)),
+    };
+    ExecExit { exit_code, signal, timed_out, duration_us: elapsed.as_micros() as u64 }
+}
+
+/// Every process below this relay (the relay is a subreaper, so orphans stay below it).
+fn descendants() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            // The command name may contain spaces and parentheses; fields follow the last ')'.
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+            let mut fields = rest.split_whitespace();
+            let _state = fields.next();
+            if let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut tree: HashSet<i32> = HashSet::from([me]);
+    loop {
+        let before = tree.len();
+        for (pid, ppid) in &parent_of {
+            if tree.contains(ppid) {
+                tree.insert(*pid);
+            }
+        }
+        if tree.len() == before {
+            break;
+        }
+    }
+    tree.remove(&me);
+    tree.into_iter().collect()
+}
+
+/// Kills the command's whole tree: stop everything first so nothing can fork while we
+/// look, then kill, and repeat until the tree is empty.
+fn kill_tree() {
+    for _ in 0..100 {
+        let pids = descendants();
+        if pids.is_empty() {
+            return;
+        }
+        for &p in &pids {
+            let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
+        }
+        for &p in &pids {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        let mut ignored = None;
+        reap(-1, &mut ignored);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Builds the command: program, environment, working directory and identity.
+fn build_command(req: &ExecRequest) -> Result<Command, String> {
+    let argv = req.command_line();
+    let (uid, gid, home) = resolve_user(req.user.as_deref())?;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd.env_clear();
+    cmd.env("PATH", DEFAULT_PATH).env("HOME", &home);
+    if let Ok(h) = nix::unistd::gethostname() {
+        cmd.env("HOSTNAME", h);
+    }
+    if req.tty {
+        cmd.env("TERM", "xterm-256color");
+    }
+    for kv in &req.env {
+        let (k, v) = kv.split_once('=').expect("validated");
+        cmd.env(k, v);
+    }
+    cmd.current_dir(req.cwd.as_deref().unwrap_or("/"));
+    if uid != 0 || gid != 0 {
+        cmd.gid(gid).uid(uid);
+        // Supplementary groups are dropped (std does this when uid/gid change as root).
+    }
+    Ok(cmd)
+}
+
+/// Resolves `NAME`, `UID` or `UID:GID` against the sandbox's own /etc/passwd.
+fn resolve_user(spec: Option<&str>) -> Result<(u32, u32, String), String> {
+    let Some(spec) = spec.filter(|s| !s.is_empty()) else {
+        return Ok((0, 0, "/root".into()));
+    };
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let entry = passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 6 && (f[0] == user || f[2] == user)).then(|| {
+            (f[2].parse::<u32>().ok(), f[3].parse::<u32>().ok(), f[5].to_string())
+        })
+    });
+    let (uid, default_gid, home) = match (entry, user.parse::<u32>()) {
+        (Some((Some(u), g, h)), _) => (u, g.unwrap_or(u), h),
+        (_, Ok(u)) => (u, u, "/".to_string()),
+        _ => return Err(format!("user {user:?} not found in the sandbox's /etc/passwd")),
+    };
+    let gid = match group {
+        None => default_gid,
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                let groups = std::fs::read_to_string("/etc/group").unwrap_or_default();
+                groups
+                    .lines()
+                    .find_map(|l| {
+                        let f: Vec<&str> = l.split(':').collect();
+                        (f.len() >= 3 && f[0] == g).then(|| f[2].parse::<u32>().ok()).flatten()
+                    })
+                    .ok_or_else(|| format!("group {g:?} not found in the sandbox's /etc/group"))?
+            }
+        },
+    };
+    Ok((uid, gid, home))
+}

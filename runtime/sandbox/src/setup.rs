@@ -1,0 +1,274 @@
+//! Building a sandbox around its init.
+//!
+//! The daemon runs `forkd __setup` (a fresh, single-threaded process) with a
+//! [`SetupSpec`] on stdin. That process:
+//! 1. joins the sandbox's cgroup, so everything after it is accounted and limited;
+//! 2. unshares mount, UTS, IPC, network, cgroup and pid namespaces;
+//! 3. forks: the child is PID 1 of the new pid namespace. It makes every mount private,
+//!    mounts `/proc`, a minimal `/dev` (device nodes made with mknod on a tmpfs, and a
+//!    private devpts instance), a read-only `/sys`, pivots into the overlay root and
+//!    detaches the old root completely, sets the hostname, brings up loopback, becomes
+//!    a session leader, gives itself stdio inside the sandbox, closes every other
+//!    descriptor, shrinks the capability bounding set, sets no_new_privs, and execs
+//!    `/.forkd/init`;
+//! 4. reports the child's host pid on stdout (or the child's error, sent through a
+//!    close-on-exec pipe that exec closes) and exits. The daemon is a child subreaper,
+//!    so the init becomes the daemon's child.
+//!
+//! Nothing from the host reaches the init but its memory image: no descriptor, no
+//! mount. That is what lets CRIU checkpoint the whole tree later.
+
+use crate::id::SandboxId;
+use forkd_cgroups::{Cgroup, Hierarchy};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+use nix::unistd::{chdir, pivot_root, sethostname, setsid};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::io::{Read, Write};
+use nix::fcntl::OFlag;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// Where forkd's own files live inside every sandbox.
+pub const FORKD_DIR: &str = "/.forkd";
+/// The init binary, provided by the runtime layer at the top of every layer stack.
+pub const INIT_PATH: &str = "/.forkd/init";
+/// The init's control socket, relative to the sandbox root.
+pub const CONTROL_SOCKET: &str = ".forkd/run/init.sock";
+/// Log directory inside the sandbox.
+pub const LOG_DIR: &str = "/.forkd/logs";
+
+/// Capabilities kept in the bounding set of every sandbox (others are dropped before
+/// the init runs, so no process in the sandbox can ever hold them). This is the set
+/// container runtimes commonly grant; notably absent: SYS_ADMIN (mount), SYS_MODULE,
+/// SYS_PTRACE, SYS_TIME, SYS_BOOT, NET_ADMIN, SYS_RAWIO, BPF, PERFMON, CHECKPOINT_RESTORE.
+pub const KEPT_CAPS: &[caps::Capability] = &[
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_FSETID,
+    caps::Capability::CAP_FOWNER,
+    caps::Capability::CAP_MKNOD,
+    caps::Capability::CAP_NET_RAW,
+    caps::Capability::CAP_SETGID,
+    caps::Capability::CAP_SETUID,
+    caps::Capability::CAP_SETFCAP,
+    caps::Capability::CAP_SETPCAP,
+    caps::Capability::CAP_NET_BIND_SERVICE,
+    caps::Capability::CAP_SYS_CHROOT,
+    caps::Capability::CAP_KILL,
+    caps::Capability::CAP_AUDIT_WRITE,
+];
+
+/// Everything the set-up process needs to know.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetupSpec {
+    pub id: SandboxId,
+    /// The mounted overlay root, as seen from the host.
+    pub rootfs: PathBuf,
+    pub hostname: String,
+    /// The sandbox's cgroup, created and limited by the caller.
+    pub cgroup: Option<(Hierarchy, String)>,
+}
+
+/// What the set-up process prints on stdout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SetupReply {
+    Ok { pid: i32 },
+    Error { step: String, message: String },
+}
+
+/// Entry point of `forkd __setup`. Never returns.
+pub fn setup_main() -> ! {
+    let mut input = String::new();
+    let reply = match std::io::stdin().read_to_string(&mut input) {
+        Err(e) => SetupReply::Error { step: "read spec".into(), message: e.to_string() },
+        Ok(_) => match serde_json::from_str::<SetupSpec>(&input) {
+            Err(e) => SetupReply::Error { step: "parse spec".into(), message: e.to_string() },
+            Ok(spec) => match run(&spec) {
+                Ok(pid) => SetupReply::Ok { pid },
+                Err((step, message)) => SetupReply::Error { step: step.into(), message },
+            },
+        },
+    };
+    let ok = matches!(reply, SetupReply::Ok { .. });
+    let mut out = std::io::stdout();
+    let _ = serde_json::to_writer(&mut out, &reply);
+    let _ = out.flush();
+    std::process::exit(if ok { 0 } else { 1 })
+}
+
+type StepResult<T> = Result<T, (&'static str, String)>;
+
+fn step<T, E: std::fmt::Display>(name: &'static str, r: Result<T, E>) -> StepResult<T> {
+    r.map_err(|e| (name, e.to_string()))
+}
+
+fn run(spec: &SetupSpec) -> StepResult<i32> {
+    if let Some((hierarchy, name)) = &spec.cgroup {
+        let cg = Cgroup::new(hierarchy, name);
+        step("join cgroup", cg.add_pid(std::process::id() as i32))?;
+    }
+    step(
+        "unshare namespaces",
+        unshare(
+            CloneFlags::CLONE_NEWNS
+                | CloneFlags::CLONE_NEWUTS
+                | CloneFlags::CLONE_NEWIPC
+                | CloneFlags::CLONE_NEWNET
+                | CloneFlags::CLONE_NEWCGROUP
+                | CloneFlags::CLONE_NEWPID,
+        ),
+    )?;
+    let (rd, wr) = step("create pipe", nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC))?;
+    // This process is a fresh exec of forkd that started no threads.
+    let pid = step("fork init", forkd_sys::fork_single_threaded())?;
+    if pid == 0 {
+        drop(rd);
+        let err = match child(spec) {
+            Ok(never) => match never {},
+            Err((s, m)) => format!("{s}: {m}"),
+        };
+        let mut f = std::fs::File::from(wr);
+        let _ = f.write_all(err.as_bytes());
+        forkd_sys::exit_immediately(1)
+    }
+    drop(wr);
+    let mut msg = String::new();
+    let mut f = std::fs::File::from(rd);
+    let _ = f.read_to_string(&mut msg);
+    if msg.is_empty() {
+        Ok(pid)
+    } else {
+        // The child's message starts with its own step name.
+        Err(("prepare init", msg))
+    }
+}
+
+fn mnt(src: &str, target: &Path, fstype: &str, flags: MsFlags, data: Option<&str>) -> StepResult<()> {
+    mount(Some(src), target, Some(fstype), flags, data)
+        .map_err(|e| ("mount", format!("{fstype} on {}: {e}", target.display())))
+}
+
+/// Runs as PID 1 of the new namespaces; only returns on error.
+fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
+    let root = &spec.rootfs;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(|e| ("mount", format!("make / private: {e}")))?;
+    mount(Some(root), root, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?;
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    for d in ["proc", "dev", "sys", "tmp", ".forkd/run", ".forkd/logs"] {
+        std::fs::create_dir_all(root.join(d)).map_err(|e| ("mount", format!("mkdir {d}: {e}")))?;
+    }
+    mnt("proc", &root.join("proc"), "proc", nosuid, None)?;
+    mnt("sysfs", &root.join("sys"), "sysfs", nosuid | MsFlags::MS_RDONLY, None)?;
+    let dev = root.join("dev");
+    mnt("tmpfs", &dev, "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
+    make_devices(&dev)?;
+    chmod(&root.join(".forkd/run"), 0o700).map_err(|e| ("mount", format!("chmod .forkd/run: {e}")))?;
+
+    chdir(root).map_err(|e| ("pivot_root", format!("chdir {}: {e}", root.display())))?;
+    // pivot_root(".", ".") stacks the old root under the new one; detaching "." then
+    // removes it entirely, so no host mount stays visible in the sandbox.
+    pivot_root(".", ".").map_err(|e| ("pivot_root", e.to_string()))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| ("pivot_root", format!("detach old root: {e}")))?;
+    chdir("/").map_err(|e| ("pivot_root", e.to_string()))?;
+
+    sethostname(&spec.hostname).map_err(|e| ("hostname", e.to_string()))?;
+    forkd_sys::interface_up(c"lo").map_err(|e| ("network", format!("bring up lo: {e}")))?;
+    setsid().map_err(|e| ("stdio", format!("setsid: {e}")))?;
+
+    // Stdio of the init lives inside the sandbox.
+    let null = open_fd("/dev/null", OFlag::O_RDWR)?;
+    let log = open_fd("/.forkd/logs/init.log", OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND)?;
+    for (fd, target) in [(&null, 0), (&log, 1), (&log, 2)] {
+        nix::unistd::dup2(fd.as_raw_fd(), target).map_err(|e| ("stdio", e.to_string()))?;
+    }
+    drop(null);
+    drop(log);
+    // Everything else the set-up process had open disappears at exec; the error pipe
+    // is close-on-exec too, which is how the parent learns that exec succeeded.
+    forkd_sys::cloexec_fds_from(3).map_err(|e| ("stdio", format!("close descriptors: {e}")))?;
+
+    drop_capabilities()?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| ("capabilities", format!("no_new_privs: {e}")))?;
+
+    let path = CString::new(INIT_PATH).unwrap();
+    let argv = [CString::new("forkd-init").unwrap(), CString::new("__init").unwrap()];
+    let env = [
+        CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").unwrap(),
+        CString::new(format!("FORKD_SANDBOX_ID={}", spec.id)).unwrap(),
+    ];
+    let e = nix::unistd::execve(&path, &argv, &env).unwrap_err();
+    Err(("exec init", format!("{INIT_PATH}: {e}")))
+}
+
+fn open_fd(path: &str, flags: OFlag) -> StepResult<OwnedFd> {
+    nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o644))
+        .map(forkd_sys::own_fd)
+        .map_err(|e| ("stdio", format!("open {path}: {e}")))
+}
+
+fn make_devices(dev: &Path) -> StepResult<()> {
+    let chr = |name: &str, major: u64, minor: u64, mode: u32| -> StepResult<()> {
+        let p = dev.join(name);
+        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(mode), makedev(major, minor))
+            .map_err(|e| ("devices", format!("mknod {}: {e}", p.display())))?;
+        // mknod honours the umask; set the mode exactly.
+        chmod(&p, mode).map_err(|e| ("devices", format!("chmod {}: {e}", p.display())))
+    };
+    chr("null", 1, 3, 0o666)?;
+    chr("zero", 1, 5, 0o666)?;
+    chr("full", 1, 7, 0o666)?;
+    chr("random", 1, 8, 0o666)?;
+    chr("urandom", 1, 9, 0o666)?;
+    chr("tty", 5, 0, 0o666)?;
+    for d in ["pts", "shm"] {
+        std::fs::create_dir_all(dev.join(d)).map_err(|e| ("devices", format!("mkdir dev/{d}: {e}")))?;
+    }
+    mnt(
+        "devpts",
+        &dev.join("pts"),
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=620,gid=5"),
+    )?;
+    mnt("shm", &dev.join("shm"), "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777,size=65536k"))?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(link))
+            .map_err(|e| ("devices", format!("symlink dev/{link}: {e}")))?;
+    }
+    Ok(())
+}
+
+fn drop_capabilities() -> StepResult<()> {
+    let all = caps::all();
+    for cap in all {
+        if !KEPT_CAPS.contains(&cap) {
+            match caps::drop(None, caps::CapSet::Bounding, cap) {
+                Ok(()) => {}
+                // Capabilities newer than this kernel are simply absent.
+                Err(e) if !caps::has_cap(None, caps::CapSet::Bounding, cap).unwrap_or(false) => drop(e),
+                Err(e) => return Err(("capabilities", format!("drop {cap}: {e}"))),
+            }
+        }
+    }
+    // Nothing is inherited across exec from the inheritable or ambient sets either.
+    caps::clear(None, caps::CapSet::Inheritable).map_err(|e| ("capabilities", e.to_string()))?;
+    let _ = caps::clear(None, caps::CapSet::Ambient);
+    Ok(())
+}
+
+fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
