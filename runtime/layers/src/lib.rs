@@ -1,1 +1,35 @@
-//! forkd-layers
+//! forkd-layers: the content-addressed layer store, the tree hash that names
+//! layers, safe archive extraction, and image import.
+//!
+//! - [`hash`]: the `forkd-tree-v1` tree hash ([`tree_hash`]).
+//! - [`LayerStore`]: sealed, immutable layers under `<state>/layers`, each
+//!   usable as an overlayfs lowerdir; imports from directories and tar
+//!   streams, and adoption of a sandbox's upper directory by rename.
+//! - [`extract`]: tar extraction that never writes outside its target.
+//! - [`ImageStore`] and [`import_image`]: named layer stacks from a rootfs
+//!   directory, a tarball, an OCI image layout or a `docker save` archive.
+//!
+//! Everything here is blocking; callers with an async runtime run it on a
+//! blocking thread.
+
+#![forbid(unsafe_code)]
+
+mod copy;
+pub mod error;
+pub mod extract;
+mod fsx;
+pub mod hash;
+mod id;
+mod image;
+mod import;
+mod progress;
+mod store;
+
+pub use error::{ImageError, ImportError, LayerError};
+pub use extract::TarFlavor;
+pub use hash::{tree_hash, TREE_FORMAT};
+pub use id::{LayerId, TreeHash};
+pub use image::{validate_image_name, Image, ImageConfig, ImageStore};
+pub use import::import_image;
+pub use progress::{Progress, REPORT_EVERY};
+pub use store::{LayerInfo, LayerStore, MIN_PREFIX};

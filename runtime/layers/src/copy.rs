@@ -1,0 +1,292 @@
+//! Copying a directory tree into a staging directory, preserving owner,
+//! mode, timestamps, extended attributes, symlinks and hard links.
+//!
+//! Both trees are walked through directory descriptors opened with
+//! `O_NOFOLLOW`, so a symlink in the source is copied as a symlink and never
+//! followed, even if the source changes during the copy. File contents go
+//! through `std::io::copy`, which uses `copy_file_range` between files.
+//!
+//! Device nodes under `dev/` are skipped (the sandbox mounts its own /dev)
+//! and rejected anywhere else; sockets are skipped. Extended attributes of
+//! symlinks are not copied (none of the hashed ones apply to symlinks).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid};
+use rustix::io::Errno;
+
+use crate::error::LayerError;
+use crate::fsx::{self, XattrOf};
+use crate::progress::Counter;
+
+/// Nesting limit: beyond it a tree is more likely a loop or an attack.
+pub(crate) const MAX_DEPTH: usize = 1024;
+
+#[derive(Debug, Default)]
+pub(crate) struct Copied {
+    pub skipped_devices: u64,
+    pub skipped_sockets: u64,
+    pub dropped_xattrs: u64,
+}
+
+struct Copier<'a, 'p> {
+    src_root: &'a Path,
+    dst_root: &'a Path,
+    dst_root_fd: BorrowedFd<'a>,
+    /// (dev, ino) of multiply-linked files already copied -> their relative path.
+    links: HashMap<(u64, u64), CString>,
+    summary: Copied,
+    progress: &'a mut Counter<'p>,
+}
+
+/// Copies the contents and the root metadata of `src` into the existing,
+/// empty directory `dst`.
+pub(crate) fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    progress: &mut Counter<'_>,
+) -> Result<Copied, LayerError> {
+    let src_fd =
+        fsx::open_dir_path(src).map_err(|e| LayerError::io("opening directory", src, e))?;
+    let dst_fd =
+        fsx::open_dir_path(dst).map_err(|e| LayerError::io("opening directory", dst, e))?;
+    let mut c = Copier {
+        src_root: src,
+        dst_root: dst,
+        dst_root_fd: dst_fd.as_fd(),
+        links: HashMap::new(),
+        summary: Copied::default(),
+        progress,
+    };
+    c.dir(src_fd.as_fd(), dst_fd.as_fd(), &mut Vec::new(), 0)?;
+    let st =
+        rfs::fstat(&src_fd).map_err(|e| LayerError::io("reading metadata of", src, e.into()))?;
+    c.meta_fd(src_fd.as_fd(), dst_fd.as_fd(), &st, b"")?;
+    c.progress.flush();
+    Ok(c.summary)
+}
+
+fn timestamps(st: &rfs::Stat) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec as _,
+        },
+        last_modification: Timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec as _,
+        },
+    }
+}
+
+impl Copier<'_, '_> {
+    fn src_err(&self, step: &'static str, rel: &[u8], e: impl Into<std::io::Error>) -> LayerError {
+        LayerError::io(step, self.src_root.join(fsx::os(rel)), e.into())
+    }
+    fn dst_err(&self, step: &'static str, rel: &[u8], e: impl Into<std::io::Error>) -> LayerError {
+        LayerError::io(step, self.dst_root.join(fsx::os(rel)), e.into())
+    }
+    fn src_path(&self, rel: &[u8]) -> PathBuf {
+        self.src_root.join(fsx::os(rel))
+    }
+
+    /// Copies the children of `src` into `dst`; `rel` is their relative path.
+    fn dir(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        rel: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), LayerError> {
+        if depth > MAX_DEPTH {
+            return Err(LayerError::TooDeep {
+                limit: MAX_DEPTH,
+                path: self.src_path(rel),
+            });
+        }
+        let mut names =
+            fsx::read_names(src).map_err(|e| self.src_err("reading directory", rel, e))?;
+        names.sort();
+        let base = rel.len();
+        for name in names {
+            if base > 0 {
+                rel.push(b'/');
+            }
+            rel.extend_from_slice(name.as_bytes());
+            let res = self.one(src, dst, &name, rel, depth);
+            rel.truncate(base);
+            res?;
+        }
+        Ok(())
+    }
+
+    fn one(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        name: &CString,
+        rel: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), LayerError> {
+        let st =
+            fsx::lstat_at(src, name).map_err(|e| self.src_err("reading metadata of", rel, e))?;
+        match fsx::file_type(&st) {
+            FileType::Directory => {
+                let s = fsx::open_dir_at(src, name)
+                    .map_err(|e| self.src_err("opening directory", rel, e))?;
+                rfs::mkdirat(dst, name, Mode::from_raw_mode(0o700))
+                    .map_err(|e| self.dst_err("creating directory", rel, e))?;
+                let d = fsx::open_dir_at(dst, name)
+                    .map_err(|e| self.dst_err("opening directory", rel, e))?;
+                self.dir(s.as_fd(), d.as_fd(), rel, depth + 1)?;
+                self.meta_fd(s.as_fd(), d.as_fd(), &st, rel)?;
+                self.progress.entry(0);
+            }
+            FileType::RegularFile => {
+                if st.st_nlink > 1 {
+                    if let Some(first) = self.links.get(&(st.st_dev, st.st_ino)) {
+                        rfs::linkat(
+                            self.dst_root_fd,
+                            first.as_c_str(),
+                            dst,
+                            name,
+                            AtFlags::empty(),
+                        )
+                        .map_err(|e| self.dst_err("creating hard link", rel, e))?;
+                        self.progress.entry(0);
+                        return Ok(());
+                    }
+                }
+                let s = rfs::openat(
+                    src,
+                    name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| self.src_err("opening", rel, e))?;
+                let d = rfs::openat(
+                    dst,
+                    name,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| self.dst_err("creating", rel, e))?;
+                let (mut sf, mut df) = (File::from(s), File::from(d));
+                let n = std::io::copy(&mut sf, &mut df)
+                    .map_err(|e| self.dst_err("copying into", rel, e))?;
+                let s: OwnedFd = sf.into();
+                let d: OwnedFd = df.into();
+                self.meta_fd(s.as_fd(), d.as_fd(), &st, rel)?;
+                if st.st_nlink > 1 {
+                    let c = fsx::cstr(rel).map_err(|e| self.src_err("naming", rel, e))?;
+                    self.links.insert((st.st_dev, st.st_ino), c);
+                }
+                self.progress.entry(n);
+            }
+            FileType::Symlink => {
+                let target = rfs::readlinkat(src, name, Vec::new())
+                    .map_err(|e| self.src_err("reading symlink", rel, e))?;
+                rfs::symlinkat(target.as_c_str(), dst, name)
+                    .map_err(|e| self.dst_err("creating symlink", rel, e))?;
+                self.meta_at(dst, name, &st, rel, false)?;
+                self.progress.entry(0);
+            }
+            FileType::Fifo => {
+                rfs::mknodat(dst, name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+                    .map_err(|e| self.dst_err("creating fifo", rel, e))?;
+                self.meta_at(dst, name, &st, rel, true)?;
+                self.progress.entry(0);
+            }
+            FileType::CharacterDevice | FileType::BlockDevice => {
+                if rel.split(|b| *b == b'/').next() == Some(b"dev") {
+                    self.summary.skipped_devices += 1;
+                } else {
+                    return Err(LayerError::UnsupportedFile {
+                        kind: "device node",
+                        path: self.src_path(rel),
+                    });
+                }
+            }
+            FileType::Socket => self.summary.skipped_sockets += 1,
+            FileType::Unknown => {
+                return Err(LayerError::UnsupportedFile {
+                    kind: "file of unknown type",
+                    path: self.src_path(rel),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Owner, mode, xattrs and times from `st`/`src` onto the open `dst`.
+    fn meta_fd(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &rfs::Stat,
+        rel: &[u8],
+    ) -> Result<(), LayerError> {
+        // chown first: it clears setuid/setgid bits that chmod then restores.
+        rfs::fchown(
+            dst,
+            Some(Uid::from_raw(st.st_uid)),
+            Some(Gid::from_raw(st.st_gid)),
+        )
+        .map_err(|e| self.dst_err("changing owner of", rel, e))?;
+        rfs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777))
+            .map_err(|e| self.dst_err("setting mode of", rel, e))?;
+        let xattrs = fsx::read_xattrs(XattrOf::Fd(src), |_| true)
+            .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
+        for (name, value) in xattrs {
+            if let Err(e) = fsx::write_xattr(XattrOf::Fd(dst), &name, &value) {
+                // Attributes that do not change what the layer means (an
+                // SELinux label from another host, say) may be refused by
+                // this filesystem; the hashed ones must survive.
+                if fsx::is_significant_xattr(&name) || name.starts_with(b"user.") {
+                    return Err(self.dst_err("setting extended attribute of", rel, e));
+                }
+                self.summary.dropped_xattrs += 1;
+            }
+        }
+        rfs::futimens(dst, &timestamps(st)).map_err(|e| self.dst_err("setting times of", rel, e))
+    }
+
+    /// Owner (and mode unless a symlink) and times for an entry that cannot be
+    /// opened for writing (symlinks, fifos).
+    fn meta_at(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CString,
+        st: &rfs::Stat,
+        rel: &[u8],
+        chmod: bool,
+    ) -> Result<(), LayerError> {
+        rfs::chownat(
+            dir,
+            name,
+            Some(Uid::from_raw(st.st_uid)),
+            Some(Gid::from_raw(st.st_gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| self.dst_err("changing owner of", rel, e))?;
+        if chmod {
+            rfs::chmodat(
+                dir,
+                name,
+                Mode::from_raw_mode(st.st_mode & 0o7777),
+                AtFlags::empty(),
+            )
+            .map_err(|e| self.dst_err("setting mode of", rel, e))?;
+        }
+        rfs::utimensat(dir, name, &timestamps(st), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e: Errno| self.dst_err("setting times of", rel, e))
+    }
+}
