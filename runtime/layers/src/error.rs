@@ -181,6 +181,13 @@ pub enum ImportError {
         expected: u64,
         actual: u64,
     },
+    /// A layer inside an image failed to extract.
+    #[error("layer {layer}")]
+    InLayer {
+        layer: String,
+        #[source]
+        source: LayerError,
+    },
     #[error("blob {digest}: unsupported digest algorithm (only sha256 is supported)")]
     UnsupportedDigest { digest: String },
     /// Cleaning up after a failure failed too; both errors are kept.

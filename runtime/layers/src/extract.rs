@@ -632,7 +632,7 @@ impl Extractor {
                 ),
             )
         };
-        let tdir = self.existing(tparent, raw)?.ok_or_else(not_yet)?;
+        let tdir = self.link_target_dir(tparent, raw)?.ok_or_else(not_yet)?;
         let st = match fsx::lstat_at(tdir.as_fd(), &tname) {
             Ok(st) => st,
             Err(Errno::NOENT) => return Err(not_yet()),
@@ -650,11 +650,25 @@ impl Extractor {
         let dir = self.parent(parent_comps, true, raw)?;
         self.prepare(&dir, name, rel, false)?;
         // The target's parent may have been replaced by `prepare`: resolve again.
-        let tdir = self.existing(tparent, raw)?.ok_or_else(not_yet)?;
+        let tdir = self.link_target_dir(tparent, raw)?.ok_or_else(not_yet)?;
         let dir = self.parent(parent_comps, true, raw)?;
         rfs::linkat(&*tdir, &tname, &*dir, name, AtFlags::empty()).map_err(|e| match e {
             Errno::NOENT => not_yet(),
             e => self.io("creating hard link", rel, e),
+        })
+    }
+
+    fn link_target_dir(
+        &mut self,
+        comps: &[&[u8]],
+        raw: &[u8],
+    ) -> Result<Option<Rc<OwnedFd>>, LayerError> {
+        self.existing(comps, raw).map_err(|e| match e {
+            LayerError::BadEntry { entry, reason } => LayerError::BadEntry {
+                entry,
+                reason: format!("hard link target: {reason}"),
+            },
+            e => e,
         })
     }
 

@@ -32,7 +32,7 @@ use oci_spec::image::{
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
-use crate::error::ImportError;
+use crate::error::{ImportError, LayerError};
 use crate::extract::{decompress, TarFlavor};
 use crate::fsx::open_file_beneath;
 use crate::id::{parse_hex32, to_hex};
@@ -426,14 +426,29 @@ fn stage_oci_layer(
         });
     }
     let mut raw = HashingReader::new(file);
-    let staging = {
-        let (tar, _) =
-            decompress(&mut raw).map_err(|e| ImportError::io("decompressing", &path, e))?;
-        layers.stage_tar(tar, TarFlavor::OciLayer, counter)?
+    let staged = match decompress(&mut raw) {
+        Ok((tar, _)) => layers.stage_tar(tar, TarFlavor::OciLayer, counter),
+        Err(e) => Err(LayerError::io("decompressing", &path, e)),
     };
     // The digest covers the whole blob, including anything after the tar's
-    // end marker, so read the rest before comparing.
-    let verdict = match raw.finish() {
+    // end marker, so read the rest before comparing. A damaged blob usually
+    // fails to extract too; its digest then names the real cause.
+    let finished = raw.finish();
+    let staging = match staged {
+        Ok(s) => s,
+        Err(source) => {
+            return Err(match finished {
+                Ok((actual, _)) if actual != desc.digest().digest() => {
+                    ImportError::DigestMismatch { digest, actual }
+                }
+                _ => ImportError::InLayer {
+                    layer: digest,
+                    source,
+                },
+            })
+        }
+    };
+    let verdict = match finished {
         Err(e) => Err(ImportError::io("reading", &path, e)),
         Ok((actual, _)) if actual != desc.digest().digest() => {
             Err(ImportError::DigestMismatch { digest, actual })
@@ -586,7 +601,12 @@ fn stage_docker_layer(
     let (tar, _) = decompress(file).map_err(|e| ImportError::io("decompressing", &path, e))?;
     // diff_ids are digests of the uncompressed tar.
     let mut plain = HashingReader::new(tar);
-    let staging = layers.stage_tar(&mut plain, TarFlavor::OciLayer, counter)?;
+    let staging = layers
+        .stage_tar(&mut plain, TarFlavor::OciLayer, counter)
+        .map_err(|source| ImportError::InLayer {
+            layer: rel.to_owned(),
+            source,
+        })?;
     let verdict = match (plain.finish(), diff_id) {
         (Err(e), _) => Err(ImportError::io("reading", &path, e)),
         (Ok((actual, _)), Some(want)) if want.strip_prefix("sha256:") != Some(actual.as_str()) => {

@@ -26,6 +26,7 @@ pub(crate) struct Counter<'a> {
     sink: &'a mut dyn FnMut(Progress),
     files: u64,
     bytes: u64,
+    next_report: u64,
 }
 
 impl<'a> Counter<'a> {
@@ -34,12 +35,14 @@ impl<'a> Counter<'a> {
             sink,
             files: 0,
             bytes: 0,
+            next_report: REPORT_EVERY,
         }
     }
 
     pub(crate) fn step(&mut self, what: impl Into<String>) {
         self.files = 0;
         self.bytes = 0;
+        self.next_report = REPORT_EVERY;
         (self.sink)(Progress::Step(what.into()));
     }
 
@@ -50,7 +53,8 @@ impl<'a> Counter<'a> {
     pub(crate) fn entry(&mut self, bytes: u64) {
         self.files += 1;
         self.bytes += bytes;
-        if self.files % REPORT_EVERY == 0 {
+        if self.files >= self.next_report {
+            self.next_report += REPORT_EVERY;
             self.flush();
         }
     }
