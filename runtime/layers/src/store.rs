@@ -28,7 +28,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -143,9 +143,21 @@ fn fsync_dir(path: &Path) -> Result<(), LayerError> {
 impl LayerStore {
     /// Opens (creating if needed) the store at `root` and removes staging
     /// directories left behind by processes that died.
+    ///
+    /// The root is made private (mode 0700): layers hold setuid binaries
+    /// from untrusted images, which host users must not be able to run.
     pub fn open(root: &Path) -> Result<Self, LayerError> {
         let tmp = root.join(TMP);
         fs::create_dir_all(&tmp).map_err(io_at("creating", &tmp))?;
+        for dir in [root, tmp.as_path()] {
+            let mode = fs::metadata(dir)
+                .map_err(io_at("reading metadata of", dir))?
+                .mode();
+            if mode & 0o077 != 0 {
+                fs::set_permissions(dir, fs::Permissions::from_mode(mode & 0o7700))
+                    .map_err(io_at("setting mode of", dir))?;
+            }
+        }
         let store = LayerStore {
             root: root.to_path_buf(),
         };
@@ -485,9 +497,32 @@ impl LayerStore {
         Ok(ids)
     }
 
-    /// All sealed layers, ordered by id.
+    /// All sealed layers, ordered by id. A layer whose info file is missing
+    /// or unreadable is described by walking its tree instead, so one damaged
+    /// record does not hide the others.
     pub fn list(&self) -> Result<Vec<LayerInfo>, LayerError> {
-        self.ids()?.iter().map(|id| self.info(id)).collect()
+        let mut out = Vec::new();
+        for id in self.ids()? {
+            match self.info(&id) {
+                Ok(info) => out.push(info),
+                Err(LayerError::NotFound(_)) => {}
+                Err(LayerError::Io { .. } | LayerError::Metadata { .. }) => {
+                    let tree = self.path(&id);
+                    let (_, stats) = hash_tree(&tree)?;
+                    let created = fs::metadata(&tree)
+                        .map(|m| u64::try_from(m.mtime()).unwrap_or(0))
+                        .unwrap_or(0);
+                    out.push(LayerInfo {
+                        id,
+                        size_bytes: stats.bytes,
+                        files: stats.entries,
+                        created,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// Finds the one layer whose id starts with `prefix` (at least

@@ -91,6 +91,11 @@ fn import_dir_preserves_everything_hashed() {
     );
     assert!(tree.join("var/empty").is_dir());
 
+    assert_eq!(
+        fs::metadata(st.layers_root()).unwrap().mode() & 0o777,
+        0o700,
+        "store root is private"
+    );
     let info = st.layers.info(&id).unwrap();
     assert_eq!(info.id, id);
     assert_eq!(info.size_bytes, 1_000_000 + 8 + 11 + 4);
@@ -420,6 +425,15 @@ fn ambiguous_prefix_lists_matches() {
     for id in [a, b] {
         fs::create_dir_all(st.layers.path(&id)).unwrap();
     }
+    // Layers without an info file are still listed.
+    let listed: Vec<LayerId> = st
+        .layers
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(listed, vec![a, b]);
     let err = st.layers.resolve_prefix(&"a".repeat(12)).unwrap_err();
     assert!(
         matches!(&err, LayerError::AmbiguousPrefix { matches, .. } if matches.len() == 2),
@@ -465,4 +479,60 @@ fn open_removes_staging_left_by_a_crash_but_not_live_ones() {
     drop(fd);
     forkd_layers::LayerStore::open(&root).unwrap();
     assert!(!live.exists());
+}
+
+#[test]
+fn overlay_flavor_keeps_whiteouts_and_overlay_xattrs() {
+    if !root_or_skip("overlay_flavor_keeps_whiteouts_and_overlay_xattrs") {
+        return;
+    }
+    let st = State::new();
+    // The opaque marker travels as a PAX xattr on a directory entry.
+    let mut w = TarWriter::new();
+    w.device(tar::EntryType::Char, "etc/removed", 0, 0)
+        .xattrs(&[("trusted.overlay.opaque", b"y")])
+        .dir("var/cache", 0o755);
+    let bytes = w.finish();
+
+    let id = st
+        .layers
+        .import_tar(&bytes[..], TarFlavor::Overlay, &mut quiet())
+        .unwrap();
+    let t = st.layers.path(&id);
+    let wh = fs::symlink_metadata(t.join("etc/removed")).unwrap();
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+    assert_eq!(
+        lget(&t.join("var/cache"), "trusted.overlay.opaque").as_deref(),
+        Some(&b"y"[..])
+    );
+
+    // The same bytes as a plain rootfs: the 0:0 device is refused.
+    let err = st
+        .layers
+        .import_tar(&bytes[..], TarFlavor::Rootfs, &mut quiet())
+        .unwrap_err();
+    assert!(chain(&err).contains("etc/removed"), "{}", chain(&err));
+}
+
+#[test]
+fn progress_is_throttled() {
+    if !root_or_skip("progress_is_throttled") {
+        return;
+    }
+    let st = State::new();
+    let mut w = TarWriter::new();
+    for i in 0..5000 {
+        w.file(&format!("d{}/f{i}", i % 10), b"", 0o644);
+    }
+    let mut files_events = Vec::new();
+    let mut steps = Vec::new();
+    st.layers
+        .import_tar(&w.finish()[..], TarFlavor::Rootfs, &mut |p| match p {
+            Progress::Files(n) => files_events.push(n),
+            Progress::Step(s) => steps.push(s),
+            _ => {}
+        })
+        .unwrap();
+    assert_eq!(files_events, vec![4096, 5000], "steps: {steps:?}");
+    assert_eq!(steps, vec!["extracting", "hashing"]);
 }

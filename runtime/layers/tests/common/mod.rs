@@ -190,6 +190,17 @@ impl TarWriter {
     pub fn fifo(&mut self, path: &str) -> &mut Self {
         self.raw(header(EntryType::Fifo, path.as_bytes(), 0, 0o600), &[])
     }
+    /// PAX `SCHILY.xattr.*` records for the next entry.
+    pub fn xattrs(&mut self, xattrs: &[(&str, &[u8])]) -> &mut Self {
+        let records: Vec<(String, &[u8])> = xattrs
+            .iter()
+            .map(|(k, v)| (format!("SCHILY.xattr.{k}"), *v))
+            .collect();
+        self.b
+            .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), *v)))
+            .unwrap();
+        self
+    }
     /// A file with PAX `SCHILY.xattr.*` records.
     pub fn file_with_xattrs(
         &mut self,
