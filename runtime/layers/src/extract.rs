@@ -23,7 +23,6 @@
 //! `DIR/.wh..wh..opq` sets `trusted.overlay.opaque=y` on `DIR`. Following
 //! the OCI spec, a whiteout never hides an entry of its own layer.
 
-use std::collections::HashSet;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
@@ -131,7 +130,6 @@ pub(crate) fn extract_tar<R: Read>(
         root_path: target.to_path_buf(),
         flavor,
         cache: None,
-        whiteouts: HashSet::new(),
         dir_times: Vec::new(),
         summary: Extracted::default(),
         buf: vec![0u8; COPY_BUF],
@@ -173,8 +171,6 @@ struct Extractor {
     flavor: TarFlavor,
     /// The last parent directory resolved, by relative path.
     cache: Option<(Vec<u8>, Rc<OwnedFd>)>,
-    /// Whiteouts made by this extraction (a later real entry replaces them).
-    whiteouts: HashSet<Vec<u8>>,
     /// Directory mtimes, applied at the end once nothing is added below them.
     dir_times: Vec<(Vec<u8>, i64)>,
     summary: Extracted,
@@ -249,7 +245,7 @@ impl Extractor {
                     }
                     let mut target = comps[..comps.len() - 1].to_vec();
                     target.push(hidden);
-                    return self.whiteout(&target, raw).map(|_| 0);
+                    return self.whiteout(&target, raw, None).map(|_| 0);
                 }
             }
         }
@@ -367,7 +363,7 @@ impl Extractor {
                     && major == 0
                     && minor == 0
                 {
-                    return self.whiteout(&comps, raw).map(|_| 0);
+                    return self.whiteout(&comps, raw, Some(&meta)).map(|_| 0);
                 }
                 if comps[0] == b"dev" {
                     self.summary.skipped_devices += 1;
@@ -541,7 +537,6 @@ impl Extractor {
             self.cache = None;
         }
         fsx::remove_at(dir.as_fd(), name).map_err(|e| self.io("replacing", rel, e))?;
-        self.whiteouts.remove(rel);
         Ok(Slot::Empty)
     }
 
@@ -673,7 +668,12 @@ impl Extractor {
     }
 
     /// Makes `comps` a whiteout unless this layer already has an entry there.
-    fn whiteout(&mut self, comps: &[&[u8]], raw: &[u8]) -> Result<(), LayerError> {
+    fn whiteout(
+        &mut self,
+        comps: &[&[u8]],
+        raw: &[u8],
+        meta: Option<&Meta>,
+    ) -> Result<(), LayerError> {
         let (parent, name) = comps.split_at(comps.len() - 1);
         let rel = join(comps);
         let name =
@@ -695,15 +695,21 @@ impl Extractor {
             rfs::makedev(0, 0),
         )
         .map_err(|e| self.io("creating whiteout", &rel, e))?;
+        // OCI whiteouts look like the kernel's (mode 0, root-owned); an
+        // overlay-form archive says exactly what it had, so it round-trips.
+        let (mode, uid, gid) = meta.map_or((0, 0, 0), |m| (m.mode, m.uid, m.gid));
         rfs::chownat(
             &*dir,
             &name,
-            Some(Uid::ROOT),
-            Some(Gid::ROOT),
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
             AtFlags::SYMLINK_NOFOLLOW,
         )
         .map_err(|e| self.io("changing owner of", &rel, e))?;
-        self.whiteouts.insert(rel);
+        if mode != 0 {
+            rfs::chmodat(&*dir, &name, Mode::from_raw_mode(mode), AtFlags::empty())
+                .map_err(|e| self.io("setting mode of", &rel, e))?;
+        }
         Ok(())
     }
 
