@@ -108,10 +108,14 @@ impl<'a> Cells<'a> {
         } else {
             String::new()
         };
-        format!(
-            "{} valid trial(s){infra}, fewer than min_trials={}",
-            cell.valid, self.min_trials
-        )
+        if cell.valid == 0 {
+            format!("no valid trial{infra}")
+        } else {
+            format!(
+                "{} valid trial(s){infra}, fewer than min_trials={}",
+                cell.valid, self.min_trials
+            )
+        }
     }
 
     /// Record the left-out states of a task mean (and the task itself when
@@ -208,5 +212,11 @@ mod tests {
             strict.reason(&m.dropped[0].1),
             "1 valid trial(s) (1 infra_error), fewer than min_trials=2"
         );
+        let none = Cell {
+            valid: 0,
+            pass: 0,
+            infra: 2,
+        };
+        assert_eq!(strict.reason(&none), "no valid trial (2 infra_error)");
     }
 }

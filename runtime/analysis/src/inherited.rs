@@ -66,14 +66,20 @@ fn success_row(
     mut exclusions: Option<&mut Vec<Exclusion>>,
 ) -> InheritedRow {
     let matches = |p: &Option<&str>| pred.is_none() || *p == pred;
-    // Scope: every task with residual trials in this predecessor group, by
-    // any agent, so that an agent missing a task is reported, not skipped.
-    let scope: BTreeSet<&str> = cells
-        .groups
-        .iter()
-        .filter(|((c, _, p), _)| *c == Condition::Residual && matches(p))
-        .flat_map(|(_, g)| g.keys().copied())
-        .collect();
+    // Scope: every (task, state) with residual trials in this predecessor
+    // group by any agent, so that a task or state an agent did not run is
+    // reported, not silently averaged away.
+    let mut scope: BTreeMap<&str, BTreeMap<&str, Option<&str>>> = BTreeMap::new();
+    for ((c, _, p), g) in &cells.groups {
+        if *c == Condition::Residual && matches(p) {
+            for (task, states) in g {
+                let entry = scope.entry(task).or_default();
+                for state in states.keys() {
+                    entry.insert(state, *p);
+                }
+            }
+        }
+    }
     let own: Vec<_> = cells
         .groups
         .iter()
@@ -84,7 +90,7 @@ fn success_row(
 
     let (mut clean, mut residual) = (Vec::new(), Vec::new());
     let (mut states, mut excluded) = (0, 0);
-    for task in scope {
+    for (task, expected) in &scope {
         let task_states: Vec<(&str, &Cell)> = own
             .iter()
             .filter_map(|g| g.get(task))
@@ -95,13 +101,42 @@ fn success_row(
             .and_then(|g| g.get(task))
             .map(|s| cells.task_mean(s.iter().map(|(k, c)| (*k, c))));
         if let Some(out) = exclusions.as_deref_mut() {
-            cells.record(out, Section::Inherited, "residual", agent, pred, task, &r);
-            if task_states.is_empty() {
-                out.push(missing(agent, task, "residual", "no residual trials"));
+            let effect = if r.value.is_some() {
+                Effect::StateExcluded
+            } else {
+                Effect::TaskExcluded
+            };
+            for (state, cell) in &r.dropped {
+                let state_pred = expected.get(state).copied().flatten();
+                out.push(Exclusion {
+                    valid_trials: cell.valid,
+                    infra_errors: cell.infra,
+                    reason: cells.reason(cell),
+                    ..missing(agent, task, state_pred, Some(state), "residual", effect)
+                });
+            }
+            for (state, state_pred) in expected {
+                if !task_states.iter().any(|(s, _)| s == state) {
+                    out.push(missing(
+                        agent,
+                        task,
+                        *state_pred,
+                        Some(state),
+                        "residual",
+                        effect,
+                    ));
+                }
             }
             match &c {
-                Some(c) => cells.record(out, Section::Inherited, "clean", agent, pred, task, c),
-                None => out.push(missing(agent, task, "clean", "no clean trials")),
+                Some(c) => cells.record(out, Section::Inherited, "clean", agent, None, task, c),
+                None => out.push(missing(
+                    agent,
+                    task,
+                    None,
+                    None,
+                    "clean",
+                    Effect::TaskExcluded,
+                )),
             }
         }
         match (c.and_then(|c| c.value), r.value) {
@@ -146,18 +181,26 @@ fn success_row(
     }
 }
 
-fn missing(agent: &str, task: &str, quantity: &str, reason: &str) -> Exclusion {
+/// A state or task without trials for this agent.
+fn missing(
+    agent: &str,
+    task: &str,
+    predecessor: Option<&str>,
+    state: Option<&str>,
+    quantity: &str,
+    effect: Effect,
+) -> Exclusion {
     Exclusion {
         section: Section::Inherited,
         quantity: quantity.to_string(),
         agent: agent.to_string(),
-        predecessor: None,
+        predecessor: predecessor.map(str::to_string),
         task: task.to_string(),
-        state: None,
+        state: state.map(str::to_string),
         valid_trials: 0,
         infra_errors: 0,
-        reason: reason.to_string(),
-        effect: Effect::TaskExcluded,
+        reason: "no trials".to_string(),
+        effect,
     }
 }
 
@@ -256,8 +299,9 @@ fn signatures(ds: &Dataset) -> Vec<SignatureRow> {
             continue;
         }
         let state = ds.states.get(&r.start_state);
+        // Without per-test verdicts the final failing set is unknown, not empty.
         let same_failing = (r.outcome == Outcome::Fail).then(|| {
-            state.map(|s| {
+            state.filter(|_| !r.tests.is_empty()).map(|s| {
                 let start: BTreeSet<&str> = s.failing_tests.iter().map(String::as_str).collect();
                 r.failing_tests() == start
             })
@@ -358,11 +402,11 @@ fn signatures(ds: &Dataset) -> Vec<SignatureRow> {
         .map(|(agent, pred)| {
             let members: Vec<&Continuation<'_>> = conts
                 .iter()
-                .filter(|c| c.agent == agent && pred.map_or(true, |p| c.pred == p))
+                .filter(|c| c.agent == agent && (pred.is_none() || pred == Some(c.pred)))
                 .collect();
             let not_normally_submitted = skipped
                 .iter()
-                .filter(|((a, p), _)| *a == agent && pred.map_or(true, |q| *p == q))
+                .filter(|((a, p), _)| *a == agent && (pred.is_none() || pred == Some(*p)))
                 .map(|(_, n)| n)
                 .sum();
             signature_row(agent, pred, &members, not_normally_submitted)
@@ -530,12 +574,25 @@ mod tests {
         assert_eq!(rb.conditional_failure.value, None);
         assert_eq!(rb.conditional_failure.ci, None);
         assert_eq!(rb.conditional_failure.tasks, 0);
-        // B's missing task is reported for both sides.
+        // B's missing task is reported: its three states and the clean side.
         let b_ex: Vec<_> = a.exclusions.iter().filter(|e| e.agent == "B").collect();
-        assert_eq!(b_ex.len(), 2);
+        assert_eq!(b_ex.len(), 4);
         assert!(b_ex
             .iter()
             .all(|e| e.task == "t2" && e.effect == Effect::TaskExcluded));
+        let states: Vec<_> = b_ex
+            .iter()
+            .map(|e| (e.state.as_deref(), e.predecessor.as_deref()))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                (Some("s2a"), Some("P")),
+                (Some("s2b"), Some("P")),
+                (Some("s2c"), Some("Q")),
+                (None, None)
+            ]
+        );
         assert_eq!(a.meta.infra_errors_excluded, 2);
     }
 
@@ -597,6 +654,30 @@ mod tests {
         assert!(t3
             .iter()
             .all(|e| e.effect == Effect::TaskExcluded && e.valid_trials == 1));
+    }
+
+    #[test]
+    fn a_state_the_agent_did_not_run_is_reported() {
+        let mut ds = example();
+        // B runs t2's state s2c only.
+        add(&mut ds, "t2", Clean, "clean", None, "B", &[Fail]);
+        add(&mut ds, "t2", Residual, "s2c", Some("Q"), "B", &[Pass]);
+        let a = analyze(&ds, &opts());
+        let rb = &a.inherited.by_agent[1];
+        assert_eq!((rb.tasks, rb.states), (3, 3));
+        let b_ex: Vec<_> = a.exclusions.iter().filter(|e| e.agent == "B").collect();
+        assert_eq!(b_ex.len(), 2);
+        assert!(b_ex
+            .iter()
+            .all(|e| e.effect == Effect::StateExcluded && e.reason == "no trials"));
+        // Per predecessor, t2 drops out of B's P row: its P states are the missing ones.
+        let bp = a
+            .inherited
+            .by_predecessor
+            .iter()
+            .find(|r| r.agent == "B" && r.predecessor.as_deref() == Some("P"))
+            .unwrap();
+        assert_eq!((bp.tasks, bp.excluded_tasks), (1, 1));
     }
 
     #[test]
@@ -808,6 +889,17 @@ mod tests {
         }
         assert_eq!(a.inherited.signatures[0].predecessor, None);
         assert_eq!(a.inherited.signatures[1].predecessor.as_deref(), Some("P"));
+    }
+
+    #[test]
+    fn failed_continuation_without_test_verdicts_is_unknown() {
+        let mut ds = signature_example();
+        let mut t = trial("t1", Residual, "s1", Fail, 5);
+        t.row.tests.clear();
+        ds.trials.push(t);
+        let a = analyze(&ds, &opts());
+        let s = &a.inherited.signatures[0].same_failing;
+        assert_eq!((s.count, s.of, s.unknown), (1, 2, 1));
     }
 
     #[test]

@@ -19,9 +19,10 @@
 //! Not counted: `ls`, `find`, `tree`, `rg --files`, `grep -l`,
 //! `git diff` (any form: it shows changed lines, never an unchanged file's
 //! content, and a left-out file is by definition unchanged at the start),
-//! `git show` without `REV:path`, `python -c`, `xargs cat` and `find -exec`
-//! (their file names are not on the command line), and any command whose
-//! standard output is redirected to a file, `/dev/null` included.
+//! `git show` without `REV:path`, `python -c`, `xargs cat`, `find -exec` and
+//! command substitutions (their file names are not on the command line or
+//! not evaluated), and any command whose standard output is redirected to a
+//! file, `/dev/null` included.
 //!
 //! Paths: operands are joined to the working directory. A trajectory starts
 //! at the repository root. `cd` moves it; for `shell` and `argv` entries
@@ -96,7 +97,7 @@ impl ContentViews {
                     let mut cwd = Some(String::new());
                     interp.line(s, &mut cwd, 0);
                 }
-                TrajectoryCommand::Keys(k) => interp.line(k, &mut terminal_cwd, 0),
+                TrajectoryCommand::Keys(k) => interp.line(strip_key_names(k), &mut terminal_cwd, 0),
                 TrajectoryCommand::Argv(argv) => {
                     let mut cwd = Some(String::new());
                     let words: Vec<Word> = argv
@@ -977,6 +978,19 @@ impl Interp {
     }
 }
 
+/// tmux names the Enter key instead of typing a newline (`send-keys "ls" Enter`).
+fn strip_key_names(keys: &str) -> &str {
+    let t = keys.trim_end();
+    for name in ["Enter", "C-m", "KPEnter"] {
+        if let Some(rest) = t.strip_suffix(name) {
+            if rest.is_empty() || rest.ends_with(char::is_whitespace) {
+                return rest;
+            }
+        }
+    }
+    keys
+}
+
 fn looks_like_rev(s: &str) -> bool {
     s.contains("HEAD")
         || s.contains("..")
@@ -1133,8 +1147,10 @@ mod tests {
         // ... while a terminal keeps its working directory.
         let keys = vec![
             TrajectoryCommand::Keys("cd encryption\n".into()),
-            TrajectoryCommand::Keys("cat encryption.go\n".into()),
+            TrajectoryCommand::Keys("cat encryption.go Enter".into()),
         ];
+        assert_eq!(strip_key_names("ls C-m"), "ls ");
+        assert_eq!(strip_key_names("echo xEnter"), "echo xEnter");
         assert!(ContentViews::from_trajectory(&keys, [F]).shows(F));
         let argv = vec![TrajectoryCommand::Argv(vec!["cat".into(), F.into()])];
         assert!(ContentViews::from_trajectory(&argv, [F]).shows(F));

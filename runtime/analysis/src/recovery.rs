@@ -91,6 +91,24 @@ pub(crate) fn analyze<'a>(
     let mut dirs: Vec<DirData<'a>> = Vec::new();
     for (pred, task_set) in &failure_sets {
         let tasks: Vec<&str> = task_set.iter().copied().collect();
+        // The start states of each task (failed states for the rescues, the
+        // pristine start for the control) as run by any agent: one an agent
+        // lacks is reported, not silently averaged away.
+        let mut expected: BTreeMap<(bool, &str), BTreeSet<&str>> = BTreeMap::new();
+        for agent in &agents[pred] {
+            for cond in CONDITIONS {
+                let Some(g) = cells.group(cond, agent, Some(pred)) else {
+                    continue;
+                };
+                let control = cond == Condition::PristineControl;
+                for (task, states) in g {
+                    expected
+                        .entry((control, task))
+                        .or_default()
+                        .extend(states.keys().copied());
+                }
+            }
+        }
         // Per-task values of every (condition, agent) group on F_pred.
         let mut values: BTreeMap<(Condition, &str), Vec<Option<f64>>> = BTreeMap::new();
         for agent in &agents[pred] {
@@ -113,6 +131,27 @@ pub(crate) fn analyze<'a>(
                                 task,
                                 &m,
                             );
+                            let control = cond == Condition::PristineControl;
+                            for state in &expected[&(control, *task)] {
+                                if !states.contains_key(state) {
+                                    exclusions.push(Exclusion {
+                                        section: Section::Recovery,
+                                        quantity: quantity.clone(),
+                                        agent: agent.to_string(),
+                                        predecessor: Some(pred.to_string()),
+                                        task: task.to_string(),
+                                        state: Some(state.to_string()),
+                                        valid_trials: 0,
+                                        infra_errors: 0,
+                                        reason: "no trials".into(),
+                                        effect: if m.value.is_some() {
+                                            Effect::StateExcluded
+                                        } else {
+                                            Effect::TaskExcluded
+                                        },
+                                    });
+                                }
+                            }
                             v.push(m.value);
                         }
                         None => {
@@ -565,6 +604,52 @@ mod tests {
         let ctv = d.ctv.estimate.ci.unwrap();
         assert_eq!((ctv.lo, ctv.hi), (0.0, 0.0));
         assert_eq!(d.rescue.ci, d.rescue_note.ci);
+    }
+
+    #[test]
+    fn missing_cells_are_reported() {
+        let mut ds = Dataset::default();
+        add(&mut ds, "t1", Notice, "f1", Some("A"), "B", &[Pass]);
+        add(&mut ds, "t1", Notice, "f2", Some("A"), "B", &[Fail]);
+        add(&mut ds, "t1", Notice, "f1", Some("A"), "A", &[Pass]);
+        add(&mut ds, "t2", Notice, "f3", Some("A"), "B", &[Pass]);
+        add(&mut ds, "t2", Notice, "f3", Some("A"), "A", &[InfraError]);
+        let a = analyze(&ds, &opts());
+        let ex: Vec<_> = a
+            .exclusions
+            .iter()
+            .map(|e| {
+                (
+                    e.quantity.as_str(),
+                    e.task.as_str(),
+                    e.state.as_deref(),
+                    e.effect,
+                    e.reason.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ex,
+            vec![
+                (
+                    "R(A->A)",
+                    "t1",
+                    Some("f2"),
+                    crate::Effect::StateExcluded,
+                    "no trials"
+                ),
+                (
+                    "R(A->A)",
+                    "t2",
+                    Some("f3"),
+                    crate::Effect::TaskExcluded,
+                    "no valid trial (1 infra_error)"
+                ),
+            ]
+        );
+        let ab = dir(&a, "A", "B");
+        assert_eq!(ab.rescue.value, Some(0.75));
+        assert_eq!(ab.hrg.unwrap().estimate.tasks, 1);
     }
 
     #[test]

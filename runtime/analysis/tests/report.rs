@@ -189,7 +189,7 @@ fn report_files_from_a_run_directory() {
     let tmp = TempDir::new("report");
     let run = tmp.0.join("run");
     make_run(&run);
-    let ds = load_runs(&[run.clone()]).unwrap();
+    let ds = load_runs(std::slice::from_ref(&run)).unwrap();
     assert_eq!(ds.trials.len(), 24);
     let a = analyze(
         &ds,
@@ -303,7 +303,7 @@ fn bad_rows_name_the_file_and_line() {
     let mut text = fs::read_to_string(&results).unwrap();
     text.push_str("{\"run_id\": \"run-1\", \"trial_id\": \"x\"}\n");
     fs::write(&results, &text).unwrap();
-    let err = load_runs(&[run.clone()]).unwrap_err();
+    let err = load_runs(std::slice::from_ref(&run)).unwrap_err();
     assert!(
         matches!(err, AnalysisError::Json { line: Some(25), .. }),
         "{err:?}"

@@ -41,6 +41,8 @@ pub struct Axis {
     pub label: String,
     /// Formats a tick value.
     pub fmt: fn(f64) -> String,
+    /// Formats a value in a tooltip (usually more precise than a tick).
+    pub tip: fn(f64) -> String,
     /// Draw a reference line at zero.
     pub zero_line: bool,
 }
@@ -48,7 +50,13 @@ pub struct Axis {
 impl Axis {
     /// A range that covers every value and interval end (and zero when a
     /// zero line is wanted), padded by 5%.
-    pub fn fit(rows: &[Row], label: &str, fmt: fn(f64) -> String, zero_line: bool) -> Axis {
+    pub fn fit(
+        rows: &[Row],
+        label: &str,
+        fmt: fn(f64) -> String,
+        tip: fn(f64) -> String,
+        zero_line: bool,
+    ) -> Axis {
         let mut lo = f64::INFINITY;
         let mut hi = f64::NEG_INFINITY;
         for p in rows.iter().flat_map(|r| &r.points) {
@@ -71,6 +79,7 @@ impl Axis {
             max: hi + pad,
             label: label.to_string(),
             fmt,
+            tip,
             zero_line,
         }
     }
@@ -101,7 +110,15 @@ fn ticks(axis: &Axis) -> Vec<f64> {
     out
 }
 
-fn frame(out: &mut String, title: &str, series: &[&str], height: f64, axis: &Axis) {
+/// Title, legend, alternating row stripes `(y, height)`, grid and axis.
+fn frame(
+    out: &mut String,
+    title: &str,
+    series: &[&str],
+    height: f64,
+    axis: &Axis,
+    stripes: &[(f64, f64)],
+) {
     let _ = write!(
         out,
         "<svg class=\"chart\" viewBox=\"0 0 {WIDTH} {height}\" width=\"{WIDTH}\" height=\"{height}\" role=\"img\" \
@@ -125,6 +142,13 @@ fn frame(out: &mut String, title: &str, series: &[&str], height: f64, axis: &Axi
             esc(s)
         );
         x += 24.0 + 7.0 * s.chars().count() as f64;
+    }
+    for (y, h) in stripes {
+        let _ = write!(
+            out,
+            "<rect x=\"{LEFT}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"#f4f4f4\"/>",
+            WIDTH - LEFT - RIGHT
+        );
     }
     let bottom = height - BOTTOM;
     for t in ticks(axis) {
@@ -155,6 +179,14 @@ fn frame(out: &mut String, title: &str, series: &[&str], height: f64, axis: &Axi
     );
 }
 
+/// Every other row gets a light background.
+fn stripes(rows: usize, row_h: f64) -> Vec<(f64, f64)> {
+    (0..rows)
+        .filter(|i| i % 2 == 1)
+        .map(|i| (TOP + row_h * i as f64, row_h))
+        .collect()
+}
+
 fn row_label(out: &mut String, row: &Row, y: f64) {
     let weight = if row.emphasis {
         " font-weight=\"bold\""
@@ -172,25 +204,32 @@ fn row_label(out: &mut String, row: &Row, y: f64) {
 
 /// Estimates with interval whiskers, one row per label.
 pub fn dot_whisker(title: &str, series: &[&str], rows: &[Row], axis: &Axis) -> String {
-    let per_series = series.len().max(1) as f64;
-    let row_h = 10.0 + 10.0 * per_series;
+    // Points of a row are stacked in the order given, 10 px apart.
+    let slots = rows
+        .iter()
+        .map(|r| r.points.len())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let row_h = 10.0 + 10.0 * slots;
     let height = TOP + BOTTOM + row_h * rows.len().max(1) as f64;
     let mut out = String::new();
-    frame(&mut out, title, series, height, axis);
+    frame(
+        &mut out,
+        title,
+        series,
+        height,
+        axis,
+        &stripes(rows.len(), row_h),
+    );
     for (i, row) in rows.iter().enumerate() {
         let y0 = TOP + row_h * i as f64;
         let mid = y0 + row_h / 2.0;
-        if i % 2 == 1 {
-            let _ = write!(
-                out,
-                "<rect x=\"{LEFT}\" y=\"{y0:.1}\" width=\"{:.1}\" height=\"{row_h:.1}\" fill=\"#f6f6f6\" fill-opacity=\"0.6\"/>",
-                WIDTH - LEFT - RIGHT
-            );
-        }
         row_label(&mut out, row, mid);
-        for p in &row.points {
+        let n = row.points.len() as f64;
+        for (j, p) in row.points.iter().enumerate() {
             let c = PALETTE[p.series % PALETTE.len()];
-            let offset = (p.series as f64 - (per_series - 1.0) / 2.0) * 10.0;
+            let offset = (j as f64 - (n - 1.0) / 2.0) * 10.0;
             let y = mid + offset;
             if let (Some(lo), Some(hi)) = (p.lo, p.hi) {
                 let (x1, x2) = (x_of(axis, lo), x_of(axis, hi));
@@ -212,11 +251,11 @@ pub fn dot_whisker(title: &str, series: &[&str], rows: &[Row], axis: &Axis) -> S
                         (Some(lo), Some(hi)) => format!(
                             "{}: {} [{}, {}]",
                             series.get(p.series).unwrap_or(&""),
-                            (axis.fmt)(v),
-                            (axis.fmt)(lo),
-                            (axis.fmt)(hi)
+                            (axis.tip)(v),
+                            (axis.tip)(lo),
+                            (axis.tip)(hi)
                         ),
-                        _ => format!("{}: {}", series.get(p.series).unwrap_or(&""), (axis.fmt)(v)),
+                        _ => format!("{}: {}", series.get(p.series).unwrap_or(&""), (axis.tip)(v)),
                     };
                     if row.emphasis {
                         let _ = write!(
@@ -258,7 +297,14 @@ pub fn bars(title: &str, series: &[&str], rows: &[Row], axis: &Axis) -> String {
     let row_h = 12.0 + bar_h * per_series;
     let height = TOP + BOTTOM + row_h * rows.len().max(1) as f64;
     let mut out = String::new();
-    frame(&mut out, title, series, height, axis);
+    frame(
+        &mut out,
+        title,
+        series,
+        height,
+        axis,
+        &stripes(rows.len(), row_h),
+    );
     let x0 = x_of(axis, 0.0_f64.max(axis.min));
     for (i, row) in rows.iter().enumerate() {
         let y0 = TOP + row_h * i as f64 + 6.0;
@@ -276,7 +322,7 @@ pub fn bars(title: &str, series: &[&str], rows: &[Row], axis: &Axis) -> String {
                         w.max(0.5),
                         bar_h - 1.5,
                         esc(series.get(p.series).unwrap_or(&"")),
-                        esc(&(axis.fmt)(v))
+                        esc(&(axis.tip)(v))
                     );
                 }
                 None => {
@@ -310,6 +356,7 @@ mod tests {
             max: 1.05,
             label: String::new(),
             fmt: pct,
+            tip: pct,
             zero_line: false,
         };
         assert_eq!(ticks(&axis), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
@@ -318,6 +365,7 @@ mod tests {
             max: 0.07,
             label: String::new(),
             fmt: pct,
+            tip: pct,
             zero_line: true,
         };
         let t = ticks(&axis);
@@ -347,7 +395,7 @@ mod tests {
             ],
             emphasis: false,
         }];
-        let axis = Axis::fit(&rows, "x", pct, false);
+        let axis = Axis::fit(&rows, "x", pct, pct, false);
         let svg = dot_whisker("t", &["one", "two"], &rows, &axis);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(svg.contains("a&lt;b&gt;&amp;c"));

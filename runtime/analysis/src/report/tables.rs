@@ -93,16 +93,26 @@ fn ratio_axis(v: f64) -> String {
 }
 
 fn share_view(s: &Share) -> String {
+    let unknown = if s.unknown > 0 {
+        format!("; {} unknown", s.unknown)
+    } else {
+        String::new()
+    };
     match s.value {
-        Some(v) => format!("{} ({}/{})", pct(v), s.count, s.of),
-        None => "undefined (none)".into(),
+        Some(v) => format!("{} ({}/{}{unknown})", pct(v), s.count, s.of),
+        None => format!("undefined (0/0{unknown})"),
     }
 }
 
 fn mean_view(m: &Mean) -> String {
+    let undefined = if m.undefined > 0 {
+        format!("; {} undefined", m.undefined)
+    } else {
+        String::new()
+    };
     match m.value {
-        Some(v) => format!("{} (n={})", pct(v), m.n),
-        None => "undefined (n=0)".into(),
+        Some(v) => format!("{} (n={}{undefined})", pct(v), m.n),
+        None => format!("undefined (n=0{undefined})"),
     }
 }
 
@@ -223,7 +233,11 @@ fn inherited(a: &Analysis, by_pred: bool) -> Table {
             with_ci(&r.clean, pct),
             with_ci(&r.residual, pct),
             with_ci(&r.gap_pp, pp),
-            with_ci(&r.conditional_failure, pct),
+            format!(
+                "{} (n={})",
+                with_ci(&r.conditional_failure, pct),
+                r.conditional_failure.tasks
+            ),
             r.excluded_tasks.to_string(),
         ]);
         t.view_rows.push(v);
@@ -233,7 +247,7 @@ fn inherited(a: &Analysis, by_pred: bool) -> Table {
         };
         if r.conditional_failure.value.is_none() && r.tasks > 0 {
             t.notes.push(format!(
-                "Conditional failure rate of {who} is undefined: it solved none of its {} tasks from the clean start.",
+                "Conditional failure rate of {who} is undefined: it solved none of its {} task(s) from the clean start.",
                 r.tasks
             ));
         }
@@ -696,12 +710,15 @@ fn point(series: usize, e: &Estimate) -> Point {
     }
 }
 
-fn rate_axis(label: &str) -> Axis {
+/// A [0, 1] axis, in percent (inherited starts) or as a rate (recovery,
+/// matching its tables).
+fn rate_axis(label: &str, as_rate: bool) -> Axis {
     Axis {
         min: -0.02,
         max: 1.02,
         label: label.to_string(),
-        fmt: pct0,
+        fmt: if as_rate { ratio_axis } else { pct0 },
+        tip: if as_rate { rate } else { pct },
         zero_line: false,
     }
 }
@@ -729,7 +746,7 @@ pub(crate) fn figures(a: &Analysis) -> Vec<Figure> {
                 title,
                 &["Clean", "Residual"],
                 &clean_res(&a.inherited.by_agent, false),
-                &rate_axis("success rate"),
+                &rate_axis("success rate", false),
             ),
             table: "inherited_by_agent",
         });
@@ -743,7 +760,7 @@ pub(crate) fn figures(a: &Analysis) -> Vec<Figure> {
                 title,
                 &["Clean", "Residual"],
                 &clean_res(&a.inherited.by_predecessor, true),
-                &rate_axis("success rate"),
+                &rate_axis("success rate", false),
             ),
             table: "inherited_by_predecessor",
         });
@@ -791,7 +808,7 @@ pub(crate) fn figures(a: &Analysis) -> Vec<Figure> {
                     "clean runs changed",
                 ],
                 &rows,
-                &rate_axis("share"),
+                &rate_axis("share", false),
             ),
             table: "signatures",
         });
@@ -819,7 +836,7 @@ pub(crate) fn figures(a: &Analysis) -> Vec<Figure> {
                 title,
                 &["R(A->B)", "Rnote(A->B)", "C(B)"],
                 &rows,
-                &rate_axis("success rate"),
+                &rate_axis("success rate", true),
             ),
             table: "recovery_success",
         });
@@ -848,7 +865,13 @@ pub(crate) fn figures(a: &Analysis) -> Vec<Figure> {
             }
         }
         let title = "Recovery contrasts (95% CI; diamonds: pooled)";
-        let axis = Axis::fit(&rows, "difference in success rate", ratio_axis, true);
+        let axis = Axis::fit(
+            &rows,
+            "difference in success rate",
+            ratio_axis,
+            signed,
+            true,
+        );
         out.push(Figure {
             file: "contrasts_forest.svg",
             title: title.into(),
@@ -889,11 +912,15 @@ fn document<'a>(a: &Analysis, tables: &'a [Table], figures: &'a [Figure]) -> Vec
         "Runs: {}. {} trials; {} with outcome `infra_error` are in no number (counted only). \
          95% intervals: percentile bootstrap over tasks, {} draws, seed `{:#x}`, one resample \
          shared by every number of a family (paired). A cell needs at least {} valid trial(s).",
-        m.runs
-            .iter()
-            .map(|r| format!("`{r}`"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        if m.runs.is_empty() {
+            "none recorded".to_string()
+        } else {
+            m.runs
+                .iter()
+                .map(|r| format!("`{r}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
         m.trials,
         m.infra_errors_excluded,
         m.draws,
@@ -1026,11 +1053,7 @@ pub(crate) fn markdown(a: &Analysis, tables: &[Table], figures: &[Figure]) -> St
                 out.push('\n');
             }
             Block::Figure(f) => {
-                let _ = writeln!(
-                    out,
-                    "![{}]({})\n\nData: `{}.csv`.\n",
-                    f.title, f.file, f.table
-                );
+                let _ = writeln!(out, "![{}]({})\n", f.title, f.file);
             }
             Block::Table(t) => {
                 if t.view_rows.is_empty() {
