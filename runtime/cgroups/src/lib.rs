@@ -32,14 +32,20 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
-    #[error("no usable cgroup hierarchy under {0} (need cgroup v2 or v1 memory and pids controllers)")]
+    #[error(
+        "no usable cgroup hierarchy under {0} (need cgroup v2 or v1 memory and pids controllers)"
+    )]
     NoHierarchy(PathBuf),
     #[error("cgroup {0} still has processes after killing them")]
     Busy(PathBuf),
 }
 
 fn io_err<'a>(path: &'a Path, step: &'static str) -> impl FnOnce(io::Error) -> CgroupError + 'a {
-    move |source| CgroupError::Io { path: path.to_path_buf(), step, source }
+    move |source| CgroupError::Io {
+        path: path.to_path_buf(),
+        step,
+        source,
+    }
 }
 
 /// Resource limits of one sandbox. `None` means unlimited.
@@ -57,8 +63,14 @@ pub struct Limits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "version", rename_all = "lowercase")]
 pub enum Hierarchy {
-    V1 { root: PathBuf, controllers: Vec<String> },
-    V2 { root: PathBuf, controllers: Vec<String> },
+    V1 {
+        root: PathBuf,
+        controllers: Vec<String>,
+    },
+    V2 {
+        root: PathBuf,
+        controllers: Vec<String>,
+    },
 }
 
 impl Hierarchy {
@@ -83,7 +95,10 @@ impl Hierarchy {
             .map(|c| c.to_string())
             .collect();
         if controllers.iter().any(|c| c == "memory") && controllers.iter().any(|c| c == "pids") {
-            Ok(Hierarchy::V1 { root: root.to_path_buf(), controllers })
+            Ok(Hierarchy::V1 {
+                root: root.to_path_buf(),
+                controllers,
+            })
         } else {
             Err(CgroupError::NoHierarchy(root.to_path_buf()))
         }
@@ -128,7 +143,10 @@ fn write(path: &Path, value: &str, step: &'static str) -> Result<(), CgroupError
 impl Cgroup {
     /// A handle on the cgroup `name` (relative, such as `forkd/<id>`); nothing is created.
     pub fn new(hierarchy: &Hierarchy, name: &str) -> Self {
-        Cgroup { hierarchy: hierarchy.clone(), name: name.to_string() }
+        Cgroup {
+            hierarchy: hierarchy.clone(),
+            name: name.to_string(),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -149,7 +167,11 @@ impl Cgroup {
                 .filter(|c| controllers.iter().any(|h| h == c))
                 .collect();
             let mut dir = root.clone();
-            for part in Path::new(&self.name).parent().into_iter().flat_map(|p| p.components()) {
+            for part in Path::new(&self.name)
+                .parent()
+                .into_iter()
+                .flat_map(|p| p.components())
+            {
                 let control = dir.join("cgroup.subtree_control");
                 let line: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
                 write(&control, &line.join(" "), "enable controllers")?;
@@ -173,21 +195,37 @@ impl Cgroup {
                 let has = |c: &str| controllers.iter().any(|h| h == c);
                 let dir = |c: &str| root.join(c).join(&self.name);
                 if let Some(bytes) = limits.memory_bytes {
-                    write(&dir("memory").join("memory.limit_in_bytes"), &bytes.to_string(), "set memory limit")?;
+                    write(
+                        &dir("memory").join("memory.limit_in_bytes"),
+                        &bytes.to_string(),
+                        "set memory limit",
+                    )?;
                 }
                 if let Some(n) = limits.pids {
-                    write(&dir("pids").join("pids.max"), &n.to_string(), "set pids limit")?;
+                    write(
+                        &dir("pids").join("pids.max"),
+                        &n.to_string(),
+                        "set pids limit",
+                    )?;
                 }
                 if let (Some(m), true) = (limits.cpu_millis, has("cpu")) {
                     let d = dir("cpu");
                     write(&d.join("cpu.cfs_period_us"), "100000", "set cpu period")?;
-                    write(&d.join("cpu.cfs_quota_us"), &(m * 100).to_string(), "set cpu quota")?;
+                    write(
+                        &d.join("cpu.cfs_quota_us"),
+                        &(m * 100).to_string(),
+                        "set cpu quota",
+                    )?;
                 }
             }
             Hierarchy::V2 { root, .. } => {
                 let d = root.join(&self.name);
                 if let Some(bytes) = limits.memory_bytes {
-                    write(&d.join("memory.max"), &bytes.to_string(), "set memory limit")?;
+                    write(
+                        &d.join("memory.max"),
+                        &bytes.to_string(),
+                        "set memory limit",
+                    )?;
                     // Without swap off, a hog would page out instead of being killed.
                     let _ = fs::write(d.join("memory.swap.max"), "0");
                 }
@@ -195,7 +233,11 @@ impl Cgroup {
                     write(&d.join("pids.max"), &n.to_string(), "set pids limit")?;
                 }
                 if let Some(m) = limits.cpu_millis {
-                    write(&d.join("cpu.max"), &format!("{} 100000", m * 100), "set cpu quota")?;
+                    write(
+                        &d.join("cpu.max"),
+                        &format!("{} 100000", m * 100),
+                        "set cpu quota",
+                    )?;
                 }
             }
         }
@@ -225,20 +267,28 @@ impl Cgroup {
     }
 
     pub fn exists(&self) -> bool {
-        self.hierarchy.dirs(&self.name).iter().any(|(_, d)| d.exists())
+        self.hierarchy
+            .dirs(&self.name)
+            .iter()
+            .any(|(_, d)| d.exists())
     }
 
     /// How many times the OOM killer fired inside this cgroup.
     pub fn oom_kills(&self) -> u64 {
         let path = match &self.hierarchy {
-            Hierarchy::V1 { root, .. } => root.join("memory").join(&self.name).join("memory.oom_control"),
+            Hierarchy::V1 { root, .. } => root
+                .join("memory")
+                .join(&self.name)
+                .join("memory.oom_control"),
             Hierarchy::V2 { root, .. } => root.join(&self.name).join("memory.events"),
         };
         fs::read_to_string(path)
             .ok()
             .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+                t.lines().find_map(|l| {
+                    l.strip_prefix("oom_kill ")
+                        .and_then(|v| v.trim().parse().ok())
+                })
             })
             .unwrap_or(0)
     }
@@ -246,7 +296,10 @@ impl Cgroup {
     /// Current memory use in bytes, if the memory controller reports it.
     pub fn memory_current(&self) -> Option<u64> {
         let path = match &self.hierarchy {
-            Hierarchy::V1 { root, .. } => root.join("memory").join(&self.name).join("memory.usage_in_bytes"),
+            Hierarchy::V1 { root, .. } => root
+                .join("memory")
+                .join(&self.name)
+                .join("memory.usage_in_bytes"),
             Hierarchy::V2 { root, .. } => root.join(&self.name).join("memory.current"),
         };
         fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -310,7 +363,10 @@ mod tests {
         }
         let h = Hierarchy::detect_at(&dir).unwrap();
         assert_eq!(h.version(), 1);
-        assert_eq!(h.controllers(), &["memory".to_string(), "pids".into(), "cpu".into()]);
+        assert_eq!(
+            h.controllers(),
+            &["memory".to_string(), "pids".into(), "cpu".into()]
+        );
         let cg = Cgroup::new(&h, "forkd/abc");
         let dirs: Vec<PathBuf> = h.dirs(cg.name()).into_iter().map(|(_, d)| d).collect();
         assert_eq!(dirs[0], dir.join("memory/forkd/abc"));
@@ -321,7 +377,11 @@ mod tests {
     fn detects_v2_layout() {
         let dir = std::env::temp_dir().join(format!("forkd-cg2-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        fs::write(
+            dir.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
         let h = Hierarchy::detect_at(&dir).unwrap();
         assert_eq!(h.version(), 2);
         assert!(h.controllers().contains(&"pids".to_string()));

@@ -33,11 +33,20 @@ pub enum HostError {
 }
 
 fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> HostError + 'a {
-    move |source| HostError::Io { step, path: path.to_path_buf(), source }
+    move |source| HostError::Io {
+        step,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Mounts an overlay at `target` with `lowers` (topmost first), `upper` and `work`.
-pub fn mount_overlay(lowers: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> Result<(), HostError> {
+pub fn mount_overlay(
+    lowers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), HostError> {
     let lower: Vec<String> = lowers.iter().map(|p| escape_overlay_path(p)).collect();
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
@@ -45,13 +54,23 @@ pub fn mount_overlay(lowers: &[PathBuf], upper: &Path, work: &Path, target: &Pat
         escape_overlay_path(upper),
         escape_overlay_path(work)
     );
-    mount(Some("overlay"), target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
-        .map_err(|e| io_err("mount overlay on", target)(e.into()))
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(opts.as_str()),
+    )
+    .map_err(|e| io_err("mount overlay on", target)(e.into()))
 }
 
 /// Overlay separates paths with ':' and ','; escape them.
 fn escape_overlay_path(p: &Path) -> String {
-    p.display().to_string().replace('\\', "\\\\").replace(':', "\\:").replace(',', "\\,")
+    p.display()
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace(':', "\\:")
+        .replace(',', "\\,")
 }
 
 /// Detaches the mount at `target`; a path that is not mounted is fine (idempotent).
@@ -65,15 +84,24 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
 
 /// Is `path` a mount point right now?
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else { return false };
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
     let want = canon.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| t.lines().any(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(want.as_str())))
+        .map(|t| {
+            t.lines().any(|l| {
+                l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(want.as_str())
+            })
+        })
         .unwrap_or(false)
 }
 
 fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }
 
 /// Starts the sandbox's init by running `exe __setup`; returns the init's host pid.
@@ -87,8 +115,15 @@ pub fn start_init(exe: &Path, spec: &SetupSpec) -> Result<i32, HostError> {
         .spawn()
         .map_err(io_err("run set-up helper", exe))?;
     let body = serde_json::to_vec(spec).expect("spec serialises");
-    child.stdin.take().expect("piped").write_all(&body).map_err(io_err("send spec to", exe))?;
-    let out = child.wait_with_output().map_err(io_err("wait for set-up helper", exe))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(&body)
+        .map_err(io_err("send spec to", exe))?;
+    let out = child
+        .wait_with_output()
+        .map_err(io_err("wait for set-up helper", exe))?;
     match serde_json::from_slice::<SetupReply>(&out.stdout) {
         Ok(SetupReply::Ok { pid }) => Ok(pid),
         Ok(SetupReply::Error { step, message }) => Err(HostError::Setup { step, message }),
@@ -147,19 +182,28 @@ pub struct ExecOutput {
 
 /// Sends `req` on a fresh connection and returns the connection after the `Started`
 /// frame (or the init's error).
-pub fn start_exec(rootfs: &Path, req: &ExecRequest) -> Result<(UnixStream, ExecStarted), HostError> {
+pub fn start_exec(
+    rootfs: &Path,
+    req: &ExecRequest,
+) -> Result<(UnixStream, ExecStarted), HostError> {
     req.validate().map_err(HostError::Exec)?;
     let mut conn = connect(rootfs)?;
     let body = serde_json::to_vec(req).expect("request serialises");
-    proto::write_frame(&mut conn, Kind::Request, &body).map_err(|e| HostError::Protocol(e.to_string()))?;
+    proto::write_frame(&mut conn, Kind::Request, &body)
+        .map_err(|e| HostError::Protocol(e.to_string()))?;
     match proto::read_frame(&mut conn).map_err(|e| HostError::Protocol(e.to_string()))? {
         Some((Kind::Started, body)) => {
-            let started = serde_json::from_slice(&body).map_err(|e| HostError::Protocol(e.to_string()))?;
+            let started =
+                serde_json::from_slice(&body).map_err(|e| HostError::Protocol(e.to_string()))?;
             Ok((conn, started))
         }
         Some((Kind::Error, body)) => Err(HostError::Exec(error_message(&body))),
-        Some((k, _)) => Err(HostError::Protocol(format!("unexpected {k:?} frame before start"))),
-        None => Err(HostError::Protocol("the init closed the connection before the command started".into())),
+        Some((k, _)) => Err(HostError::Protocol(format!(
+            "unexpected {k:?} frame before start"
+        ))),
+        None => Err(HostError::Protocol(
+            "the init closed the connection before the command started".into(),
+        )),
     }
 }
 
@@ -172,12 +216,18 @@ pub fn error_message(body: &[u8]) -> String {
 
 /// Runs `req` to completion and collects its output (binary-safe). `stdin`, when
 /// given, is sent in full followed by end-of-file.
-pub fn exec(rootfs: &Path, req: &ExecRequest, stdin: Option<&[u8]>) -> Result<ExecOutput, HostError> {
+pub fn exec(
+    rootfs: &Path,
+    req: &ExecRequest,
+    stdin: Option<&[u8]>,
+) -> Result<ExecOutput, HostError> {
     let mut req = req.clone();
     req.stdin = stdin.is_some();
     let (mut conn, started) = start_exec(rootfs, &req)?;
     if let Some(data) = stdin {
-        let mut w = conn.try_clone().map_err(|e| HostError::Protocol(e.to_string()))?;
+        let mut w = conn
+            .try_clone()
+            .map_err(|e| HostError::Protocol(e.to_string()))?;
         let data = data.to_vec();
         // A separate writer, so a command that writes before it reads cannot deadlock us.
         std::thread::spawn(move || {
@@ -195,12 +245,22 @@ pub fn exec(rootfs: &Path, req: &ExecRequest, stdin: Option<&[u8]>) -> Result<Ex
             Some((Kind::Stdout, d)) => stdout.extend_from_slice(&d),
             Some((Kind::Stderr, d)) => stderr.extend_from_slice(&d),
             Some((Kind::Exit, body)) => {
-                let exit = serde_json::from_slice(&body).map_err(|e| HostError::Protocol(e.to_string()))?;
-                return Ok(ExecOutput { pid: started.pid, exit, stdout, stderr });
+                let exit = serde_json::from_slice(&body)
+                    .map_err(|e| HostError::Protocol(e.to_string()))?;
+                return Ok(ExecOutput {
+                    pid: started.pid,
+                    exit,
+                    stdout,
+                    stderr,
+                });
             }
             Some((Kind::Error, body)) => return Err(HostError::Exec(error_message(&body))),
             Some(_) => {}
-            None => return Err(HostError::Protocol("connection closed before the command's exit was reported".into())),
+            None => {
+                return Err(HostError::Protocol(
+                    "connection closed before the command's exit was reported".into(),
+                ))
+            }
         }
     }
 }

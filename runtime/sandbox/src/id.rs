@@ -45,7 +45,10 @@ pub struct InvalidId(pub String);
 impl FromStr for SandboxId {
     type Err = InvalidId;
     fn from_str(s: &str) -> Result<Self, InvalidId> {
-        if s.len() == ID_LEN && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() == ID_LEN
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             Ok(SandboxId(s.to_string()))
         } else {
             Err(InvalidId(s.to_string()))
@@ -81,7 +84,14 @@ mod tests {
         let id = SandboxId::random();
         assert_eq!(id.as_str().len(), ID_LEN);
         assert_eq!(id.as_str().parse::<SandboxId>().unwrap(), id);
-        for bad in ["", "..", "../../etc/passwd", "0123456789abcdeF", "0123456789abcde", "0123456789abcdef0"] {
+        for bad in [
+            "",
+            "..",
+            "../../etc/passwd",
+            "0123456789abcdeF",
+            "0123456789abcde",
+            "0123456789abcdef0",
+        ] {
             assert!(bad.parse::<SandboxId>().is_err(), "{bad}");
         }
         assert!(serde_json::from_str::<SandboxId>("\"../x\"").is_err());

@@ -6,6 +6,7 @@
 //! - [`host`]: host-side operations (overlay mounts, starting the init, exec);
 //! - [`id`]: validated sandbox ids.
 
+pub mod files;
 pub mod host;
 pub mod id;
 pub mod init;

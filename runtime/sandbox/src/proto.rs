@@ -103,15 +103,26 @@ impl ExecRequest {
             (None, true) => return Err("argv is empty and no shell command given".into()),
             _ => {}
         }
-        if self.argv.iter().chain(self.env.iter()).any(|s| s.contains('\0')) {
+        if self
+            .argv
+            .iter()
+            .chain(self.env.iter())
+            .any(|s| s.contains('\0'))
+        {
             return Err("argv and env must not contain NUL bytes".into());
         }
-        if let Some(e) = self.env.iter().find(|e| !e.contains('=') || e.starts_with('=')) {
+        if let Some(e) = self
+            .env
+            .iter()
+            .find(|e| !e.contains('=') || e.starts_with('='))
+        {
             return Err(format!("env entry {e:?} is not KEY=VALUE"));
         }
         if let Some(log) = &self.log {
             if !valid_log_name(log) {
-                return Err(format!("log name {log:?} must be [A-Za-z0-9_.-], not starting with '.'"));
+                return Err(format!(
+                    "log name {log:?} must be [A-Za-z0-9_.-], not starting with '.'"
+                ));
             }
         }
         if self.detach && self.tty {
@@ -133,7 +144,9 @@ pub fn valid_log_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 /// Sent once the command runs.
@@ -175,11 +188,18 @@ pub fn encode_frame(buf: &mut Vec<u8>, kind: Kind, payload: &[u8]) {
 
 /// Parses a frame header.
 pub fn decode_header(h: &[u8; HEADER]) -> io::Result<(Kind, usize)> {
-    let kind = Kind::from_u8(h[0])
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unknown frame kind {}", h[0])))?;
+    let kind = Kind::from_u8(h[0]).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown frame kind {}", h[0]),
+        )
+    })?;
     let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
     if len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {len} bytes is too large")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes is too large"),
+        ));
     }
     Ok((kind, len))
 }
@@ -210,21 +230,33 @@ mod tests {
         write_frame(&mut buf, Kind::Exit, b"{}").unwrap();
         let mut r = &buf[..];
         assert_eq!(read_frame(&mut r).unwrap(), Some((Kind::Stdout, payload)));
-        assert_eq!(read_frame(&mut r).unwrap(), Some((Kind::Exit, b"{}".to_vec())));
+        assert_eq!(
+            read_frame(&mut r).unwrap(),
+            Some((Kind::Exit, b"{}".to_vec()))
+        );
         assert_eq!(read_frame(&mut r).unwrap(), None);
     }
 
     #[test]
     fn oversized_and_unknown_frames_are_refused() {
         let mut h = [Kind::Stdout as u8, 0xff, 0xff, 0xff, 0xff];
-        assert!(decode_header(&h).unwrap_err().to_string().contains("too large"));
+        assert!(decode_header(&h)
+            .unwrap_err()
+            .to_string()
+            .contains("too large"));
         h[0] = 99;
-        assert!(decode_header(&h).unwrap_err().to_string().contains("unknown frame kind 99"));
+        assert!(decode_header(&h)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown frame kind 99"));
     }
 
     #[test]
     fn requests_are_validated() {
-        let mut r = ExecRequest { argv: vec!["ls".into()], ..Default::default() };
+        let mut r = ExecRequest {
+            argv: vec!["ls".into()],
+            ..Default::default()
+        };
         assert!(r.validate().is_ok());
         r.shell = Some("ls".into());
         assert!(r.validate().unwrap_err().contains("not both"));

@@ -52,7 +52,8 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
     nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("set subreaper: {e}"))?;
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
-    mask.thread_block().map_err(|e| format!("block SIGCHLD: {e}"))?;
+    mask.thread_block()
+        .map_err(|e| format!("block SIGCHLD: {e}"))?;
     let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("signalfd: {e}"))?;
 
@@ -72,9 +73,13 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
         pty_master = Some(pty.master);
     } else {
         pty_master = None;
-        cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.stdin(if req.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         forkd_sys::session_leader(&mut cmd, false);
     }
     let started = Instant::now();
@@ -87,9 +92,20 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
     };
     let mut err: Option<OwnedFd> = child.stderr.take().map(OwnedFd::from);
     if req.tty {
-        stdin = pty_master.as_ref().map(|m| m.try_clone()).transpose().map_err(|e| e.to_string())?;
+        stdin = pty_master
+            .as_ref()
+            .map(|m| m.try_clone())
+            .transpose()
+            .map_err(|e| e.to_string())?;
     }
-    send(conn, Kind::Started, &ExecStarted { pid, log_path: None })?;
+    send(
+        conn,
+        Kind::Started,
+        &ExecStarted {
+            pid,
+            log_path: None,
+        },
+    )?;
 
     let deadline = req.timeout_ms.map(|ms| started + Duration::from_millis(ms));
     let mut status: Option<WaitStatus> = None;
@@ -108,11 +124,14 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
             }
         }
         let now = Instant::now();
-        let mut wait = deadline.map(|d| d.saturating_duration_since(now)).unwrap_or(Duration::from_secs(3600));
+        let mut wait = deadline
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(Duration::from_secs(3600));
         if let Some(t) = drain_until {
             wait = wait.min(t.saturating_duration_since(now));
         }
-        let timeout = PollTimeout::try_from(wait.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::NONE);
+        let timeout = PollTimeout::try_from(wait.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::NONE);
         let mut fds = Vec::with_capacity(4);
         fds.push(PollFd::new(sigfd.as_fd(), PollFlags::POLLIN));
         let conn_idx = if client_open && status.is_none() {
@@ -134,8 +153,12 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
             Err(e) => return Err(format!("poll: {e}")),
         }
         let ready = |i: Option<usize>| i.map(|i| fds[i].any().unwrap_or(false)).unwrap_or(false);
-        let (sig_ready, conn_ready, out_ready, err_ready) =
-            (fds[0].any().unwrap_or(false), ready(conn_idx), ready(out_idx), ready(err_idx));
+        let (sig_ready, conn_ready, out_ready, err_ready) = (
+            fds[0].any().unwrap_or(false),
+            ready(conn_idx),
+            ready(out_idx),
+            ready(err_idx),
+        );
         drop(fds);
         if out_ready && !pump(&mut out, &mut buf, conn, Kind::Stdout)? {
             out = None;
@@ -147,14 +170,16 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
             match proto::read_frame(conn) {
                 Ok(Some((Kind::Stdin, data))) => {
                     if let Some(fd) = &stdin {
-                        let _ = File::from(fd.try_clone().map_err(|e| e.to_string())?).write_all(&data);
+                        let _ =
+                            File::from(fd.try_clone().map_err(|e| e.to_string())?).write_all(&data);
                     }
                 }
                 Ok(Some((Kind::StdinEof, _))) => {
                     if req.tty {
                         // EOF on a terminal is the EOF character.
                         if let Some(fd) = &stdin {
-                            let _ = File::from(fd.try_clone().map_err(|e| e.to_string())?).write_all(&[4]);
+                            let _ = File::from(fd.try_clone().map_err(|e| e.to_string())?)
+                                .write_all(&[4]);
                         }
                     } else {
                         stdin = None;
@@ -171,36 +196,39 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
                 Ok(None) | Err(_) => {
                     // The client hung up: nobody is left to see the command, end it.
                     client_open = false;
-                    kill_tree();
+                    kill_tree(pid, &mut status);
                 }
             }
         }
         if sig_ready {
             let _ = drain_signals(&sigfd);
             reap(pid, &mut status);
-            if status.is_some() && drain_until.is_none() {
-                // Descendants may keep the pipes open; give them a moment, not forever.
-                drain_until = Some(Instant::now() + Duration::from_millis(100));
-            }
         }
         if status.is_none() {
             if let Some(d) = deadline {
                 if Instant::now() >= d {
                     timed_out = true;
-                    kill_tree();
+                    kill_tree(pid, &mut status);
                 }
             }
+        }
+        if status.is_some() && drain_until.is_none() {
+            // Descendants may keep the pipes open; give them a moment, not forever.
+            drain_until = Some(Instant::now() + Duration::from_millis(100));
         }
     }
     // The command exited (or was killed): collect whatever is still readable.
     for (fd, kind) in [(&mut out, Kind::Stdout), (&mut err, Kind::Stderr)] {
         if let Some(f) = fd.as_ref() {
-            let _ = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+            let _ = nix::fcntl::fcntl(
+                f.as_raw_fd(),
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+            );
         }
         while fd.is_some() && pump(fd, &mut buf, conn, kind).unwrap_or(false) {}
     }
     if timed_out {
-        kill_tree();
+        kill_tree(pid, &mut status);
     }
     let exit = exit_of(status, timed_out, started.elapsed());
     if client_open {
@@ -209,8 +237,16 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
     Ok(())
 }
 
-fn run_detached(conn: &mut UnixStream, req: &ExecRequest, mut cmd: Command, sigfd: SignalFd) -> Result<(), String> {
-    let name = req.log.clone().unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
+fn run_detached(
+    conn: &mut UnixStream,
+    req: &ExecRequest,
+    mut cmd: Command,
+    sigfd: SignalFd,
+) -> Result<(), String> {
+    let name = req
+        .log
+        .clone()
+        .unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
     let log_path = format!("{}/{name}.log", crate::setup::LOG_DIR);
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -224,7 +260,14 @@ fn run_detached(conn: &mut UnixStream, req: &ExecRequest, mut cmd: Command, sigf
     let started = Instant::now();
     let child = cmd.spawn().map_err(|e| spawn_error(req, e))?;
     let pid = child.id() as i32;
-    send(conn, Kind::Started, &ExecStarted { pid, log_path: Some(log_path) })?;
+    send(
+        conn,
+        Kind::Started,
+        &ExecStarted {
+            pid,
+            log_path: Some(log_path),
+        },
+    )?;
     let _ = conn.shutdown(std::net::Shutdown::Both);
     let mut status = None;
     while status.is_none() {
@@ -261,8 +304,15 @@ fn send<T: serde::Serialize>(conn: &mut UnixStream, kind: Kind, value: &T) -> Re
 }
 
 /// Reads one chunk from `fd` and forwards it; false at end of stream.
-fn pump(fd: &mut Option<OwnedFd>, buf: &mut [u8], conn: &mut UnixStream, kind: Kind) -> Result<bool, String> {
-    let Some(f) = fd.as_ref() else { return Ok(false) };
+fn pump(
+    fd: &mut Option<OwnedFd>,
+    buf: &mut [u8],
+    conn: &mut UnixStream,
+    kind: Kind,
+) -> Result<bool, String> {
+    let Some(f) = fd.as_ref() else {
+        return Ok(false);
+    };
     match nix::unistd::read(f.as_raw_fd(), buf) {
         Ok(0) => Ok(false),
         Ok(n) => {
@@ -304,7 +354,12 @@ fn exit_of(status: Option<WaitStatus>, timed_out: bool, elapsed: Duration) -> Ex
         Some(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
         _ => (128 + libc::SIGKILL, Some(libc::SIGKILL)),
     };
-    ExecExit { exit_code, signal, timed_out, duration_us: elapsed.as_micros() as u64 }
+    ExecExit {
+        exit_code,
+        signal,
+        timed_out,
+        duration_us: elapsed.as_micros() as u64,
+    }
 }
 
 /// Every process below this relay (the relay is a subreaper, so orphans stay below it).
@@ -313,10 +368,20 @@ fn descendants() -> Vec<i32> {
     let mut parent_of = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
             // The command name may contain spaces and parentheses; fields follow the last ')'.
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
             let mut fields = rest.split_whitespace();
             let _state = fields.next();
             if let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) {
@@ -342,7 +407,7 @@ fn descendants() -> Vec<i32> {
 
 /// Kills the command's whole tree: stop everything first so nothing can fork while we
 /// look, then kill, and repeat until the tree is empty.
-fn kill_tree() {
+fn kill_tree(main: i32, status: &mut Option<WaitStatus>) {
     for _ in 0..100 {
         let pids = descendants();
         if pids.is_empty() {
@@ -354,8 +419,7 @@ fn kill_tree() {
         for &p in &pids {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
-        let mut ignored = None;
-        reap(-1, &mut ignored);
+        reap(main, status);
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -399,13 +463,21 @@ fn resolve_user(spec: Option<&str>) -> Result<(u32, u32, String), String> {
     let entry = passwd.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
         (f.len() >= 6 && (f[0] == user || f[2] == user)).then(|| {
-            (f[2].parse::<u32>().ok(), f[3].parse::<u32>().ok(), f[5].to_string())
+            (
+                f[2].parse::<u32>().ok(),
+                f[3].parse::<u32>().ok(),
+                f[5].to_string(),
+            )
         })
     });
     let (uid, default_gid, home) = match (entry, user.parse::<u32>()) {
         (Some((Some(u), g, h)), _) => (u, g.unwrap_or(u), h),
         (_, Ok(u)) => (u, u, "/".to_string()),
-        _ => return Err(format!("user {user:?} not found in the sandbox's /etc/passwd")),
+        _ => {
+            return Err(format!(
+                "user {user:?} not found in the sandbox's /etc/passwd"
+            ))
+        }
     };
     let gid = match group {
         None => default_gid,
@@ -417,7 +489,9 @@ fn resolve_user(spec: Option<&str>) -> Result<(u32, u32, String), String> {
                     .lines()
                     .find_map(|l| {
                         let f: Vec<&str> = l.split(':').collect();
-                        (f.len() >= 3 && f[0] == g).then(|| f[2].parse::<u32>().ok()).flatten()
+                        (f.len() >= 3 && f[0] == g)
+                            .then(|| f[2].parse::<u32>().ok())
+                            .flatten()
                     })
                     .ok_or_else(|| format!("group {g:?} not found in the sandbox's /etc/group"))?
             }

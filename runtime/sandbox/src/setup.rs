@@ -20,6 +20,7 @@
 
 use crate::id::SandboxId;
 use forkd_cgroups::{Cgroup, Hierarchy};
+use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
@@ -27,7 +28,6 @@ use nix::unistd::{chdir, pivot_root, sethostname, setsid};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::io::{Read, Write};
-use nix::fcntl::OFlag;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -84,12 +84,21 @@ pub enum SetupReply {
 pub fn setup_main() -> ! {
     let mut input = String::new();
     let reply = match std::io::stdin().read_to_string(&mut input) {
-        Err(e) => SetupReply::Error { step: "read spec".into(), message: e.to_string() },
+        Err(e) => SetupReply::Error {
+            step: "read spec".into(),
+            message: e.to_string(),
+        },
         Ok(_) => match serde_json::from_str::<SetupSpec>(&input) {
-            Err(e) => SetupReply::Error { step: "parse spec".into(), message: e.to_string() },
+            Err(e) => SetupReply::Error {
+                step: "parse spec".into(),
+                message: e.to_string(),
+            },
             Ok(spec) => match run(&spec) {
                 Ok(pid) => SetupReply::Ok { pid },
-                Err((step, message)) => SetupReply::Error { step: step.into(), message },
+                Err((step, message)) => SetupReply::Error {
+                    step: step.into(),
+                    message,
+                },
             },
         },
     };
@@ -122,7 +131,10 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
                 | CloneFlags::CLONE_NEWPID,
         ),
     )?;
-    let (rd, wr) = step("create pipe", nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC))?;
+    let (rd, wr) = step(
+        "create pipe",
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC),
+    )?;
     // This process is a fresh exec of forkd that started no threads.
     let pid = step("fork init", forkd_sys::fork_single_threaded())?;
     if pid == 0 {
@@ -147,7 +159,13 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
     }
 }
 
-fn mnt(src: &str, target: &Path, fstype: &str, flags: MsFlags, data: Option<&str>) -> StepResult<()> {
+fn mnt(
+    src: &str,
+    target: &Path,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> StepResult<()> {
     mount(Some(src), target, Some(fstype), flags, data)
         .map_err(|e| ("mount", format!("{fstype} on {}: {e}", target.display())))
 }
@@ -155,26 +173,52 @@ fn mnt(src: &str, target: &Path, fstype: &str, flags: MsFlags, data: Option<&str
 /// Runs as PID 1 of the new namespaces; only returns on error.
 fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
     let root = &spec.rootfs;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(|e| ("mount", format!("make / private: {e}")))?;
-    mount(Some(root), root, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-        .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| ("mount", format!("make / private: {e}")))?;
+    mount(
+        Some(root),
+        root,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?;
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     for d in ["proc", "dev", "sys", "tmp", ".forkd/run", ".forkd/logs"] {
         std::fs::create_dir_all(root.join(d)).map_err(|e| ("mount", format!("mkdir {d}: {e}")))?;
     }
     mnt("proc", &root.join("proc"), "proc", nosuid, None)?;
-    mnt("sysfs", &root.join("sys"), "sysfs", nosuid | MsFlags::MS_RDONLY, None)?;
+    mnt(
+        "sysfs",
+        &root.join("sys"),
+        "sysfs",
+        nosuid | MsFlags::MS_RDONLY,
+        None,
+    )?;
     let dev = root.join("dev");
-    mnt("tmpfs", &dev, "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
+    mnt(
+        "tmpfs",
+        &dev,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("mode=755,size=65536k"),
+    )?;
     make_devices(&dev)?;
-    chmod(&root.join(".forkd/run"), 0o700).map_err(|e| ("mount", format!("chmod .forkd/run: {e}")))?;
+    chmod(&root.join(".forkd/run"), 0o700)
+        .map_err(|e| ("mount", format!("chmod .forkd/run: {e}")))?;
 
     chdir(root).map_err(|e| ("pivot_root", format!("chdir {}: {e}", root.display())))?;
     // pivot_root(".", ".") stacks the old root under the new one; detaching "." then
     // removes it entirely, so no host mount stays visible in the sandbox.
     pivot_root(".", ".").map_err(|e| ("pivot_root", e.to_string()))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| ("pivot_root", format!("detach old root: {e}")))?;
+    umount2(".", MntFlags::MNT_DETACH)
+        .map_err(|e| ("pivot_root", format!("detach old root: {e}")))?;
     chdir("/").map_err(|e| ("pivot_root", e.to_string()))?;
 
     sethostname(&spec.hostname).map_err(|e| ("hostname", e.to_string()))?;
@@ -183,7 +227,10 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
 
     // Stdio of the init lives inside the sandbox.
     let null = open_fd("/dev/null", OFlag::O_RDWR)?;
-    let log = open_fd("/.forkd/logs/init.log", OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND)?;
+    let log = open_fd(
+        "/.forkd/logs/init.log",
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND,
+    )?;
     for (fd, target) in [(&null, 0), (&log, 1), (&log, 2)] {
         nix::unistd::dup2(fd.as_raw_fd(), target).map_err(|e| ("stdio", e.to_string()))?;
     }
@@ -194,10 +241,14 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
     forkd_sys::cloexec_fds_from(3).map_err(|e| ("stdio", format!("close descriptors: {e}")))?;
 
     drop_capabilities()?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| ("capabilities", format!("no_new_privs: {e}")))?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|e| ("capabilities", format!("no_new_privs: {e}")))?;
 
     let path = CString::new(INIT_PATH).unwrap();
-    let argv = [CString::new("forkd-init").unwrap(), CString::new("__init").unwrap()];
+    let argv = [
+        CString::new("forkd-init").unwrap(),
+        CString::new("__init").unwrap(),
+    ];
     let env = [
         CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").unwrap(),
         CString::new(format!("FORKD_SANDBOX_ID={}", spec.id)).unwrap(),
@@ -207,16 +258,25 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
 }
 
 fn open_fd(path: &str, flags: OFlag) -> StepResult<OwnedFd> {
-    nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o644))
-        .map(forkd_sys::own_fd)
-        .map_err(|e| ("stdio", format!("open {path}: {e}")))
+    nix::fcntl::open(
+        path,
+        flags | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map(forkd_sys::own_fd)
+    .map_err(|e| ("stdio", format!("open {path}: {e}")))
 }
 
 fn make_devices(dev: &Path) -> StepResult<()> {
     let chr = |name: &str, major: u64, minor: u64, mode: u32| -> StepResult<()> {
         let p = dev.join(name);
-        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(mode), makedev(major, minor))
-            .map_err(|e| ("devices", format!("mknod {}: {e}", p.display())))?;
+        mknod(
+            &p,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(mode),
+            makedev(major, minor),
+        )
+        .map_err(|e| ("devices", format!("mknod {}: {e}", p.display())))?;
         // mknod honours the umask; set the mode exactly.
         chmod(&p, mode).map_err(|e| ("devices", format!("chmod {}: {e}", p.display())))
     };
@@ -227,7 +287,8 @@ fn make_devices(dev: &Path) -> StepResult<()> {
     chr("urandom", 1, 9, 0o666)?;
     chr("tty", 5, 0, 0o666)?;
     for d in ["pts", "shm"] {
-        std::fs::create_dir_all(dev.join(d)).map_err(|e| ("devices", format!("mkdir dev/{d}: {e}")))?;
+        std::fs::create_dir_all(dev.join(d))
+            .map_err(|e| ("devices", format!("mkdir dev/{d}: {e}")))?;
     }
     mnt(
         "devpts",
@@ -236,7 +297,13 @@ fn make_devices(dev: &Path) -> StepResult<()> {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("newinstance,ptmxmode=0666,mode=620,gid=5"),
     )?;
-    mnt("shm", &dev.join("shm"), "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777,size=65536k"))?;
+    mnt(
+        "shm",
+        &dev.join("shm"),
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777,size=65536k"),
+    )?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -257,7 +324,9 @@ fn drop_capabilities() -> StepResult<()> {
             match caps::drop(None, caps::CapSet::Bounding, cap) {
                 Ok(()) => {}
                 // Capabilities newer than this kernel are simply absent.
-                Err(e) if !caps::has_cap(None, caps::CapSet::Bounding, cap).unwrap_or(false) => drop(e),
+                Err(e) if !caps::has_cap(None, caps::CapSet::Bounding, cap).unwrap_or(false) => {
+                    drop(e)
+                }
                 Err(e) => return Err(("capabilities", format!("drop {cap}: {e}"))),
             }
         }

@@ -96,15 +96,21 @@ pub fn cloexec_fds_from(first: libc::c_uint) -> io::Result<()> {
 /// namespace, which starts down).
 pub fn interface_up(name: &CStr) -> io::Result<()> {
     // SAFETY: a plain socket(2) call.
-    let sock = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }
-        as libc::c_long)?;
+    let sock =
+        check(
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }
+                as libc::c_long,
+        )?;
     // SAFETY: the descriptor was just returned to us.
     let sock = unsafe { OwnedFd::from_raw_fd(sock as RawFd) };
     // SAFETY: ifreq is plain old data; all-zero is valid.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     let bytes = name.to_bytes();
     if bytes.len() >= req.ifr_name.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
     }
     for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
@@ -181,8 +187,33 @@ pub fn session_leader(cmd: &mut std::process::Command, controlling_tty: bool) {
 
 /// Sets the window size of the terminal behind `fd`.
 pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
-    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: TIOCSWINSZ reads a winsize that lives for the whole call.
     check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)?;
     Ok(())
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`), which together with the pid identifies a process for good.
+pub fn process_start_time(pid: libc::pid_t) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields after the command name start at field 3 (state); starttime is field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Is `pid` a live process (not a zombie)?
+pub fn process_alive(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
 }

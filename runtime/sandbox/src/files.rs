@@ -1,0 +1,205 @@
+//! `cp` in and out of a sandbox, carried out inside the sandbox itself.
+//!
+//! The daemon runs `/.forkd/init __tar PATH` or `/.forkd/init __untar DEST` through the
+//! sandbox's init, like any exec, with the tar stream on stdout or stdin. The tool runs
+//! in the sandbox's own mount namespace and root, so every path, symlinks included,
+//! resolves inside the sandbox: there is no host path to escape to. Within the sandbox,
+//! entries with `..` or absolute paths are still refused and symlinks are never
+//! followed when writing, so a copy lands exactly where it was asked to.
+
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+/// Writes a tar of `path` (a file, a directory tree, or a symlink, not followed) to
+/// stdout; the archive's top entry is the path's last component.
+pub fn tar_main(path: &str) -> ! {
+    let code = match write_tar(Path::new(path), io::stdout().lock()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{path}: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn write_tar<W: Write>(path: &Path, out: W) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    let name = path
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let mut b = tar::Builder::new(out);
+    b.follow_symlinks(false);
+    if meta.is_dir() {
+        b.append_dir_all(&name, path)?;
+    } else {
+        b.append_path_with_name(path, &name)?;
+    }
+    b.into_inner()?.flush()
+}
+
+/// Reads a tar from stdin and writes it at `dest`: into `dest` when it is an existing
+/// directory, otherwise as `dest` itself (the archive's top entry renamed).
+pub fn untar_main(dest: &str) -> ! {
+    let code = match read_tar(Path::new(dest), io::stdin().lock()) {
+        Ok(n) => {
+            println!("{n}");
+            0
+        }
+        Err(e) => {
+            eprintln!("{dest}: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn safe_relative(p: &Path) -> io::Result<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(x) => out.push(x),
+            Component::CurDir => {}
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("archive entry {} leaves its directory", p.display()),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn read_tar<R: Read>(dest: &Path, input: R) -> io::Result<u64> {
+    let (dir, rename) = match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => (dest.to_path_buf(), None),
+        _ => {
+            let parent = dest
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("/"));
+            let name = dest.file_name().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "destination has no file name")
+            })?;
+            if !std::fs::metadata(parent)
+                .map(|m| m.is_dir())
+                .unwrap_or(false)
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("directory {} does not exist", parent.display()),
+                ));
+            }
+            (parent.to_path_buf(), Some(PathBuf::from(name)))
+        }
+    };
+    let mut archive = tar::Archive::new(input);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(true);
+    archive.set_overwrite(true);
+    let mut n = 0;
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let raw = entry.path()?.into_owned();
+        let mut rel = safe_relative(&raw)?;
+        if let Some(new_top) = &rename {
+            let rest: PathBuf = rel.components().skip(1).collect();
+            rel = new_top.join(rest);
+        }
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        let target = dir.join(&rel);
+        // Never write through a symlink: every parent below `dir` must be a real directory.
+        let mut walk = dir.clone();
+        for c in rel.parent().into_iter().flat_map(|p| p.components()) {
+            walk.push(c);
+            match std::fs::symlink_metadata(&walk) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{} is a symlink; refusing to write through it",
+                            walk.display()
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if let Ok(m) = std::fs::symlink_metadata(&target) {
+            if m.file_type().is_symlink() || (!m.is_dir() && entry.header().entry_type().is_dir()) {
+                std::fs::remove_file(&target)?;
+            }
+        }
+        entry.unpack(&target)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tar_round_trip_into_directory_and_as_new_name() {
+        let base = std::env::temp_dir().join(format!("forkd-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("src/sub")).unwrap();
+        std::fs::write(base.join("src/sub/bin"), [0u8, 1, 2, 255]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", base.join("src/link")).unwrap();
+        let mut buf = Vec::new();
+        write_tar(&base.join("src"), &mut buf).unwrap();
+
+        std::fs::create_dir_all(base.join("into")).unwrap();
+        read_tar(&base.join("into"), &buf[..]).unwrap();
+        assert_eq!(
+            std::fs::read(base.join("into/src/sub/bin")).unwrap(),
+            [0u8, 1, 2, 255]
+        );
+        assert_eq!(
+            std::fs::read_link(base.join("into/src/link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+
+        read_tar(&base.join("renamed"), &buf[..]).unwrap();
+        assert_eq!(
+            std::fs::read(base.join("renamed/sub/bin")).unwrap(),
+            [0u8, 1, 2, 255]
+        );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn entries_that_leave_their_directory_are_refused() {
+        assert!(safe_relative(Path::new("../x")).is_err());
+        assert!(safe_relative(Path::new("/abs")).is_err());
+        assert_eq!(
+            safe_relative(Path::new("./a/b")).unwrap(),
+            PathBuf::from("a/b")
+        );
+    }
+
+    #[test]
+    fn writing_through_a_symlinked_directory_is_refused() {
+        let base = std::env::temp_dir().join(format!("forkd-files-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("dest")).unwrap();
+        std::fs::create_dir_all(base.join("outside")).unwrap();
+        std::os::unix::fs::symlink(base.join("outside"), base.join("dest/evil")).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, "evil/file", &[b'x'][..]).unwrap();
+        let data = b.into_inner().unwrap();
+        let err = read_tar(&base.join("dest"), &data[..]).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        assert!(!base.join("outside/file").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

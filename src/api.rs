@@ -1,0 +1,280 @@
+//! The HTTP+JSON API shared by the daemon and its clients: request and response bodies,
+//! the typed error with its status code, and the route table that `docs/openapi.json`
+//! is checked against.
+
+use forkd_cgroups::Limits;
+use forkd_sandbox::proto::{ExecExit, ExecRequest};
+use serde::{Deserialize, Serialize};
+
+/// Version of the API; bumped on incompatible changes.
+pub const API_VERSION: &str = "v1";
+
+/// Every route the daemon serves: (method, path pattern, operation id). `{x}` marks a
+/// path parameter. The OpenAPI document must list exactly these.
+pub const ROUTES: &[(&str, &str, &str)] = &[
+    ("GET", "/v1/version", "version"),
+    ("GET", "/v1/metrics", "metrics"),
+    ("GET", "/v1/images", "listImages"),
+    ("POST", "/v1/images", "importImage"),
+    ("GET", "/v1/images/{name}", "inspectImage"),
+    ("DELETE", "/v1/images/{name}", "removeImage"),
+    ("GET", "/v1/sandboxes", "listSandboxes"),
+    ("POST", "/v1/sandboxes", "createSandbox"),
+    ("GET", "/v1/sandboxes/{id}", "inspectSandbox"),
+    ("DELETE", "/v1/sandboxes/{id}", "removeSandbox"),
+    ("POST", "/v1/sandboxes/{id}/stop", "stopSandbox"),
+    ("POST", "/v1/sandboxes/{id}/exec", "execInSandbox"),
+    ("GET", "/v1/sandboxes/{id}/logs", "sandboxLogs"),
+    ("GET", "/v1/sandboxes/{id}/files", "copyFromSandbox"),
+    ("PUT", "/v1/sandboxes/{id}/files", "copyToSandbox"),
+];
+
+/// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
+/// to the frame protocol (`forkd_sandbox::proto`) after a `101 Switching Protocols`.
+pub const EXEC_UPGRADE: &str = "forkd-exec";
+
+/// Error kinds, each with one HTTP status (mapped in [`ApiError::status`] only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    BadRequest,
+    NotFound,
+    Conflict,
+    Internal,
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request id, to find the daemon's log lines for this request.
+    #[serde(default)]
+    pub request_id: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+            request_id: String::new(),
+        }
+    }
+    pub fn bad_request(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::BadRequest, m)
+    }
+    pub fn not_found(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, m)
+    }
+    pub fn conflict(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Conflict, m)
+    }
+    pub fn internal(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, m)
+    }
+    /// Builds an internal error from an error chain, keeping every cause.
+    pub fn from_chain(context: &str, e: &(dyn std::error::Error + 'static)) -> Self {
+        let mut msg = format!("{context}: {e}");
+        let mut src = e.source();
+        while let Some(s) = src {
+            msg.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        Self::internal(msg)
+    }
+
+    pub fn status(&self) -> u16 {
+        match self.kind {
+            ErrorKind::BadRequest => 400,
+            ErrorKind::NotFound => 404,
+            ErrorKind::Conflict => 409,
+            ErrorKind::Internal => 500,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VersionInfo {
+    pub version: String,
+    pub api: String,
+    pub root: String,
+    pub cgroup_version: u8,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportImageRequest {
+    /// A path on the daemon's host: rootfs directory, tarball, OCI layout or docker-save archive.
+    pub source: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub name: String,
+    pub layers: Vec<String>,
+    pub created: u64,
+    pub source: String,
+    /// Sandboxes using the image.
+    pub used_by: Vec<String>,
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    pub image: String,
+    /// Started detached right away, output in the sandbox log `main`.
+    #[serde(default)]
+    pub command: Option<ExecRequest>,
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxStatus {
+    Running,
+    Stopped,
+}
+
+impl std::fmt::Display for SandboxStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SandboxStatus::Running => "running",
+            SandboxStatus::Stopped => "stopped",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub image: String,
+    pub status: SandboxStatus,
+    pub created: u64,
+    pub hostname: String,
+    /// Host pid of the sandbox's init while running.
+    pub init_pid: Option<i32>,
+    pub limits: Limits,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub rootfs: String,
+    pub upper: String,
+    pub cgroup: String,
+    pub memory_bytes: Option<u64>,
+    pub oom_kills: u64,
+    /// Set-up latency, microseconds (create to ready for the first exec).
+    pub create_us: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopRequest {
+    /// Seconds between SIGTERM and SIGKILL (default 10).
+    #[serde(default)]
+    pub grace_secs: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec` without an upgrade: runs to completion.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    #[serde(flatten)]
+    pub request: ExecRequest,
+    /// Standard input, base64.
+    #[serde(default)]
+    pub stdin_b64: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub pid: i32,
+    #[serde(flatten)]
+    pub exit: ExecExit,
+    /// Standard output and error, base64 (binary-safe).
+    pub stdout_b64: String,
+    pub stderr_b64: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OpStats {
+    pub count: u64,
+    pub errors: u64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+/// Minimal standard base64 (RFC 4648, with padding).
+pub mod b64 {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub fn encode(data: &[u8]) -> String {
+        let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+        for chunk in data.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    pub fn decode(text: &str) -> Result<Vec<u8>, String> {
+        let bytes: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        if bytes.len() % 4 != 0 {
+            return Err("base64 length is not a multiple of 4".into());
+        }
+        let val = |c: u8| -> Result<u32, String> {
+            ALPHABET
+                .iter()
+                .position(|&a| a == c)
+                .map(|p| p as u32)
+                .ok_or_else(|| format!("invalid base64 character {:?}", c as char))
+        };
+        let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
+        for chunk in bytes.chunks(4) {
+            let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
+            if pad > 2 {
+                return Err("invalid base64 padding".into());
+            }
+            let mut n = 0u32;
+            for (i, &c) in chunk.iter().enumerate() {
+                n |= if i >= 4 - pad { 0 } else { val(c)? } << (18 - 6 * i);
+            }
+            let b = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+            out.extend_from_slice(&b[..3 - pad]);
+        }
+        Ok(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn round_trips_every_length() {
+            for len in 0..300 {
+                let data: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
+                assert_eq!(super::decode(&super::encode(&data)).unwrap(), data);
+            }
+            assert_eq!(super::encode(b"foobar"), "Zm9vYmFy");
+            assert_eq!(super::encode(b"fo"), "Zm8=");
+            assert!(super::decode("Zm9v!").is_err());
+        }
+    }
+}

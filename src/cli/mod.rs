@@ -1,0 +1,199 @@
+//! The `forkd` command line. Subcommands follow podman/docker habits where they fit;
+//! `--json` gives machine-readable output. Each subcommand talks to the daemon through
+//! [`crate::client::Client`]; `daemon` and `doctor` run locally.
+
+mod doctor;
+mod exec;
+mod image;
+mod sandbox;
+
+use crate::client::{Client, ClientError};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "forkd",
+    version,
+    about = "Sandboxes, checkpoints and copy-on-write forks of whole machine states"
+)]
+pub struct Cli {
+    /// The daemon's socket [env: FORKD_SOCKET; default /run/forkd/forkd.sock]
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    /// Machine-readable JSON output
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon (foreground)
+    Daemon {
+        /// State root [env: FORKD_ROOT; default /var/lib/forkd]
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
+    /// Check that this machine can run and checkpoint sandboxes
+    Doctor {
+        /// CRIU executable to check [env: FORKD_CRIU]
+        #[arg(long)]
+        criu: Option<PathBuf>,
+    },
+    /// Manage images
+    #[command(subcommand)]
+    Image(image::ImageCmd),
+    /// Create and start a sandbox, optionally running a command in it
+    Run(sandbox::RunArgs),
+    /// Run a command in a running sandbox
+    Exec(exec::ExecArgs),
+    /// Copy files between the host and a sandbox (SANDBOX:/path on one side)
+    Cp { src: String, dest: String },
+    /// List sandboxes
+    Ps {
+        /// Only print ids
+        #[arg(short, long)]
+        quiet: bool,
+        /// Include stopped sandboxes
+        #[arg(short, long)]
+        all: bool,
+    },
+    /// Show a sandbox's details (JSON)
+    Inspect { sandboxes: Vec<String> },
+    /// Print the output of a sandbox's detached command
+    Logs {
+        sandbox: String,
+        /// Which log: `main` (the command given to run -d) or a detached exec's name
+        #[arg(long, default_value = "main")]
+        name: String,
+    },
+    /// Stop sandboxes (SIGTERM, then SIGKILL after the grace period)
+    Stop {
+        #[arg(short = 't', long = "time", default_value_t = 10)]
+        grace_secs: u64,
+        #[arg(required = true)]
+        sandboxes: Vec<String>,
+    },
+    /// Remove sandboxes
+    Rm {
+        /// Stop running sandboxes first
+        #[arg(short, long)]
+        force: bool,
+        #[arg(required = true)]
+        sandboxes: Vec<String>,
+    },
+    /// Show per-operation latency recorded by the daemon
+    Metrics,
+}
+
+/// Runs the CLI; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("forkd: {e:#}");
+            match e.downcast_ref::<ClientError>() {
+                Some(ClientError::NoDaemon { .. }) => 3,
+                _ => 1,
+            }
+        }
+    }
+}
+
+pub struct Ctx {
+    pub client: Client,
+    pub json: bool,
+}
+
+impl Ctx {
+    pub fn print_json<T: serde::Serialize>(&self, v: &T) {
+        println!("{}", serde_json::to_string_pretty(v).expect("json"));
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let socket = cli.socket.clone().unwrap_or_else(Client::default_socket);
+    let ctx = Ctx {
+        client: Client::new(&socket),
+        json: cli.json,
+    };
+    match cli.command {
+        Command::Daemon { root } => {
+            let root = root
+                .or_else(|| std::env::var_os("FORKD_ROOT").map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_ROOT));
+            crate::daemon::run(crate::daemon::DaemonConfig { root, socket })?;
+            Ok(0)
+        }
+        Command::Doctor { criu } => doctor::run(&doctor::DoctorOptions {
+            criu,
+            json: cli.json,
+        }),
+        Command::Image(cmd) => image::run(&ctx, cmd),
+        Command::Run(args) => sandbox::run(&ctx, args),
+        Command::Exec(args) => exec::run(&ctx, args),
+        Command::Cp { src, dest } => sandbox::cp(&ctx, &src, &dest),
+        Command::Ps { quiet, all } => sandbox::ps(&ctx, quiet, all),
+        Command::Inspect { sandboxes } => sandbox::inspect(&ctx, &sandboxes),
+        Command::Logs { sandbox, name } => sandbox::logs(&ctx, &sandbox, &name),
+        Command::Stop {
+            grace_secs,
+            sandboxes,
+        } => sandbox::stop(&ctx, grace_secs, &sandboxes),
+        Command::Rm { force, sandboxes } => sandbox::rm(&ctx, force, &sandboxes),
+        Command::Metrics => {
+            let m: serde_json::Value = ctx.client.call("GET", "/v1/metrics", None)?;
+            if ctx.json {
+                ctx.print_json(&m);
+            } else {
+                println!(
+                    "{:<20} {:>8} {:>6} {:>10} {:>10} {:>10}",
+                    "OPERATION", "COUNT", "ERRORS", "P50", "P90", "P99"
+                );
+                for (op, s) in m.as_object().into_iter().flatten() {
+                    let us =
+                        |k: &str| format!("{:.2}ms", s[k].as_u64().unwrap_or(0) as f64 / 1000.0);
+                    println!(
+                        "{:<20} {:>8} {:>6} {:>10} {:>10} {:>10}",
+                        op,
+                        s["count"],
+                        s["errors"],
+                        us("p50_us"),
+                        us("p90_us"),
+                        us("p99_us")
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Parses sizes like `512m`, `2g`, `1048576`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mult) = match t.trim_end_matches('b').chars().last() {
+        Some('k') => (&t[..t.trim_end_matches('b').len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.trim_end_matches('b').len() - 1], 1 << 20),
+        Some('g') => (&t[..t.trim_end_matches('b').len() - 1], 1 << 30),
+        _ => (t.trim_end_matches('b'), 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("invalid size {s:?} (use e.g. 512m, 2g)"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(super::parse_size("512m").unwrap(), 512 << 20);
+        assert_eq!(super::parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(super::parse_size("100").unwrap(), 100);
+        assert_eq!(super::parse_size("64kb").unwrap(), 64 << 10);
+        assert!(super::parse_size("lots").is_err());
+    }
+}

@@ -1,0 +1,267 @@
+//! `forkd run|ps|inspect|logs|stop|rm|cp`.
+
+use super::exec::{build_request, ExecOpts};
+use super::Ctx;
+use crate::api::SandboxInfo;
+use crate::daemon::url_encode;
+use clap::Args;
+use std::path::Path;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Print the new sandbox's id and leave it running
+    #[arg(short, long)]
+    pub detach: bool,
+    /// Remove the sandbox when the command ends
+    #[arg(long)]
+    pub rm: bool,
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Memory limit (e.g. 512m)
+    #[arg(short, long)]
+    pub memory: Option<String>,
+    /// Maximum number of processes and threads
+    #[arg(long)]
+    pub pids_limit: Option<u64>,
+    /// CPU limit in CPUs (e.g. 1.5)
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Labels (KEY=VALUE)
+    #[arg(short, long = "label")]
+    pub labels: Vec<String>,
+    #[command(flatten)]
+    pub opts: ExecOpts,
+    pub image: String,
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
+    if args.detach && args.rm {
+        anyhow::bail!(
+            "--rm and -d cannot be used together: a detached sandbox is removed with forkd rm"
+        );
+    }
+    let limits = forkd_cgroups::Limits {
+        memory_bytes: args
+            .memory
+            .as_deref()
+            .map(super::parse_size)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        pids: args.pids_limit,
+        cpu_millis: args.cpus.map(|c| (c * 1000.0) as u64),
+    };
+    let mut labels = serde_json::Map::new();
+    for l in &args.labels {
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("label {l:?} is not KEY=VALUE"))?;
+        labels.insert(k.into(), v.into());
+    }
+    let mut body = serde_json::json!({ "image": args.image, "limits": limits, "labels": labels, "hostname": args.hostname });
+    let detached_cmd = args.detach && !args.command.is_empty();
+    if detached_cmd {
+        body["command"] = serde_json::to_value(build_request(&args.opts, &args.command))?;
+    }
+    let info: SandboxInfo = ctx.client.call("POST", "/v1/sandboxes", Some(&body))?;
+    if args.detach {
+        if ctx.json {
+            ctx.print_json(&info);
+        } else {
+            println!("{}", info.id);
+        }
+        return Ok(0);
+    }
+    let command = if args.command.is_empty() {
+        vec!["/bin/sh".to_string()]
+    } else {
+        args.command.clone()
+    };
+    let code = super::exec::stream(ctx, &info.id, &build_request(&args.opts, &command));
+    // Like a container whose main process ended, the sandbox stops (or goes, with --rm).
+    let path = if args.rm {
+        format!("/v1/sandboxes/{}?force=true", info.id)
+    } else {
+        format!("/v1/sandboxes/{}/stop", info.id)
+    };
+    let method = if args.rm { "DELETE" } else { "POST" };
+    let _: serde_json::Value = ctx
+        .client
+        .call(method, &path, Some(&serde_json::json!({})))?;
+    code
+}
+
+pub fn ps(ctx: &Ctx, quiet: bool, all: bool) -> anyhow::Result<i32> {
+    let list: Vec<SandboxInfo> = ctx.client.call("GET", "/v1/sandboxes", None)?;
+    let list: Vec<_> = list
+        .into_iter()
+        .filter(|s| all || s.status == crate::api::SandboxStatus::Running)
+        .collect();
+    if ctx.json {
+        ctx.print_json(&list);
+    } else if quiet {
+        list.iter().for_each(|s| println!("{}", s.id));
+    } else {
+        println!(
+            "{:<16}  {:<24} {:<8} {:>8} {:>10}  {}",
+            "ID", "IMAGE", "STATUS", "PID", "MEMORY", "HOSTNAME"
+        );
+        for s in list {
+            let mem = s
+                .memory_bytes
+                .map(|b| format!("{:.1}M", b as f64 / 1048576.0))
+                .unwrap_or_else(|| "-".into());
+            let pid = s
+                .init_pid
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{:<16}  {:<24} {:<8} {:>8} {:>10}  {}",
+                s.id, s.image, s.status, pid, mem, s.hostname
+            );
+        }
+    }
+    Ok(0)
+}
+
+pub fn inspect(ctx: &Ctx, ids: &[String]) -> anyhow::Result<i32> {
+    let mut out = Vec::new();
+    for id in ids {
+        let info: serde_json::Value =
+            ctx.client
+                .call("GET", &format!("/v1/sandboxes/{id}"), None)?;
+        out.push(info);
+    }
+    ctx.print_json(&out);
+    Ok(0)
+}
+
+pub fn logs(ctx: &Ctx, id: &str, name: &str) -> anyhow::Result<i32> {
+    let resp = ctx.client.raw(
+        "GET",
+        &format!("/v1/sandboxes/{id}/logs?name={}", url_encode(name)),
+        &[],
+    )?;
+    if resp.status >= 400 {
+        return Err(crate::client::Client::api_error(&resp).into());
+    }
+    use std::io::Write;
+    std::io::stdout().write_all(&resp.body)?;
+    Ok(0)
+}
+
+pub fn stop(ctx: &Ctx, grace: u64, ids: &[String]) -> anyhow::Result<i32> {
+    for id in ids {
+        let body = serde_json::json!({ "grace_secs": grace });
+        let _: SandboxInfo =
+            ctx.client
+                .call("POST", &format!("/v1/sandboxes/{id}/stop"), Some(&body))?;
+        println!("{id}");
+    }
+    Ok(0)
+}
+
+pub fn rm(ctx: &Ctx, force: bool, ids: &[String]) -> anyhow::Result<i32> {
+    for id in ids {
+        let _: serde_json::Value =
+            ctx.client
+                .call("DELETE", &format!("/v1/sandboxes/{id}?force={force}"), None)?;
+        println!("{id}");
+    }
+    Ok(0)
+}
+
+/// Splits `SANDBOX:/path`; a bare path (or one starting with `.` or `/`) is local.
+fn remote(spec: &str) -> Option<(&str, &str)> {
+    if spec.starts_with('/') || spec.starts_with('.') {
+        return None;
+    }
+    spec.split_once(':')
+        .filter(|(id, p)| !id.is_empty() && p.starts_with('/'))
+}
+
+pub fn cp(ctx: &Ctx, src: &str, dest: &str) -> anyhow::Result<i32> {
+    match (remote(src), remote(dest)) {
+        (None, Some((id, path))) => {
+            let local = Path::new(src);
+            let meta =
+                std::fs::symlink_metadata(local).map_err(|e| anyhow::anyhow!("{src}: {e}"))?;
+            let name = local
+                .file_name()
+                .map(|n| n.to_owned())
+                .unwrap_or_else(|| ".".into());
+            let mut b = tar::Builder::new(Vec::new());
+            b.follow_symlinks(false);
+            if meta.is_dir() {
+                b.append_dir_all(&name, local)?;
+            } else {
+                b.append_path_with_name(local, &name)?;
+            }
+            let body = b.into_inner()?;
+            let resp = ctx.client.raw(
+                "PUT",
+                &format!("/v1/sandboxes/{id}/files?path={}", url_encode(path)),
+                &body,
+            )?;
+            let _: serde_json::Value = crate::client::Client::decode(resp)?;
+            Ok(0)
+        }
+        (Some((id, path)), None) => {
+            let resp = ctx.client.raw(
+                "GET",
+                &format!("/v1/sandboxes/{id}/files?path={}", url_encode(path)),
+                &[],
+            )?;
+            if resp.status >= 400 {
+                return Err(crate::client::Client::api_error(&resp).into());
+            }
+            unpack_local(&resp.body, Path::new(dest))?;
+            Ok(0)
+        }
+        (Some(_), Some(_)) => {
+            anyhow::bail!("copying between two sandboxes is not supported; copy through the host")
+        }
+        (None, None) => anyhow::bail!("one of SRC and DEST must be SANDBOX:/absolute/path"),
+    }
+}
+
+/// Unpacks a tar whose top entry is the copied item: into `dest` when it is a
+/// directory, else as `dest`.
+fn unpack_local(tar_bytes: &[u8], dest: &Path) -> anyhow::Result<()> {
+    let (dir, rename) = if dest.is_dir() {
+        (dest.to_path_buf(), None)
+    } else {
+        let parent = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        (
+            parent.to_path_buf(),
+            dest.file_name().map(std::path::PathBuf::from),
+        )
+    };
+    let mut a = tar::Archive::new(tar_bytes);
+    a.set_preserve_permissions(true);
+    for entry in a.entries()? {
+        let mut entry = entry?;
+        let p = entry.path()?.into_owned();
+        let rel: std::path::PathBuf = match &rename {
+            Some(top) => top.join(p.components().skip(1).collect::<std::path::PathBuf>()),
+            None => p,
+        };
+        // unpack_in refuses entries that would leave `dir`.
+        let full = dir.join(&rel);
+        if let Some(parent) = full.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if rel
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            anyhow::bail!("archive entry {} leaves the destination", rel.display());
+        }
+        entry.unpack(&full)?;
+    }
+    Ok(())
+}

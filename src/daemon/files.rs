@@ -1,0 +1,71 @@
+//! Logs and `cp`: file transfer in and out of a sandbox, done by forkd's own tar tool
+//! run inside the sandbox (see `forkd_sandbox::files`), so paths resolve in the
+//! sandbox's root and nothing on the host is ever touched.
+
+use super::{Daemon, Sandbox};
+use crate::api::ApiError;
+use forkd_sandbox::proto::{valid_log_name, ExecRequest};
+
+impl Daemon {
+    /// The output of a detached command (`main` is the one given at create time).
+    pub fn logs(&self, sb: &Sandbox, name: &str) -> Result<Vec<u8>, ApiError> {
+        if !valid_log_name(name) {
+            return Err(ApiError::bad_request(format!("invalid log name {name:?}")));
+        }
+        // Writes land in the upper layer, which outlives a stop.
+        let path = sb.upper().join(".forkd/logs").join(format!("{name}.log"));
+        match std::fs::read(&path) {
+            Ok(b) => Ok(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(ApiError::internal(format!("read {}: {e}", path.display()))),
+        }
+    }
+
+    fn tool(
+        &self,
+        sb: &Sandbox,
+        verb: &str,
+        path: &str,
+        stdin: Option<&[u8]>,
+    ) -> Result<Vec<u8>, ApiError> {
+        if !path.starts_with('/') {
+            return Err(ApiError::bad_request(format!(
+                "path {path:?} in sandbox {} must be absolute",
+                sb.id
+            )));
+        }
+        let req = ExecRequest {
+            argv: vec![
+                forkd_sandbox::setup::INIT_PATH.into(),
+                verb.into(),
+                path.into(),
+            ],
+            ..Default::default()
+        };
+        let out = self.exec(sb, &req, stdin)?;
+        let stdout = crate::api::b64::decode(&out.stdout_b64).map_err(ApiError::internal)?;
+        if out.exit.exit_code != 0 {
+            let stderr = crate::api::b64::decode(&out.stderr_b64).unwrap_or_default();
+            let msg = String::from_utf8_lossy(&stderr).trim().to_string();
+            return Err(
+                if msg.contains("No such file") || msg.contains("does not exist") {
+                    ApiError::not_found(format!("sandbox {}: {msg}", sb.id))
+                } else {
+                    ApiError::bad_request(format!("sandbox {}: {msg}", sb.id))
+                },
+            );
+        }
+        Ok(stdout)
+    }
+
+    /// A tar of `path` inside the sandbox.
+    pub fn copy_out(&self, sb: &Sandbox, path: &str) -> Result<Vec<u8>, ApiError> {
+        self.tool(sb, "__tar", path, None)
+    }
+
+    /// Unpacks the tar `body` at `path` inside the sandbox; returns the entry count.
+    pub fn copy_in(&self, sb: &Sandbox, path: &str, body: &[u8]) -> Result<u64, ApiError> {
+        let out = self.tool(sb, "__untar", path, Some(body))?;
+        Ok(String::from_utf8_lossy(&out).trim().parse().unwrap_or(0))
+    }
+}

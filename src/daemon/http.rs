@@ -1,0 +1,257 @@
+//! Just enough HTTP/1.1 for a local API on a Unix socket: one request per connection,
+//! bodies delimited by Content-Length, responses that close the connection, and an
+//! upgrade path that hands the raw stream to the exec protocol.
+
+use crate::api::ApiError;
+use std::collections::HashMap;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+const MAX_HEAD: usize = 64 * 1024;
+/// Largest request body accepted (file uploads for `cp` included).
+pub const MAX_BODY: usize = 4 << 30;
+
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub query: HashMap<String, String>,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, ApiError> {
+        let body: &[u8] = if self.body.is_empty() {
+            b"{}"
+        } else {
+            &self.body
+        };
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+    }
+}
+
+/// Reads one request. `Ok(None)` when the client closed the connection first.
+pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, ApiError> {
+    let mut buf = Vec::with_capacity(4096);
+    let head_end = loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            break i;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(ApiError::bad_request("request head larger than 64 KiB"));
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("read request: {e}")))?;
+        if n == 0 {
+            return if buf.is_empty() {
+                Ok(None)
+            } else {
+                Err(ApiError::bad_request("truncated request head"))
+            };
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = std::str::from_utf8(&buf[..head_end])
+        .map_err(|_| ApiError::bad_request("request head is not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let start = lines.next().unwrap_or_default();
+    let mut parts = start.split(' ');
+    let (method, target) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(m), Some(t), Some(v)) if v.starts_with("HTTP/1.") => (m.to_string(), t.to_string()),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "malformed request line {start:?}"
+            )))
+        }
+    };
+    let mut headers = HashMap::new();
+    for line in lines {
+        let (k, v) = line
+            .split_once(':')
+            .ok_or_else(|| ApiError::bad_request(format!("malformed header {line:?}")))?;
+        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+    }
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), parse_query(q)?),
+        None => (target, HashMap::new()),
+    };
+    let len: usize = match headers.get("content-length") {
+        Some(v) => v
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("bad Content-Length {v:?}")))?,
+        None => 0,
+    };
+    if len > MAX_BODY {
+        return Err(ApiError::bad_request(format!(
+            "request body of {len} bytes is too large"
+        )));
+    }
+    let mut body = buf[head_end + 4..].to_vec();
+    if body.len() < len {
+        body.reserve(len - body.len());
+        let mut rest = vec![0u8; len - body.len()];
+        stream
+            .read_exact(&mut rest)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("read request body: {e}")))?;
+        body.extend_from_slice(&rest);
+    }
+    body.truncate(len);
+    Ok(Some(Request {
+        method,
+        path: decode(&path)?,
+        query,
+        headers,
+        body,
+    }))
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn parse_query(q: &str) -> Result<HashMap<String, String>, ApiError> {
+    let mut out = HashMap::new();
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        out.insert(decode(k)?, decode(v)?);
+    }
+    Ok(out)
+}
+
+/// Percent-decoding (with '+' as space in queries being a form convention we do not use).
+pub fn decode(s: &str) -> Result<String, ApiError> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .ok_or_else(|| ApiError::bad_request(format!("bad escape in {s:?}")))?;
+            out.push(
+                u8::from_str_radix(hex, 16)
+                    .map_err(|_| ApiError::bad_request(format!("bad escape in {s:?}")))?,
+            );
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| ApiError::bad_request(format!("{s:?} is not UTF-8 once decoded")))
+}
+
+/// Percent-encodes everything but unreserved characters and '/'.
+pub fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for &c in s.as_bytes() {
+        if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json<T: serde::Serialize>(status: u16, value: &T) -> Self {
+        Response {
+            status,
+            content_type: "application/json",
+            body: serde_json::to_vec(value).expect("serialisable"),
+        }
+    }
+    pub fn bytes(body: Vec<u8>, content_type: &'static str) -> Self {
+        Response {
+            status: 200,
+            content_type,
+            body,
+        }
+    }
+    pub fn error(e: &ApiError) -> Self {
+        Self::json(e.status(), e)
+    }
+}
+
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        204 => "No Content",
+        400 => "Bad Request",
+        404 => "Not Found",
+        409 => "Conflict",
+        _ => "Internal Server Error",
+    }
+}
+
+pub async fn write_response(
+    stream: &mut UnixStream,
+    resp: &Response,
+    request_id: &str,
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nX-Request-Id: {}\r\nConnection: close\r\n\r\n",
+        resp.status,
+        reason(resp.status),
+        resp.content_type,
+        resp.body.len(),
+        request_id
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(&resp.body).await?;
+    stream.flush().await
+}
+
+pub async fn write_upgrade(
+    stream: &mut UnixStream,
+    protocol: &str,
+    request_id: &str,
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\nX-Request-Id: {request_id}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_coding_round_trips() {
+        for s in ["/etc/passwd", "a b/ç%?&=", ""] {
+            assert_eq!(decode(&encode(s)).unwrap(), s);
+        }
+        assert!(decode("%zz").is_err());
+        assert!(decode("%4").is_err());
+    }
+
+    #[test]
+    fn queries_are_parsed() {
+        let q = parse_query("path=%2Fetc%2Fhosts&force=true&x").unwrap();
+        assert_eq!(q["path"], "/etc/hosts");
+        assert_eq!(q["force"], "true");
+        assert_eq!(q["x"], "");
+    }
+}

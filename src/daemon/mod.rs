@@ -1,0 +1,237 @@
+//! `forkd daemon`: one process that owns the state root and serves the API on a Unix
+//! socket.
+//!
+//! Requests are parsed by [`http`], dispatched by [`routes`] and carried out by the
+//! resource modules ([`sandboxes`], [`images`], [`files`]); blocking work (mounts,
+//! starting inits, file walks, execs) runs on tokio's blocking pool so a long exec never
+//! holds up other requests. Every request gets an id that appears in its log line and in
+//! its error body; every operation's latency is recorded in [`metrics`].
+
+mod files;
+mod http;
+mod images;
+mod metrics;
+mod routes;
+mod sandboxes;
+
+use forkd_cgroups::Hierarchy;
+use forkd_layers::{ImageStore, LayerId, LayerStore};
+use sandboxes::Sandbox;
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use http::encode as url_encode;
+
+/// Where the daemon keeps its state and listens.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+}
+
+pub struct Daemon {
+    pub root: PathBuf,
+    /// The forkd executable (run as `__setup`, and copied into the runtime layer).
+    pub exe: PathBuf,
+    pub layers: LayerStore,
+    pub images: ImageStore,
+    /// The layer holding `/.forkd/init`, on top of every sandbox's stack.
+    pub runtime_layer: LayerId,
+    pub hierarchy: Hierarchy,
+    pub sandboxes: Mutex<HashMap<forkd_sandbox::SandboxId, Arc<Sandbox>>>,
+    pub metrics: metrics::Metrics,
+    pub runtime: tokio::runtime::Handle,
+    /// Held for the daemon's lifetime: one daemon per state root.
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    next_request: AtomicU64,
+}
+
+/// Minimal structured logging to stderr: time, level, message.
+pub mod log {
+    fn emit(level: &str, msg: &str) {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        eprintln!("{}.{:03} {level} {msg}", t.as_secs(), t.subsec_millis());
+    }
+    pub fn info(msg: &str) {
+        emit("INFO", msg)
+    }
+    pub fn warn(msg: &str) {
+        emit("WARN", msg)
+    }
+}
+
+impl Daemon {
+    /// Opens (creating if needed) the state root and recovers sandboxes left by a
+    /// previous daemon.
+    pub fn open(
+        cfg: &DaemonConfig,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<Arc<Daemon>> {
+        use anyhow::Context;
+        if !nix::unistd::Uid::effective().is_root() {
+            anyhow::bail!(
+                "forkd daemon must run as root (it creates namespaces, mounts and cgroups)"
+            );
+        }
+        for sub in ["", "sandboxes", "runtime"] {
+            let d = cfg.root.join(sub);
+            std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+        }
+        std::fs::set_permissions(&cfg.root, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("chmod {}", cfg.root.display()))?;
+        let lock_path = cfg.root.join("daemon.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("open {}", lock_path.display()))?;
+        let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "another forkd daemon is already using {} (lock {})",
+                    cfg.root.display(),
+                    lock_path.display()
+                )
+            })?;
+
+        // Inits are reparented to us when their set-up helper exits; we reap them.
+        nix::sys::prctl::set_child_subreaper(true).context("become a child subreaper")?;
+        let layers = LayerStore::open(&cfg.root.join("layers")).context("open layer store")?;
+        let images = ImageStore::open(&cfg.root.join("images")).context("open image store")?;
+        let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
+        let runtime_layer = ensure_runtime_layer(&cfg.root, &layers, &exe)?;
+        let hierarchy = Hierarchy::detect().context("detect cgroups")?;
+        let daemon = Arc::new(Daemon {
+            root: cfg.root.clone(),
+            exe,
+            layers,
+            images,
+            runtime_layer,
+            hierarchy,
+            sandboxes: Mutex::new(HashMap::new()),
+            metrics: metrics::Metrics::default(),
+            runtime,
+            _lock: lock,
+            next_request: AtomicU64::new(1),
+        });
+        daemon
+            .recover()
+            .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;
+        Ok(daemon)
+    }
+
+    fn request_id(&self) -> String {
+        format!(
+            "r{:06}-{}",
+            self.next_request.fetch_add(1, Ordering::Relaxed),
+            forkd_sandbox::id::random_hex(2)
+        )
+    }
+}
+
+/// Makes sure the layer holding this build's init exists; returns its id. The layer is
+/// `/.forkd/init` (a copy of this executable) plus empty `/.forkd/run` and
+/// `/.forkd/logs`; its id is cached per executable digest.
+fn ensure_runtime_layer(root: &Path, layers: &LayerStore, exe: &Path) -> anyhow::Result<LayerId> {
+    use anyhow::Context;
+    use sha2::Digest;
+    let bytes = std::fs::read(exe).with_context(|| format!("read {}", exe.display()))?;
+    let digest: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let cache = root.join("runtime").join(format!("{digest}.layer"));
+    if let Ok(text) = std::fs::read_to_string(&cache) {
+        if let Ok(id) = text.trim().parse::<LayerId>() {
+            if layers.exists(&id) {
+                return Ok(id);
+            }
+        }
+    }
+    let stage = root
+        .join("runtime")
+        .join(format!(".stage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&stage);
+    let build = || -> anyhow::Result<LayerId> {
+        let dir = stage.join(".forkd");
+        for d in ["run", "logs"] {
+            std::fs::create_dir_all(dir.join(d))?;
+        }
+        std::fs::set_permissions(dir.join("run"), std::fs::Permissions::from_mode(0o700))?;
+        std::fs::write(dir.join("init"), &bytes)?;
+        std::fs::set_permissions(dir.join("init"), std::fs::Permissions::from_mode(0o755))?;
+        Ok(layers.import_dir(&stage, &mut |_| {})?)
+    };
+    let res = build();
+    let _ = std::fs::remove_dir_all(&stage);
+    let id = res.context("build the runtime layer")?;
+    std::fs::write(&cache, id.to_string()).with_context(|| format!("write {}", cache.display()))?;
+    Ok(id)
+}
+
+/// Runs the daemon until SIGINT/SIGTERM.
+pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(512)
+        .enable_all()
+        .build()
+        .context("start async runtime")?;
+    let result = rt.block_on(async move {
+        let daemon = {
+            let cfg = cfg.clone();
+            let handle = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || Daemon::open(&cfg, handle)).await??
+        };
+        if let Some(parent) = cfg.socket.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("create {}", parent.display()))?;
+        }
+        let _ = std::fs::remove_file(&cfg.socket);
+        // Bind with a restrictive umask so the socket is never reachable by others.
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+        let listener = tokio::net::UnixListener::bind(&cfg.socket);
+        nix::sys::stat::umask(old);
+        let listener = listener.with_context(|| format!("listen on {}", cfg.socket.display()))?;
+        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600))?;
+        log::info(&format!(
+            "forkd {} listening on {} (root {}, cgroup v{}, {} sandboxes recovered)",
+            env!("CARGO_PKG_VERSION"),
+            cfg.socket.display(),
+            cfg.root.display(),
+            daemon.hierarchy.version(),
+            daemon.sandboxes.lock().unwrap().len()
+        ));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    match accepted {
+                        Ok((stream, _)) => {
+                            let d = daemon.clone();
+                            tokio::spawn(async move { routes::serve(d, stream).await });
+                        }
+                        Err(e) => log::warn(&format!("accept: {e}")),
+                    }
+                }
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+            }
+        }
+        // Sandboxes keep running: a restarted daemon picks them up again.
+        let _ = std::fs::remove_file(&cfg.socket);
+        log::info("daemon stopped; sandboxes keep running");
+        Ok(())
+    });
+    // Streaming execs may still be relaying; they end with the process, their commands
+    // live on in the sandboxes.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}

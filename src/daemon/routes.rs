@@ -1,0 +1,374 @@
+//! Request dispatch: match a route from [`crate::api::ROUTES`], run its handler on the
+//! blocking pool, answer, log one line with the request id and latency.
+
+use super::http::{self, Request, Response};
+use super::{log, Daemon};
+use crate::api::{self, ApiError, ExecBody, ExecResult, VersionInfo, EXEC_UPGRADE};
+use forkd_sandbox::host;
+use forkd_sandbox::proto::{self, ExecRequest, Kind};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::net::UnixStream;
+
+/// Matches `path` against the route table; returns the operation id and parameters.
+pub fn match_route(
+    method: &str,
+    path: &str,
+) -> Result<(&'static str, HashMap<&'static str, String>), ApiError> {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let mut path_matched = false;
+    for (m, pattern, op) in api::ROUTES {
+        let pat: Vec<&str> = pattern.split('/').collect();
+        if pat.len() != segs.len() {
+            continue;
+        }
+        let mut params = HashMap::new();
+        let ok = pat.iter().zip(&segs).all(|(p, s)| {
+            if let Some(name) = p.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                params.insert(name, s.to_string());
+                !s.is_empty()
+            } else {
+                p == s
+            }
+        });
+        if ok {
+            path_matched = true;
+            if *m == method {
+                return Ok((op, params));
+            }
+        }
+    }
+    if path_matched {
+        Err(ApiError::bad_request(format!(
+            "method {method} is not allowed on {path}"
+        )))
+    } else {
+        Err(ApiError::not_found(format!(
+            "no such endpoint: {method} {path}"
+        )))
+    }
+}
+
+pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream) {
+    let started = Instant::now();
+    let rid = daemon.request_id();
+    let req = match http::read_request(&mut stream).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(mut e) => {
+            e.request_id = rid.clone();
+            let _ = http::write_response(&mut stream, &Response::error(&e), &rid).await;
+            return;
+        }
+    };
+    let (op, params) = match match_route(&req.method, &req.path) {
+        Ok(x) => x,
+        Err(mut e) => {
+            e.request_id = rid.clone();
+            log::info(&format!(
+                "{rid} {} {} -> {} ({})",
+                req.method,
+                req.path,
+                e.status(),
+                e.message
+            ));
+            let _ = http::write_response(&mut stream, &Response::error(&e), &rid).await;
+            return;
+        }
+    };
+    if op == "execInSandbox" && req.header("upgrade") == Some(EXEC_UPGRADE) {
+        let result = exec_upgraded(daemon.clone(), &req, &params, stream, &rid).await;
+        let us = started.elapsed().as_micros() as u64;
+        daemon.metrics.record("exec_stream", us, result.is_ok());
+        match result {
+            Ok(()) => log::info(&format!("{rid} {} {} -> 101 {us}us", req.method, req.path)),
+            Err(e) => log::info(&format!(
+                "{rid} {} {} -> {} {us}us ({})",
+                req.method,
+                req.path,
+                e.status(),
+                e.message
+            )),
+        }
+        return;
+    }
+    let d = daemon.clone();
+    let method = req.method.clone();
+    let path = req.path.clone();
+    let result = tokio::task::spawn_blocking(move || handle(&d, op, &params, &req))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
+    let us = started.elapsed().as_micros() as u64;
+    daemon.metrics.record(op, us, result.is_ok());
+    let resp = match result {
+        Ok(r) => {
+            log::info(&format!("{rid} {method} {path} -> {} {us}us", r.status));
+            r
+        }
+        Err(mut e) => {
+            e.request_id = rid.clone();
+            log::info(&format!(
+                "{rid} {method} {path} -> {} {us}us ({})",
+                e.status(),
+                e.message
+            ));
+            Response::error(&e)
+        }
+    };
+    let _ = http::write_response(&mut stream, &resp, &rid).await;
+}
+
+fn flag(req: &Request, name: &str) -> bool {
+    matches!(
+        req.query.get(name).map(String::as_str),
+        Some("1" | "true" | "yes")
+    )
+}
+
+/// Runs one (non-upgraded) operation. Blocking.
+fn handle(
+    d: &Arc<Daemon>,
+    op: &str,
+    params: &HashMap<&str, String>,
+    req: &Request,
+) -> Result<Response, ApiError> {
+    let param = |k: &str| params.get(k).cloned().unwrap_or_default();
+    match op {
+        "version" => Ok(Response::json(
+            200,
+            &VersionInfo {
+                version: env!("CARGO_PKG_VERSION").into(),
+                api: api::API_VERSION.into(),
+                root: d.root.display().to_string(),
+                cgroup_version: d.hierarchy.version(),
+            },
+        )),
+        "metrics" => Ok(Response::json(200, &d.metrics.snapshot())),
+        "listImages" => Ok(Response::json(200, &d.list_images()?)),
+        "importImage" => Ok(Response::json(201, &d.import_image(req.json()?)?)),
+        "inspectImage" => Ok(Response::json(200, &d.image_info(&param("name"))?)),
+        "removeImage" => {
+            d.remove_image(&param("name"))?;
+            Ok(Response::json(
+                200,
+                &serde_json::json!({ "removed": param("name") }),
+            ))
+        }
+        "listSandboxes" => Ok(Response::json(200, &d.list_sandboxes())),
+        "createSandbox" => {
+            let sb = d.create_sandbox(req.json()?)?;
+            Ok(Response::json(201, &d.info(&sb)))
+        }
+        "inspectSandbox" => Ok(Response::json(200, &d.info(&*d.sandbox(&param("id"))?))),
+        "removeSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            d.remove_sandbox(&sb, flag(req, "force"))?;
+            Ok(Response::json(
+                200,
+                &serde_json::json!({ "removed": sb.id }),
+            ))
+        }
+        "stopSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            let body: api::StopRequest = req.json()?;
+            d.stop_sandbox(&sb, Duration::from_secs(body.grace_secs.unwrap_or(10)))?;
+            Ok(Response::json(200, &d.info(&sb)))
+        }
+        "execInSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            let body: ExecBody = req.json()?;
+            let stdin = body
+                .stdin_b64
+                .as_deref()
+                .map(api::b64::decode)
+                .transpose()
+                .map_err(ApiError::bad_request)?;
+            Ok(Response::json(
+                200,
+                &d.exec(&sb, &body.request, stdin.as_deref())?,
+            ))
+        }
+        "sandboxLogs" => {
+            let sb = d.sandbox(&param("id"))?;
+            let name = req.query.get("name").map(String::as_str).unwrap_or("main");
+            Ok(Response::bytes(
+                d.logs(&sb, name)?,
+                "application/octet-stream",
+            ))
+        }
+        "copyFromSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            let path = req
+                .query
+                .get("path")
+                .ok_or_else(|| ApiError::bad_request("missing query parameter path"))?;
+            Ok(Response::bytes(d.copy_out(&sb, path)?, "application/x-tar"))
+        }
+        "copyToSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            let path = req
+                .query
+                .get("path")
+                .ok_or_else(|| ApiError::bad_request("missing query parameter path"))?;
+            let n = d.copy_in(&sb, path, &req.body)?;
+            Ok(Response::json(200, &serde_json::json!({ "entries": n })))
+        }
+        other => Err(ApiError::internal(format!("route {other} has no handler"))),
+    }
+}
+
+impl Daemon {
+    fn running_rootfs(&self, sb: &super::Sandbox) -> Result<std::path::PathBuf, ApiError> {
+        let rec = sb.record.lock().unwrap();
+        if rec.status != api::SandboxStatus::Running {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} is {}, not running",
+                sb.id, rec.status
+            )));
+        }
+        Ok(sb.rootfs())
+    }
+
+    /// Runs a command to completion inside the sandbox, through its init.
+    pub fn exec(
+        &self,
+        sb: &super::Sandbox,
+        req: &ExecRequest,
+        stdin: Option<&[u8]>,
+    ) -> Result<ExecResult, ApiError> {
+        req.validate()
+            .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
+        let rootfs = self.running_rootfs(sb)?;
+        let t0 = SystemTime::now();
+        if req.detach {
+            let (_, started) = host::start_exec(&rootfs, req).map_err(|e| exec_error(sb, e))?;
+            let v = serde_json::json!({ "pid": started.pid, "log": started.log_path });
+            self.log_exec(sb, req, t0, &v);
+            return Ok(ExecResult {
+                pid: started.pid,
+                exit: proto::ExecExit {
+                    exit_code: 0,
+                    signal: None,
+                    timed_out: false,
+                    duration_us: 0,
+                },
+                stdout_b64: String::new(),
+                stderr_b64: String::new(),
+            });
+        }
+        let out = host::exec(&rootfs, req, stdin).map_err(|e| exec_error(sb, e))?;
+        self.log_exec(
+            sb,
+            req,
+            t0,
+            &serde_json::to_value(&out.exit).unwrap_or_default(),
+        );
+        Ok(ExecResult {
+            pid: out.pid,
+            exit: out.exit,
+            stdout_b64: api::b64::encode(&out.stdout),
+            stderr_b64: api::b64::encode(&out.stderr),
+        })
+    }
+}
+
+fn exec_error(sb: &super::Sandbox, e: host::HostError) -> ApiError {
+    match e {
+        // The command itself could not start (not found, bad user, ...): the caller's problem.
+        host::HostError::Exec(m) => {
+            ApiError::bad_request(format!("exec in sandbox {}: {m}", sb.id))
+        }
+        other => ApiError::from_chain(&format!("exec in sandbox {}", sb.id), &other),
+    }
+}
+
+/// `POST .../exec` with `Upgrade: forkd-exec`: answer 101, then relay frames between
+/// the client and the sandbox's init until the command's exit frame.
+async fn exec_upgraded(
+    d: Arc<Daemon>,
+    req: &Request,
+    params: &HashMap<&str, String>,
+    mut stream: UnixStream,
+    rid: &str,
+) -> Result<(), ApiError> {
+    let prepared = (|| {
+        let sb = d.sandbox(params.get("id").map(String::as_str).unwrap_or_default())?;
+        let body: ExecRequest = req.json()?;
+        body.validate()
+            .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
+        let rootfs = d.running_rootfs(&sb)?;
+        Ok::<_, ApiError>((sb, body, rootfs))
+    })();
+    let (sb, body, rootfs) = match prepared {
+        Ok(x) => x,
+        Err(mut e) => {
+            e.request_id = rid.to_string();
+            let _ = http::write_response(&mut stream, &Response::error(&e), rid).await;
+            return Err(e);
+        }
+    };
+    http::write_upgrade(&mut stream, EXEC_UPGRADE, rid)
+        .await
+        .map_err(|e| ApiError::internal(format!("write upgrade: {e}")))?;
+    let client = stream
+        .into_std()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    client
+        .set_nonblocking(false)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let d2 = d.clone();
+    tokio::task::spawn_blocking(move || relay_frames(&d2, &sb, &body, &rootfs, client))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("exec relay panicked: {e}"))))
+}
+
+fn relay_frames(
+    d: &Daemon,
+    sb: &super::Sandbox,
+    req: &ExecRequest,
+    rootfs: &std::path::Path,
+    mut client: std::os::unix::net::UnixStream,
+) -> Result<(), ApiError> {
+    let t0 = SystemTime::now();
+    let mut init =
+        host::connect(rootfs).map_err(|e| ApiError::from_chain("connect to init", &e))?;
+    let body = serde_json::to_vec(req).expect("serialisable");
+    proto::write_frame(&mut init, Kind::Request, &body)
+        .map_err(|e| ApiError::internal(format!("send request: {e}")))?;
+    // Client -> init: stdin, EOF and resize frames, copied verbatim.
+    let mut from_client = client
+        .try_clone()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut to_init = init
+        .try_clone()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let upstream = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from_client, &mut to_init);
+        // The client closed its side: the relay sees the hang-up.
+        let _ = to_init.shutdown(std::net::Shutdown::Write);
+    });
+    // Init -> client: frame by frame, noting the exit for the trajectory.
+    let mut result = serde_json::Value::Null;
+    loop {
+        match proto::read_frame(&mut init) {
+            Ok(Some((kind, payload))) => {
+                if kind == Kind::Exit || kind == Kind::Error {
+                    result = serde_json::from_slice(&payload).unwrap_or_default();
+                }
+                if proto::write_frame(&mut client, kind, &payload).is_err() {
+                    break;
+                }
+                if kind == Kind::Exit || kind == Kind::Error {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    let _ = init.shutdown(std::net::Shutdown::Both);
+    let _ = upstream.join();
+    d.log_exec(sb, req, t0, &result);
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! The sandbox table: create, inspect, exec, stop, remove, and recovery after a restart.
+//!
+//! Each sandbox lives in `<root>/sandboxes/<id>/` with `upper/` and `work/` (its
+//! private overlay layers), `rootfs/` (the merged root, mounted in the host's mount
+//! namespace so the daemon can reach files and the init's socket), `state.json` (the
+//! persisted [`SandboxRecord`], written atomically) and `execs.jsonl` (one line per exec:
+//! the sandbox's trajectory).
+//!
+//! State machine: `running -> stopped -> removed`. `stop` and `rm` are idempotent; `rm`
+//! of a running sandbox needs `force`. A record is written only once the sandbox is fully
+//! up, so a directory without `state.json` is a half-made sandbox and recovery removes
+//! it. Everything here blocks; callers run it on the blocking pool.
+
+use super::Daemon;
+use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
+use forkd_cgroups::{Cgroup, Limits};
+use forkd_layers::LayerId;
+use forkd_sandbox::host;
+use forkd_sandbox::proto::ExecRequest;
+use forkd_sandbox::setup::SetupSpec;
+use forkd_sandbox::SandboxId;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+const RECORD_VERSION: u32 = 1;
+
+/// What `state.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub version: u32,
+    pub id: SandboxId,
+    pub image: String,
+    /// The overlay's lower layers, topmost first (the runtime layer is the first).
+    pub lowers: Vec<LayerId>,
+    pub created: u64,
+    pub hostname: String,
+    pub limits: Limits,
+    pub labels: BTreeMap<String, String>,
+    pub status: SandboxStatus,
+    pub init_pid: Option<i32>,
+    /// Start time of the init (clock ticks since boot), to tell it from a reused pid.
+    pub init_start: Option<u64>,
+    pub cgroup: String,
+    pub create_us: u64,
+}
+
+/// A sandbox in the table. The mutex serialises lifecycle changes; execs only read the
+/// (immutable) paths.
+pub struct Sandbox {
+    pub id: SandboxId,
+    pub dir: PathBuf,
+    pub record: Mutex<SandboxRecord>,
+}
+
+impl Sandbox {
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn write_record(dir: &Path, rec: &SandboxRecord) -> Result<(), ApiError> {
+    let tmp = dir.join(".state.json.tmp");
+    let path = dir.join("state.json");
+    let body = serde_json::to_vec_pretty(rec).expect("record serialises");
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    res.map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
+}
+
+fn valid_hostname(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 63
+        && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !h.starts_with('-')
+}
+
+impl Daemon {
+    fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.root.join("sandboxes").join(id.as_str())
+    }
+
+    /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
+    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
+        let table = self.sandboxes.lock().unwrap();
+        if let Ok(full) = id.parse::<SandboxId>() {
+            if let Some(sb) = table.get(&full) {
+                return Ok(sb.clone());
+            }
+        }
+        let matches: Vec<_> = if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            table
+                .iter()
+                .filter(|(k, _)| k.as_str().starts_with(id))
+                .map(|(_, v)| v.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        match matches.len() {
+            1 => Ok(matches.into_iter().next().unwrap()),
+            0 => Err(ApiError::not_found(format!("no such sandbox: {id}"))),
+            n => Err(ApiError::bad_request(format!(
+                "sandbox id prefix {id} is ambiguous ({n} sandboxes)"
+            ))),
+        }
+    }
+
+    pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
+        let table = self.sandboxes.lock().unwrap();
+        let mut out: Vec<SandboxInfo> = table.values().map(|sb| self.info(sb)).collect();
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
+        let rec = sb.record.lock().unwrap().clone();
+        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+        SandboxInfo {
+            id: rec.id.to_string(),
+            image: rec.image,
+            status: rec.status,
+            created: rec.created,
+            hostname: rec.hostname,
+            init_pid: rec.init_pid,
+            limits: rec.limits,
+            labels: rec.labels,
+            rootfs: sb.rootfs().display().to_string(),
+            upper: sb.upper().display().to_string(),
+            memory_bytes: cg.memory_current(),
+            oom_kills: cg.oom_kills(),
+            cgroup: rec.cgroup,
+            create_us: rec.create_us,
+        }
+    }
+
+    /// Creates and starts a sandbox from an image.
+    pub fn create_sandbox(
+        self: &Arc<Self>,
+        req: CreateSandboxRequest,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        let started = Instant::now();
+        let image = self.images.get(&req.image).map_err(|e| match e {
+            forkd_layers::ImageError::NotFound(_) => {
+                ApiError::not_found(format!("no such image: {}", req.image))
+            }
+            other => ApiError::from_chain("read image", &other),
+        })?;
+        if let Some(cmd) = &req.command {
+            cmd.validate()
+                .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
+        }
+        let id = SandboxId::random();
+        let hostname = req
+            .hostname
+            .clone()
+            .unwrap_or_else(|| id.short().to_string());
+        if !valid_hostname(&hostname) {
+            return Err(ApiError::bad_request(format!(
+                "invalid hostname {hostname:?}: use letters, digits and '-', at most 63"
+            )));
+        }
+        let mut lowers = vec![self.runtime_layer.clone()];
+        lowers.extend(image.layers.iter().rev().cloned());
+        let record = SandboxRecord {
+            version: RECORD_VERSION,
+            id: id.clone(),
+            image: image.name.clone(),
+            lowers,
+            created: now_secs(),
+            hostname,
+            limits: req.limits.clone(),
+            labels: req.labels.clone(),
+            status: SandboxStatus::Running,
+            init_pid: None,
+            init_start: None,
+            cgroup: format!("forkd/{id}"),
+            create_us: 0,
+        };
+        let dir = self.sandbox_dir(&id);
+        let sb = match self.start(&dir, record, started) {
+            Ok(sb) => sb,
+            Err(e) => {
+                self.teardown(&dir, &format!("forkd/{id}"), None);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let sb = Arc::new(sb);
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(id.clone(), sb.clone());
+        self.watch(sb.clone());
+        if let Some(mut cmd) = req.command {
+            cmd.detach = true;
+            cmd.log = Some("main".into());
+            if let Err(e) = host::start_exec(&sb.rootfs(), &cmd) {
+                let msg = format!("start command in sandbox {id}: {e}");
+                let _ = self.remove_sandbox(&sb, true);
+                return Err(ApiError::bad_request(msg));
+            }
+        }
+        Ok(sb)
+    }
+
+    /// Mounts, limits and starts a sandbox described by `record` in `dir`.
+    fn start(
+        &self,
+        dir: &Path,
+        mut record: SandboxRecord,
+        started: Instant,
+    ) -> Result<Sandbox, ApiError> {
+        let id = record.id.clone();
+        let ctx = |step: &str| format!("sandbox {id}: {step}");
+        for sub in ["upper", "work", "rootfs"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| {
+                ApiError::internal(format!(
+                    "{}: {e}",
+                    ctx(&format!("create {}", dir.join(sub).display()))
+                ))
+            })?;
+        }
+        let lowers: Vec<PathBuf> = record.lowers.iter().map(|l| self.layers.path(l)).collect();
+        host::mount_overlay(
+            &lowers,
+            &dir.join("upper"),
+            &dir.join("work"),
+            &dir.join("rootfs"),
+        )
+        .map_err(|e| ApiError::from_chain(&ctx("mount root"), &e))?;
+        let cg = Cgroup::new(&self.hierarchy, &record.cgroup);
+        cg.create(&record.limits)
+            .map_err(|e| ApiError::from_chain(&ctx("create cgroup"), &e))?;
+        let spec = SetupSpec {
+            id: id.clone(),
+            rootfs: dir.join("rootfs"),
+            hostname: record.hostname.clone(),
+            cgroup: Some((self.hierarchy.clone(), record.cgroup.clone())),
+        };
+        let pid = host::start_init(&self.exe, &spec)
+            .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
+        record.init_pid = Some(pid);
+        record.init_start = forkd_sys::process_start_time(pid);
+        host::wait_ready(&dir.join("rootfs"), Duration::from_secs(10))
+            .map_err(|e| ApiError::from_chain(&ctx("wait for init"), &e))?;
+        record.create_us = started.elapsed().as_micros() as u64;
+        write_record(dir, &record)?;
+        Ok(Sandbox {
+            id,
+            dir: dir.to_path_buf(),
+            record: Mutex::new(record),
+        })
+    }
+
+    /// Kills what runs, unmounts and removes the cgroup. Idempotent; failures are logged.
+    fn teardown(&self, dir: &Path, cgroup: &str, pid: Option<i32>) {
+        let cg = Cgroup::new(&self.hierarchy, cgroup);
+        if let Some(pid) = pid {
+            if let Ok(fd) = forkd_sys::pidfd_open(pid) {
+                let _ = forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGKILL);
+            }
+        }
+        if let Err(e) = cg.kill_all(Duration::from_secs(5)) {
+            log::warn(&format!("kill processes of {cgroup}: {e}"));
+        }
+        if let Some(pid) = pid {
+            reap(pid);
+        }
+        let rootfs = dir.join("rootfs");
+        if let Err(e) = host::unmount(&rootfs) {
+            log::warn(&format!("unmount {}: {e}", rootfs.display()));
+        }
+        if let Err(e) = cg.remove() {
+            log::warn(&format!("remove cgroup {cgroup}: {e}"));
+        }
+    }
+
+    /// SIGTERM to the init (which passes it on), SIGKILL for all after `grace`.
+    pub fn stop_sandbox(&self, sb: &Sandbox, grace: Duration) -> Result<(), ApiError> {
+        let mut rec = sb.record.lock().unwrap();
+        if rec.status == SandboxStatus::Stopped {
+            return Ok(());
+        }
+        if let Some(pid) = rec.init_pid {
+            if let Ok(fd) = forkd_sys::pidfd_open(pid) {
+                if forkd_sys::process_start_time(pid) == rec.init_start {
+                    let _ =
+                        forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGTERM);
+                    let deadline = Instant::now() + grace;
+                    while forkd_sys::process_alive(pid) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        self.teardown(&sb.dir, &rec.cgroup, rec.init_pid);
+        rec.status = SandboxStatus::Stopped;
+        rec.init_pid = None;
+        rec.init_start = None;
+        write_record(&sb.dir, &rec)
+    }
+
+    /// Removes a sandbox entirely. A running one needs `force` (it is stopped first).
+    pub fn remove_sandbox(&self, sb: &Sandbox, force: bool) -> Result<(), ApiError> {
+        let status = sb.record.lock().unwrap().status;
+        if status == SandboxStatus::Running {
+            if !force {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} is running: stop it first, or remove it with force",
+                    sb.id
+                )));
+            }
+            self.stop_sandbox(sb, Duration::ZERO)?;
+        }
+        self.sandboxes.lock().unwrap().remove(&sb.id);
+        std::fs::remove_dir_all(&sb.dir)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| ApiError::internal(format!("remove {}: {e}", sb.dir.display())))
+    }
+
+    /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
+    fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
+        let Some(pid) = sb.record.lock().unwrap().init_pid else {
+            return;
+        };
+        let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
+            return;
+        };
+        let daemon = self.clone();
+        self.runtime.spawn(async move {
+            // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the descriptor stays
+            // open and refers to the same pidfd for as long as it is registered.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    pidfd,
+                    tokio::io::Interest::READABLE,
+                )
+            };
+            if let Ok(afd) = registered {
+                let _ = afd.readable().await;
+            }
+            let _ = tokio::task::spawn_blocking(move || {
+                let running = {
+                    let rec = sb.record.lock().unwrap();
+                    rec.status == SandboxStatus::Running && rec.init_pid == Some(pid)
+                };
+                if running && daemon.sandboxes.lock().unwrap().contains_key(&sb.id) {
+                    log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
+                    let _ = daemon.stop_sandbox(&sb, Duration::ZERO);
+                } else {
+                    reap(pid);
+                }
+            })
+            .await;
+        });
+    }
+
+    /// Rebuilds the table from the state root after a start or restart: sandboxes whose
+    /// init still runs come back; the rest are cleaned up and marked stopped; half-made
+    /// ones are removed.
+    pub fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
+        let dir = self.root.join("sandboxes");
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            let Ok(id) = name.parse::<SandboxId>() else {
+                log::warn(&format!("ignoring {}: not a sandbox id", path.display()));
+                continue;
+            };
+            let rec = std::fs::read(path.join("state.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<SandboxRecord>(&b).ok())
+                .filter(|r| r.id == id && r.version == RECORD_VERSION);
+            let Some(mut rec) = rec else {
+                log::info(&format!("removing half-made sandbox {id}"));
+                self.teardown(&path, &format!("forkd/{id}"), None);
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            };
+            let alive = rec.status == SandboxStatus::Running
+                && rec.init_pid.is_some_and(|p| {
+                    forkd_sys::process_alive(p)
+                        && forkd_sys::process_start_time(p) == rec.init_start
+                });
+            if rec.status == SandboxStatus::Running && !alive {
+                log::info(&format!("sandbox {id}: init is gone; cleaning up"));
+                self.teardown(&path, &rec.cgroup, None);
+                rec.status = SandboxStatus::Stopped;
+                rec.init_pid = None;
+                rec.init_start = None;
+                write_record(&path, &rec)?;
+            }
+            let sb = Arc::new(Sandbox {
+                id: id.clone(),
+                dir: path,
+                record: Mutex::new(rec),
+            });
+            self.sandboxes.lock().unwrap().insert(id, sb.clone());
+            if alive {
+                self.watch(sb);
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one exec to the sandbox's trajectory.
+    pub fn log_exec(
+        &self,
+        sb: &Sandbox,
+        req: &ExecRequest,
+        started: SystemTime,
+        result: &serde_json::Value,
+    ) {
+        let t = started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+            .unwrap_or(0);
+        let line = serde_json::json!({
+            "t_us": t as u64,
+            "argv": if req.shell.is_none() { Some(&req.argv) } else { None },
+            "shell": req.shell,
+            "cwd": req.cwd,
+            "user": req.user,
+            "tty": req.tty,
+            "detach": req.detach,
+            "result": result,
+        });
+        let path = sb.dir.join("execs.jsonl");
+        let res = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = res {
+            log::warn(&format!("append {}: {e}", path.display()));
+        }
+    }
+}
+
+/// Collects the exit status of `pid` if it is our child (the daemon is a subreaper, so
+/// inits become its children once their set-up helper exits).
+fn reap(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag};
+    for _ in 0..200 {
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            _ => return,
+        }
+    }
+}
+
+use super::log;
