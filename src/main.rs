@@ -8,11 +8,6 @@
 //! - `__tar`, `__untar`: run inside a sandbox for `forkd cp`;
 //! - anything else: the CLI, including `forkd daemon`.
 
-mod api;
-mod cli;
-mod client;
-mod daemon;
-
 fn main() {
     let args: Vec<String> = std::env::args().take(3).collect();
     match args.get(1).map(String::as_str) {
@@ -25,6 +20,6 @@ fn main() {
         Some("__untar") => {
             forkd_sandbox::files::untar_main(args.get(2).map(String::as_str).unwrap_or(""))
         }
-        _ => std::process::exit(cli::main()),
+        _ => std::process::exit(forkd::cli::main()),
     }
 }

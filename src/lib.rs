@@ -1,0 +1,12 @@
+//! forkd: sandboxes, checkpoints and copy-on-write forks of whole machine states.
+//!
+//! This crate is the product on top of the mechanism crates in `runtime/`:
+//! - [`api`]: the HTTP+JSON API's types, errors and route table (`docs/openapi.json`);
+//! - [`daemon`]: `forkd daemon`, which owns the state root and serves the API;
+//! - [`client`]: a blocking client for the API;
+//! - [`cli`]: the `forkd` command line.
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod daemon;
