@@ -1,0 +1,205 @@
+//! Test harness: a real daemon on a temporary state root and socket, with the busybox
+//! fixture image imported. Tests that cannot run (not root, fixture missing) print a
+//! SKIP line, and fail instead when CI=true.
+
+#![allow(dead_code)]
+
+use forkd::api::{ExecResult, SandboxInfo};
+use forkd::client::{Client, ClientError};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_forkd");
+
+/// Returns false (after printing SKIP) when the test cannot run here; panics in CI.
+pub fn can_run(name: &str) -> bool {
+    let reason = if !nix::unistd::Uid::effective().is_root() {
+        Some("needs root".to_string())
+    } else if !busybox_tar().exists() {
+        Some(format!(
+            "fixture {} missing (run fixtures/setup.sh busybox)",
+            busybox_tar().display()
+        ))
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(r) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{name}: {r} (CI=true: not skipping)")
+        }
+        Some(r) => {
+            println!("SKIP {name}: {r}");
+            false
+        }
+    }
+}
+
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("FORKD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+}
+
+pub fn busybox_tar() -> PathBuf {
+    cache_dir().join("images/busybox.tar")
+}
+
+pub struct TestDaemon {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    pub child: Option<Child>,
+    pub client: Client,
+}
+
+impl TestDaemon {
+    /// Starts a daemon on a fresh root and imports busybox as `busybox`.
+    pub fn start(name: &str) -> TestDaemon {
+        let base = PathBuf::from(format!("/tmp/forkd-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let root = base.join("root");
+        let socket = base.join("forkd.sock");
+        let mut d = TestDaemon {
+            client: Client::new(&socket),
+            root,
+            socket,
+            child: None,
+        };
+        d.spawn();
+        let body = serde_json::json!({ "source": busybox_tar(), "name": "busybox" });
+        let _: serde_json::Value = d
+            .client
+            .call("POST", "/v1/images", Some(&body))
+            .expect("import busybox");
+        d
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::File::create(self.root.parent().unwrap().join(format!(
+            "daemon-{}.log",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        )))
+        .unwrap();
+        let child = Command::new(BIN)
+            .arg("daemon")
+            .env("FORKD_ROOT", &self.root)
+            .env("FORKD_SOCKET", &self.socket)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start daemon");
+        self.child = Some(child);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("daemon did not come up on {}", self.socket.display());
+    }
+
+    /// Kills the daemon with SIGKILL (sandboxes keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn create(&self, body: serde_json::Value) -> SandboxInfo {
+        self.client
+            .call("POST", "/v1/sandboxes", Some(&body))
+            .expect("create sandbox")
+    }
+
+    pub fn busybox(&self) -> SandboxInfo {
+        self.create(serde_json::json!({ "image": "busybox" }))
+    }
+
+    pub fn exec(&self, id: &str, body: serde_json::Value) -> Result<ExecResult, ClientError> {
+        self.client
+            .call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body))
+    }
+
+    /// Runs a shell line; returns (exit code, stdout, stderr).
+    pub fn sh(&self, id: &str, line: &str) -> (i32, String, String) {
+        let r = self
+            .exec(id, serde_json::json!({ "shell": line }))
+            .expect("exec");
+        (
+            r.exit.exit_code,
+            String::from_utf8_lossy(&decode(&r.stdout_b64)).into(),
+            String::from_utf8_lossy(&decode(&r.stderr_b64)).into(),
+        )
+    }
+
+    pub fn remove(&self, id: &str) {
+        let _: serde_json::Value = self
+            .client
+            .call("DELETE", &format!("/v1/sandboxes/{id}?force=true"), None)
+            .expect("rm");
+    }
+
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .env("FORKD_SOCKET", &self.socket)
+            .output()
+            .expect("run forkd")
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            if let Ok(list) = self
+                .client
+                .call::<Vec<SandboxInfo>>("GET", "/v1/sandboxes", None)
+            {
+                for s in list {
+                    let _ = self.client.call::<serde_json::Value>(
+                        "DELETE",
+                        &format!("/v1/sandboxes/{}?force=true", s.id),
+                        None,
+                    );
+                }
+            }
+            if let Some(mut c) = self.child.take() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(c.id() as i32),
+                    nix::sys::signal::SIGTERM,
+                );
+                let _ = c.wait();
+            }
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_dir_all(self.root.parent().unwrap());
+            }
+        }
+    }
+}
+
+pub fn decode(b64: &str) -> Vec<u8> {
+    forkd::api::b64::decode(b64).unwrap()
+}
+
+/// Mount points under `dir`, from the host's mount table.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let d = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(String::from))
+        .filter(|m| m.starts_with(&d))
+        .collect()
+}
+
+pub fn cgroup_exists(id: &str) -> bool {
+    ["pids", "memory"]
+        .iter()
+        .any(|c| Path::new(&format!("/sys/fs/cgroup/{c}/forkd/{id}")).exists())
+        || Path::new(&format!("/sys/fs/cgroup/forkd/{id}")).exists()
+}

@@ -1,0 +1,452 @@
+//! Sandboxes against a real daemon: lifecycle, exec, isolation, limits, recovery.
+
+mod common;
+
+use common::*;
+use forkd::api::{SandboxInfo, SandboxStatus};
+use std::time::Duration;
+
+#[test]
+fn lifecycle_run_exec_stop_rm() {
+    if !can_run("lifecycle_run_exec_stop_rm") {
+        return;
+    }
+    let d = TestDaemon::start("lifecycle");
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "hostname": "box1",
+        "command": { "shell": "echo started; while true; do sleep 1; done" }
+    }));
+    assert_eq!(sb.status, SandboxStatus::Running);
+    let (code, out, _) = d.sh(&sb.id, "hostname; echo $HOME; pwd");
+    assert_eq!((code, out.as_str()), (0, "box1\n/root\n/\n"));
+    // Exit codes, env, cwd and user come through.
+    let r = d.exec(&sb.id, serde_json::json!({ "argv": ["sh", "-c", "echo $FOO; pwd; id -u; exit 3"], "env": ["FOO=bar"], "cwd": "/tmp", "user": "nobody" })).unwrap();
+    assert_eq!(r.exit.exit_code, 3);
+    assert_eq!(
+        String::from_utf8(decode(&r.stdout_b64)).unwrap(),
+        "bar\n/tmp\n65534\n"
+    );
+    // A missing program is a clear error, not a hang.
+    let err = d
+        .exec(&sb.id, serde_json::json!({ "argv": ["no-such-program"] }))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no-such-program: command not found"), "{err}");
+    // The main command's output is in its log.
+    let mut log = Vec::new();
+    for _ in 0..100 {
+        log = d
+            .client
+            .raw("GET", &format!("/v1/sandboxes/{}/logs", sb.id), &[])
+            .unwrap()
+            .body;
+        if !log.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(log, b"started\n");
+    // rm without force is refused while running.
+    let err = d
+        .client
+        .call::<serde_json::Value>("DELETE", &format!("/v1/sandboxes/{}", sb.id), None)
+        .unwrap_err();
+    assert!(err.to_string().contains("is running"), "{err}");
+    // stop is idempotent and cleans up mounts and cgroups.
+    for _ in 0..2 {
+        let info: SandboxInfo = d
+            .client
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{}/stop", sb.id),
+                Some(&serde_json::json!({"grace_secs": 2})),
+            )
+            .unwrap();
+        assert_eq!(info.status, SandboxStatus::Stopped);
+    }
+    assert!(
+        mounts_under(&d.root).is_empty(),
+        "{:?}",
+        mounts_under(&d.root)
+    );
+    assert!(!cgroup_exists(&sb.id));
+    let err = d
+        .exec(&sb.id, serde_json::json!({ "argv": ["true"] }))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not running"), "{err}");
+    d.remove(&sb.id);
+    let err = d
+        .client
+        .call::<serde_json::Value>("DELETE", &format!("/v1/sandboxes/{}", sb.id), None)
+        .unwrap_err();
+    assert!(err.to_string().contains("no such sandbox"), "{err}");
+    assert!(!d.root.join("sandboxes").join(&sb.id).exists());
+}
+
+#[test]
+fn exec_output_is_binary_safe_and_large() {
+    if !can_run("exec_output_is_binary_safe_and_large") {
+        return;
+    }
+    let d = TestDaemon::start("binary");
+    let sb = d.busybox();
+    let r = d.exec(&sb.id, serde_json::json!({ "shell": "head -c 6000000 /dev/zero | tr '\\0' '\\377'; printf 'e\\0rr' >&2" })).unwrap();
+    let out = decode(&r.stdout_b64);
+    assert_eq!(out.len(), 6_000_000);
+    assert!(out.iter().all(|&b| b == 0xff));
+    assert_eq!(decode(&r.stderr_b64), b"e\0rr");
+    // Binary stdin round trip.
+    let input: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let r = d
+        .exec(
+            &sb.id,
+            serde_json::json!({ "argv": ["cat"], "stdin_b64": forkd::api::b64::encode(&input) }),
+        )
+        .unwrap();
+    assert_eq!(decode(&r.stdout_b64), input);
+}
+
+#[test]
+fn exec_timeout_kills_the_whole_tree() {
+    if !can_run("exec_timeout_kills_the_whole_tree") {
+        return;
+    }
+    let d = TestDaemon::start("timeout");
+    let sb = d.busybox();
+    let r = d
+        .exec(&sb.id, serde_json::json!({ "shell": "sleep 1000 & setsid sh -c 'sleep 1001 & sleep 1002' & echo started; sleep 1003", "timeout_ms": 700 }))
+        .unwrap();
+    assert!(r.exit.timed_out);
+    assert_eq!(r.exit.exit_code, 137);
+    assert_eq!(decode(&r.stdout_b64), b"started\n");
+    let (_, ps, _) = d.sh(&sb.id, "ps -o pid,args");
+    assert!(
+        !ps.contains("sleep 10"),
+        "grandchildren survived the timeout:\n{ps}"
+    );
+    // A command that ends on time is not reported as timed out.
+    let r = d
+        .exec(
+            &sb.id,
+            serde_json::json!({ "argv": ["true"], "timeout_ms": 5000 }),
+        )
+        .unwrap();
+    assert!(!r.exit.timed_out);
+    // The CLI reports a timeout distinctly, with exit code 124.
+    let out = d.cli(&["exec", "--timeout", "0.3", &sb.id, "--", "sleep", "100"]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
+}
+
+#[test]
+fn sandbox_is_isolated_from_the_host() {
+    if !can_run("sandbox_is_isolated_from_the_host") {
+        return;
+    }
+    let d = TestDaemon::start("isolation");
+    let sb = d.busybox();
+    // Processes: only the sandbox's own, with the init as PID 1.
+    let (_, ps, _) = d.sh(&sb.id, "ps -o pid,args");
+    assert!(
+        ps.lines()
+            .any(|l| l.trim_start().starts_with("1 ") && l.contains("forkd-init")),
+        "{ps}"
+    );
+    assert!(
+        !ps.contains("forkd daemon") && !ps.contains("cargo"),
+        "host processes visible:\n{ps}"
+    );
+    // Files: a marker on the host is not visible; the old root is gone.
+    let marker = std::env::temp_dir().join(format!("forkd-host-marker-{}", std::process::id()));
+    std::fs::write(&marker, "host").unwrap();
+    let (code, _, _) = d.sh(&sb.id, &format!("test -e {}", marker.display()));
+    assert_ne!(code, 0, "host file visible in the sandbox");
+    let (_, mounts, _) = d.sh(&sb.id, "cat /proc/self/mountinfo");
+    let mut points: Vec<&str> = mounts.lines().filter_map(|l| l.split(' ').nth(4)).collect();
+    points.sort();
+    assert_eq!(
+        points,
+        ["/", "/dev", "/dev/pts", "/dev/shm", "/proc", "/sys"],
+        "unexpected mounts:\n{mounts}"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    // Mounting is not allowed (no CAP_SYS_ADMIN in the bounding set).
+    let (code, _, err) = d.sh(&sb.id, "mkdir -p /mnt/x && mount -t tmpfs none /mnt/x");
+    assert_ne!(code, 0, "mount succeeded inside the sandbox");
+    assert!(
+        err.contains("denied") || err.contains("not permitted"),
+        "{err}"
+    );
+    let (_, status, _) = d.sh(&sb.id, "grep -E 'CapBnd|NoNewPrivs' /proc/self/status");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    // Network: a server on the host's loopback is unreachable.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (code, _, _) = d.sh(&sb.id, &format!("echo hi | nc -w 1 127.0.0.1 {port}"));
+    assert_ne!(code, 0, "connected to the host's loopback");
+    assert!(
+        listener.accept().is_err(),
+        "the host's server saw a connection from the sandbox"
+    );
+    let (_, ifaces, _) = d.sh(&sb.id, "cat /proc/net/dev");
+    assert!(
+        ifaces.contains("lo:") && ifaces.lines().count() == 3,
+        "unexpected interfaces:\n{ifaces}"
+    );
+    // No host descriptor leaks into the sandbox's processes.
+    let (_, fds, _) = d.sh(&sb.id, "ls -l /proc/1/fd");
+    assert!(
+        !fds.contains("socket:") || fds.matches("socket:").count() <= 2,
+        "{fds}"
+    );
+    assert!(
+        !fds.contains("/tmp/forkd-test") && !fds.contains("pipe:"),
+        "init holds host descriptors:\n{fds}"
+    );
+}
+
+#[test]
+fn limits_stop_fork_bombs_and_memory_hogs() {
+    if !can_run("limits_stop_fork_bombs_and_memory_hogs") {
+        return;
+    }
+    let d = TestDaemon::start("limits");
+    let other = d.busybox();
+    let sb = d.create(serde_json::json!({ "image": "busybox", "limits": { "pids": 64, "memory_bytes": 67108864 } }));
+    // A fork bomb hits pids.max; the timeout then kills the whole tree.
+    let r = d.exec(&sb.id, serde_json::json!({ "shell": "bomb() { bomb | bomb & }; bomb; sleep 5", "timeout_ms": 3000 })).unwrap();
+    assert!(r.exit.timed_out || r.exit.exit_code != 0);
+    // A memory hog is killed inside its cgroup.
+    let r = d.exec(&sb.id, serde_json::json!({ "argv": ["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"] })).unwrap();
+    assert_eq!(
+        r.exit.exit_code, 137,
+        "memory hog was not killed: {:?}",
+        r.exit
+    );
+    let info: SandboxInfo = d
+        .client
+        .call("GET", &format!("/v1/sandboxes/{}", sb.id), None)
+        .unwrap();
+    assert!(info.oom_kills >= 1);
+    // The sandbox, the other sandbox and the daemon all live on.
+    assert_eq!(d.sh(&sb.id, "echo alive").1, "alive\n");
+    assert_eq!(d.sh(&other.id, "echo alive").1, "alive\n");
+}
+
+#[test]
+fn long_exec_does_not_block_other_requests() {
+    if !can_run("long_exec_does_not_block_other_requests") {
+        return;
+    }
+    let d = TestDaemon::start("concurrency");
+    let sb = d.busybox();
+    let socket = d.socket.clone();
+    let id = sb.id.clone();
+    let long = std::thread::spawn(move || {
+        let c = forkd::client::Client::new(&socket);
+        c.call::<forkd::api::ExecResult>(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sleep", "3"]})),
+        )
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..20 {
+        assert_eq!(d.sh(&sb.id, "echo quick").1, "quick\n");
+    }
+    let _: Vec<SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(
+        !long.is_finished(),
+        "the short requests waited for the long exec"
+    );
+    assert_eq!(long.join().unwrap().exit.exit_code, 0);
+}
+
+#[test]
+fn daemon_recovers_after_kill_9() {
+    if !can_run("daemon_recovers_after_kill_9") {
+        return;
+    }
+    let mut d = TestDaemon::start("recovery");
+    let live = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": "while true; do sleep 1; done" } }));
+    let doomed = d.busybox();
+    d.sh(&live.id, "echo kept > /tmp/state");
+    d.kill9();
+    // While the daemon is down, one sandbox's init dies.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(doomed.init_pid.unwrap()),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    d.spawn();
+    let list: Vec<SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    let find = |id: &str| list.iter().find(|s| s.id == id).unwrap().clone();
+    assert_eq!(find(&live.id).status, SandboxStatus::Running);
+    assert_eq!(find(&doomed.id).status, SandboxStatus::Stopped);
+    assert_eq!(d.sh(&live.id, "cat /tmp/state").1, "kept\n");
+    // The dead sandbox's mount and cgroup are gone; the live one's remain.
+    let mounts = mounts_under(&d.root);
+    assert!(!mounts.iter().any(|m| m.contains(&doomed.id)), "{mounts:?}");
+    assert!(mounts.iter().any(|m| m.contains(&live.id)), "{mounts:?}");
+    assert!(!cgroup_exists(&doomed.id));
+    // The CLI lists both.
+    let out = d.cli(&["ps", "-a", "-q"]);
+    let ids = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(ids.contains(&live.id) && ids.contains(&doomed.id), "{ids}");
+}
+
+#[test]
+fn cp_in_and_out_is_binary_safe_and_stays_inside() {
+    if !can_run("cp_in_and_out_is_binary_safe_and_stays_inside") {
+        return;
+    }
+    let d = TestDaemon::start("cp");
+    let sb = d.busybox();
+    let work = d.root.parent().unwrap().join("cp");
+    std::fs::create_dir_all(work.join("tree/sub")).unwrap();
+    let blob: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(work.join("tree/sub/blob"), &blob).unwrap();
+    std::fs::write(work.join("tree/top"), b"top\n").unwrap();
+    let target = format!("{}:/root/", sb.id);
+    let out = d.cli(&["cp", work.join("tree").to_str().unwrap(), &target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        d.sh(&sb.id, "md5sum /root/tree/sub/blob | cut -d' ' -f1").0,
+        0
+    );
+    let (_, size, _) = d.sh(&sb.id, "wc -c < /root/tree/sub/blob");
+    assert_eq!(size.trim(), "1000000");
+    let back = work.join("back");
+    let out = d.cli(&[
+        "cp",
+        &format!("{}:/root/tree", sb.id),
+        back.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(back.join("sub/blob")).unwrap(), blob);
+    // A symlink inside the sandbox pointing at "/etc" resolves inside the sandbox.
+    d.sh(&sb.id, "ln -s /etc /tmp/hostetc");
+    let probe = format!("forkd-cp-probe-{}", std::process::id());
+    std::fs::write(work.join(&probe), b"x").unwrap();
+    let out = d.cli(&[
+        "cp",
+        work.join(&probe).to_str().unwrap(),
+        &format!("{}:/tmp/hostetc/", sb.id),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !std::path::Path::new("/etc").join(&probe).exists(),
+        "cp wrote to the host's /etc"
+    );
+    assert_eq!(d.sh(&sb.id, &format!("cat /etc/{probe}")).1, "x");
+    // A missing source inside the sandbox is a clear error.
+    let out = d.cli(&[
+        "cp",
+        &format!("{}:/nonexistent", sb.id),
+        back.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent"));
+}
+
+#[test]
+fn cli_reports_errors_and_exit_codes() {
+    if !can_run("cli_reports_errors_and_exit_codes") {
+        return;
+    }
+    let d = TestDaemon::start("cli");
+    let out = d.cli(&[
+        "run",
+        "--rm",
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "echo out; exit 42",
+    ]);
+    assert_eq!(out.status.code(), Some(42));
+    assert_eq!(out.stdout, b"out\n");
+    let out = d.cli(&["run", "-d", "busybox"]);
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert_eq!(id.len(), 16);
+    let out = d.cli(&["exec", &id, "--", "sh", "-c", "exit 5"]);
+    assert_eq!(out.status.code(), Some(5));
+    let out = d.cli(&["exec", "ffffffffffffffff", "--", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such sandbox: ffffffffffffffff"));
+    let out = d.cli(&["image", "rm", "busybox"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    let out = d.cli(&["ps", "-q"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), id);
+    // Without a daemon the CLI says how to start one.
+    let out = std::process::Command::new(BIN)
+        .args(["ps"])
+        .env("FORKD_SOCKET", "/nonexistent/forkd.sock")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("forkd daemon"));
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn malicious_image_archive_is_rejected_and_leaves_nothing() {
+    if !can_run("malicious_image_archive_is_rejected_and_leaves_nothing") {
+        return;
+    }
+    let d = TestDaemon::start("malicious");
+    let dir = d.root.parent().unwrap().join("evil");
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    // A tar whose entry climbs out of the extraction directory.
+    let mut header = tar::Header::new_gnu();
+    let name = format!("../../../../../../..{}", victim.display());
+    let bytes = name.as_bytes();
+    header.as_old_mut().name[..bytes.len()].copy_from_slice(bytes);
+    header.set_size(4);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&header, &b"evil"[..]).unwrap();
+    let tar_path = dir.join("evil.tar");
+    std::fs::write(&tar_path, b.into_inner().unwrap()).unwrap();
+    let layers_before = std::fs::read_dir(d.root.join("layers")).unwrap().count();
+    let err = d
+        .client
+        .call::<serde_json::Value>(
+            "POST",
+            "/v1/images",
+            Some(&serde_json::json!({ "source": tar_path, "name": "evil" })),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(".."), "{err}");
+    assert!(!victim.exists());
+    assert_eq!(
+        std::fs::read_dir(d.root.join("layers")).unwrap().count(),
+        layers_before
+    );
+    assert!(std::fs::read_dir(d.root.join("layers/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+    let out = d.cli(&["image", "ls", "-q"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "busybox");
+}
