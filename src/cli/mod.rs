@@ -2,7 +2,9 @@
 //! `--json` gives machine-readable output. Each subcommand talks to the daemon through
 //! [`crate::client::Client`]; `daemon` and `doctor` run locally.
 
+mod demo;
 mod doctor;
+mod eval;
 mod exec;
 mod image;
 mod sandbox;
@@ -86,6 +88,11 @@ enum Command {
     },
     /// Show per-operation latency recorded by the daemon
     Metrics,
+    /// The evaluator: experiments on clean and inherited start states, and their report
+    #[command(subcommand)]
+    Eval(eval::EvalCmd),
+    /// Run the main job on built-in defaults (a private daemon, the fixture images)
+    Demo,
 }
 
 /// Runs the CLI; returns the process exit code.
@@ -144,6 +151,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             sandboxes,
         } => sandbox::stop(&ctx, grace_secs, &sandboxes),
         Command::Rm { force, sandboxes } => sandbox::rm(&ctx, force, &sandboxes),
+        Command::Eval(cmd) => eval::run(cmd),
+        Command::Demo => demo::run(),
         Command::Metrics => {
             let m: serde_json::Value = ctx.client.call("GET", "/v1/metrics", None)?;
             if ctx.json {
