@@ -31,7 +31,14 @@ const CHUNK: usize = 64 * 1024;
 /// Serves one connection and exits.
 pub fn serve_connection(mut conn: UnixStream) -> ! {
     let code = match run(&mut conn) {
-        Ok(()) => 0,
+        Ok(None) => 0,
+        Ok(Some(waiter)) => {
+            // Nothing of the client may stay open in a detached command's waiter: a
+            // socket whose peer is outside the sandbox cannot be checkpointed.
+            drop(conn);
+            waiter.wait();
+            0
+        }
         Err(message) => {
             let body = serde_json::json!({ "message": message }).to_string();
             let _ = proto::write_frame(&mut conn, Kind::Error, body.as_bytes());
@@ -41,12 +48,42 @@ pub fn serve_connection(mut conn: UnixStream) -> ! {
     std::process::exit(code)
 }
 
-fn run(conn: &mut UnixStream) -> Result<(), String> {
+/// What a relay does after starting a detached command: wait for it and record its exit.
+struct DetachedWaiter {
+    pid: i32,
+    name: String,
+    started: Instant,
+    sigfd: SignalFd,
+}
+
+impl DetachedWaiter {
+    fn wait(self) {
+        let mut status = None;
+        while status.is_none() {
+            let mut fds = [PollFd::new(self.sigfd.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::NONE);
+            let _ = drain_signals(&self.sigfd);
+            reap(self.pid, &mut status);
+        }
+        let exit = exit_of(status, false, self.started.elapsed());
+        let exit_path = format!("{}/{}.exit", crate::setup::LOG_DIR, self.name);
+        let _ = std::fs::write(&exit_path, serde_json::to_vec(&exit).unwrap_or_default());
+        // Keep reaping adopted descendants until none is left, so they stay in our tree.
+        loop {
+            match waitpid(Pid::from_raw(-1), None) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
     let req = match proto::read_frame(conn).map_err(|e| format!("read request: {e}"))? {
         Some((Kind::Request, body)) => serde_json::from_slice::<ExecRequest>(&body)
             .map_err(|e| format!("bad exec request: {e}"))?,
         Some((k, _)) => return Err(format!("expected a request frame, got {k:?}")),
-        None => return Ok(()),
+        None => return Ok(None),
     };
     req.validate()?;
     nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("set subreaper: {e}"))?;
@@ -234,19 +271,11 @@ fn run(conn: &mut UnixStream) -> Result<(), String> {
     if client_open {
         send(conn, Kind::Exit, &exit)?;
     }
-    Ok(())
+    Ok(None)
 }
 
-fn run_detached(
-    conn: &mut UnixStream,
-    req: &ExecRequest,
-    mut cmd: Command,
-    sigfd: SignalFd,
-) -> Result<(), String> {
-    let name = req
-        .log
-        .clone()
-        .unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
+fn run_detached(conn: &mut UnixStream, req: &ExecRequest, mut cmd: Command, sigfd: SignalFd) -> Result<Option<DetachedWaiter>, String> {
+    let name = req.log.clone().unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
     let log_path = format!("{}/{name}.log", crate::setup::LOG_DIR);
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -260,33 +289,8 @@ fn run_detached(
     let started = Instant::now();
     let child = cmd.spawn().map_err(|e| spawn_error(req, e))?;
     let pid = child.id() as i32;
-    send(
-        conn,
-        Kind::Started,
-        &ExecStarted {
-            pid,
-            log_path: Some(log_path),
-        },
-    )?;
-    let _ = conn.shutdown(std::net::Shutdown::Both);
-    let mut status = None;
-    while status.is_none() {
-        let mut fds = [PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(&mut fds, PollTimeout::NONE);
-        let _ = drain_signals(&sigfd);
-        reap(pid, &mut status);
-    }
-    let exit = exit_of(status, false, started.elapsed());
-    let exit_path = format!("{}/{name}.exit", crate::setup::LOG_DIR);
-    let _ = std::fs::write(&exit_path, serde_json::to_vec(&exit).unwrap_or_default());
-    // Keep reaping adopted descendants until none is left, so they stay in our tree.
-    loop {
-        match waitpid(Pid::from_raw(-1), None) {
-            Ok(_) => continue,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return Ok(()),
-        }
-    }
+    send(conn, Kind::Started, &ExecStarted { pid, log_path: Some(log_path) })?;
+    Ok(Some(DetachedWaiter { pid, name, started, sigfd }))
 }
 
 fn spawn_error(req: &ExecRequest, e: std::io::Error) -> String {

@@ -217,3 +217,27 @@ pub fn process_alive(pid: libc::pid_t) -> bool {
         .and_then(|i| stat[i + 1..].split_whitespace().next());
     !matches!(state, None | Some("Z") | Some("X"))
 }
+
+/// Makes `cmd` start with the descriptors in `fds` (source, number in the child)
+/// installed at the given numbers, without the close-on-exec flag. The sources may stay
+/// close-on-exec in the parent, so no other child started concurrently inherits them.
+pub fn inherit_fds(cmd: &mut std::process::Command, fds: Vec<(RawFd, RawFd)>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs between fork and exec; it only calls dup2/fcntl (async-signal
+    // safe) and reads a Vec allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &(src, dst) in &fds {
+                if src == dst {
+                    let flags = libc::fcntl(src, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(src, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(src, dst) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,386 @@
+//! The CRIU driver.
+//!
+//! forkd talks to CRIU through its RPC: it starts `criu swrk 3` with one end of a
+//! SOCK_SEQPACKET socket pair installed as descriptor 3, sends one `criu_req` (encoded
+//! with the protobuf types of the `rust-criu` crate), answers `NOTIFY` messages (the
+//! `post-dump` notification is where the caller seals the filesystem while the tree is
+//! still frozen), and reads the final `criu_resp`. Compared with the command line this
+//! gives structured errors, the restored init's pid, and hooks at the right instants.
+//!
+//! CRIU's exit status, not its log, is the verdict; the log is kept next to the images
+//! and its tail is put into every error. Version gate: CRIU 4.0 or newer (3.17, as in
+//! Debian 12, fails on current kernels).
+
+#![forbid(unsafe_code)]
+
+use protobuf::{Message, MessageField};
+use rust_criu::rust_criu_protobuf::rpc;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The oldest CRIU that works on the kernels forkd targets.
+pub const MIN_VERSION: (u32, u32) = (4, 0);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CriuError {
+    #[error("no usable CRIU: {0}")]
+    NotFound(String),
+    #[error("CRIU {found} is too old: forkd needs {}.{} or newer (run fixtures/setup.sh criu)", MIN_VERSION.0, MIN_VERSION.1)]
+    TooOld { found: String },
+    #[error("{step}: {source}")]
+    Io {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("CRIU RPC: {0}")]
+    Rpc(String),
+    #[error("criu {action} failed: {message} (log {log}){tail}")]
+    Failed { action: &'static str, message: String, log: PathBuf, tail: String },
+}
+
+fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> CriuError {
+    move |source| CriuError::Io { step, source }
+}
+
+/// A located, version-checked CRIU.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    pub path: PathBuf,
+    pub version: String,
+}
+
+/// What to dump.
+#[derive(Debug, Clone)]
+pub struct DumpOpts {
+    /// Host pid of the tree's root (the sandbox's init).
+    pub pid: i32,
+    /// Where the images go (created by the caller, empty).
+    pub images_dir: PathBuf,
+    /// The tree's root filesystem as seen from the host.
+    pub root: PathBuf,
+    /// Keep the tree running after the dump.
+    pub leave_running: bool,
+    /// The cgroup (freezer on v1, unified on v2) used to freeze the tree.
+    pub freeze_cgroup: Option<PathBuf>,
+    /// File name of the log, inside `images_dir`.
+    pub log_file: String,
+}
+
+/// What to restore, and where.
+#[derive(Debug, Clone)]
+pub struct RestoreOpts {
+    pub images_dir: PathBuf,
+    /// The new root filesystem as seen from the host (an overlay over the checkpoint).
+    pub root: PathBuf,
+    /// A directory of this restore's own for its log (and lazy-pages socket).
+    pub work_dir: PathBuf,
+    pub log_file: String,
+    /// Restore memory lazily from a `criu lazy-pages` daemon using `work_dir`.
+    pub lazy_pages: bool,
+    /// Processes added to this cgroup before CRIU forks the tree, so the restored tree
+    /// lands in it (`cgroup.procs` files, one per hierarchy).
+    pub join_cgroup_procs: Vec<PathBuf>,
+}
+
+/// The outcome of a dump.
+#[derive(Debug, Clone)]
+pub struct DumpReport {
+    pub duration: Duration,
+    /// Time spent in the caller's post-dump hook (tree frozen).
+    pub hook: Duration,
+}
+
+/// The outcome of a restore.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    /// Host pid of the restored root task (a child of the caller: restored as sibling).
+    pub pid: i32,
+    pub duration: Duration,
+}
+
+impl Criu {
+    /// Finds CRIU: `explicit`, then `$FORKD_CRIU`, then the bundle installed by
+    /// `fixtures/setup.sh criu`, then `criu` on PATH; checks its version.
+    pub fn locate(explicit: Option<&Path>) -> Result<Criu, CriuError> {
+        let candidates: Vec<PathBuf> = explicit
+            .map(Path::to_path_buf)
+            .into_iter()
+            .chain(std::env::var_os("FORKD_CRIU").map(PathBuf::from))
+            .chain([PathBuf::from("/opt/forkd/criu/bin/criu")])
+            .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+                std::env::split_paths(&p).map(|d| d.join("criu")).collect::<Vec<_>>()
+            }))
+            .collect();
+        let path = candidates
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| CriuError::NotFound("criu not found (set FORKD_CRIU or run fixtures/setup.sh criu)".into()))?;
+        let out = Command::new(&path)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| CriuError::NotFound(format!("{}: {e}", path.display())))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = parse_version(&text)
+            .ok_or_else(|| CriuError::NotFound(format!("{} --version printed {text:?}", path.display())))?;
+        let (major, minor) = version;
+        if (major, minor) < MIN_VERSION {
+            return Err(CriuError::TooOld { found: format!("{major}.{minor}") });
+        }
+        Ok(Criu { path, version: format!("{major}.{minor}") })
+    }
+
+    /// Dumps a process tree. `post_dump` runs while the tree is still frozen, after its
+    /// state is written; if it fails the dump fails (and the tree is resumed).
+    pub fn dump(&self, opts: &DumpOpts, post_dump: &mut dyn FnMut() -> Result<(), String>) -> Result<DumpReport, CriuError> {
+        let start = Instant::now();
+        let images = open_dir(&opts.images_dir)?;
+        let mut o = base_opts(&images, &opts.log_file);
+        o.set_pid(opts.pid);
+        o.set_root(opts.root.display().to_string());
+        o.set_leave_running(opts.leave_running);
+        o.set_notify_scripts(true);
+        if let Some(cg) = &opts.freeze_cgroup {
+            o.set_freeze_cgroup(cg.display().to_string());
+        }
+        let log = opts.images_dir.join(&opts.log_file);
+        let mut hook = Duration::ZERO;
+        let mut hook_error = None;
+        let resp = self.call(rpc::Criu_req_type::DUMP, o, None, &mut |script| {
+            if script == "post-dump" {
+                let t = Instant::now();
+                let r = post_dump();
+                hook = t.elapsed();
+                if let Err(e) = r {
+                    hook_error = Some(e);
+                    return false;
+                }
+            }
+            true
+        });
+        if let Some(e) = hook_error {
+            return Err(CriuError::Failed { action: "dump", message: format!("post-dump step: {e}"), log, tail: String::new() });
+        }
+        check(resp?, "dump", &log)?;
+        Ok(DumpReport { duration: start.elapsed(), hook })
+    }
+
+    /// Restores a dumped tree into the root `opts.root`, in new namespaces.
+    pub fn restore(&self, opts: &RestoreOpts) -> Result<RestoreReport, CriuError> {
+        let start = Instant::now();
+        let work = open_dir(&opts.work_dir)?;
+        let images = open_dir(&opts.images_dir)?;
+        let mut o = base_opts(&images, &opts.log_file);
+        o.set_root(opts.root.display().to_string());
+        o.set_rst_sibling(true);
+        o.set_work_dir_fd(work.as_raw_fd());
+        o.set_lazy_pages(opts.lazy_pages);
+        // The tree stays in the cgroup CRIU runs in (the caller's choice, see below).
+        o.set_manage_cgroups(true);
+        o.set_manage_cgroups_mode(rpc::Criu_cg_mode::IGNORE);
+        let log = opts.work_dir.join(&opts.log_file);
+        let resp = self.call(
+            rpc::Criu_req_type::RESTORE,
+            o,
+            Some(&opts.join_cgroup_procs), &mut |_| true)?;
+        let resp = check(resp, "restore", &log)?;
+        let pid = resp.restore.as_ref().map(|r| r.pid()).unwrap_or(0);
+        if pid <= 0 {
+            return Err(CriuError::Rpc("restore reported no pid".into()));
+        }
+        Ok(RestoreReport { pid, duration: start.elapsed() })
+    }
+
+    /// Starts `criu lazy-pages` serving the pages of `images_dir` to one lazy restore
+    /// that uses the same `work_dir`. Returns once its socket is ready.
+    pub fn start_lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<std::process::Child, CriuError> {
+        let log = work_dir.join("lazy-pages.log");
+        let child = Command::new(&self.path)
+            .arg("lazy-pages")
+            .arg("--images-dir")
+            .arg(images_dir)
+            .arg("--work-dir")
+            .arg(work_dir)
+            .arg("--log-file")
+            .arg("lazy-pages.log")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io("start criu lazy-pages"))?;
+        let sock = work_dir.join("lazy-pages.socket");
+        let t = Instant::now();
+        while !sock.exists() {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(CriuError::Failed {
+                    action: "lazy-pages",
+                    message: "its socket did not appear within 10 s".into(),
+                    tail: log_tail(&log),
+                    log,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(child)
+    }
+
+    /// One swrk exchange: request, notifications, response.
+    fn call(
+        &self,
+        kind: rpc::Criu_req_type,
+        opts: rpc::Criu_opts,
+        join_cgroup_procs: Option<&[PathBuf]>,
+        notify: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<rpc::Criu_resp, CriuError> {
+        // CRIU expects SOCK_SEQPACKET: one message per read.
+        let (mine, theirs) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| io("socketpair")(e.into()))?;
+        let mut cmd = Command::new(&self.path);
+        cmd.arg("swrk").arg("3").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        forkd_sys::inherit_fds(&mut cmd, vec![(theirs.as_raw_fd(), 3)]);
+        let mut child = cmd.spawn().map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
+        drop(theirs);
+        for procs in join_cgroup_procs.unwrap_or(&[]) {
+            std::fs::write(procs, child.id().to_string()).map_err(io("move criu into the branch cgroup"))?;
+        }
+        let mut sock = std::fs::File::from(mine);
+        let mut req = rpc::Criu_req::new();
+        req.set_type(kind);
+        req.opts = MessageField::some(opts);
+        let bytes = req.write_to_bytes().map_err(|e| CriuError::Rpc(e.to_string()))?;
+        sock.write_all(&bytes).map_err(io("send request to criu"))?;
+        let result = loop {
+            let mut buf = vec![0u8; 1 << 16];
+            let n = match sock.read(&mut buf) {
+                Ok(0) => break Err(CriuError::Rpc("criu closed the connection without answering".into())),
+                Ok(n) => n,
+                Err(e) => break Err(io("read criu response")(e)),
+            };
+            let resp = match rpc::Criu_resp::parse_from_bytes(&buf[..n]) {
+                Ok(r) => r,
+                Err(e) => break Err(CriuError::Rpc(format!("bad response: {e}"))),
+            };
+            if resp.type_() == rpc::Criu_req_type::NOTIFY {
+                let script = resp.notify.as_ref().map(|n| n.script().to_string()).unwrap_or_default();
+                let ok = notify(&script);
+                let mut ack = rpc::Criu_req::new();
+                ack.set_type(rpc::Criu_req_type::NOTIFY);
+                ack.set_notify_success(ok);
+                let bytes = ack.write_to_bytes().map_err(|e| CriuError::Rpc(e.to_string()))?;
+                if let Err(e) = sock.write_all(&bytes) {
+                    break Err(io("answer criu notification")(e));
+                }
+                continue;
+            }
+            break Ok(resp);
+        };
+        drop(sock);
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let _ = child.wait();
+        if std::env::var_os("FORKD_CRIU_DEBUG").is_some() { eprintln!("criu stderr: {stderr}"); }
+        result.map_err(|e| match e {
+            CriuError::Rpc(m) if !stderr.trim().is_empty() => CriuError::Rpc(format!("{m}; criu said: {}", stderr.trim())),
+            other => other,
+        })
+    }
+}
+
+/// Options common to every request. CRIU reaches the directories through the caller's
+/// own descriptors (`/proc/<caller>/fd/N`), so they stay open, close-on-exec, here.
+fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
+    let mut o = rpc::Criu_opts::new();
+    o.set_images_dir_fd(images.as_raw_fd());
+    o.set_log_file(log_file.to_string());
+    o.set_log_level(4);
+    // Sandboxes have no outside network: nothing to lock, and no iptables dependency.
+    o.set_network_lock(rpc::Criu_network_lock_method::SKIP);
+    o.set_file_locks(true);
+    o
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd, CriuError> {
+    std::fs::File::open(path)
+        .map(OwnedFd::from)
+        .map_err(|e| CriuError::Io { step: "open image directory", source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())) })
+}
+
+fn check(resp: rpc::Criu_resp, action: &'static str, log: &Path) -> Result<rpc::Criu_resp, CriuError> {
+    if resp.success() {
+        return Ok(resp);
+    }
+    // CRIU's own message is its first error, often a harmless one (RLIMIT_NOFILE, which
+    // it cannot raise without CAP_SYS_RESOURCE); the log's first real error is the cause.
+    let errors = log_errors(log);
+    let mut message = errors.first().cloned().unwrap_or_else(|| resp.cr_errmsg().to_string());
+    if resp.has_cr_errno() && resp.cr_errno() != 0 {
+        message.push_str(&format!(" ({})", std::io::Error::from_raw_os_error(resp.cr_errno())));
+    }
+    if message.trim().is_empty() {
+        message = "no reason given; see the log".into();
+    }
+    Err(CriuError::Failed { action, message: message.trim().to_string(), log: log.to_path_buf(), tail: log_tail(log) })
+}
+
+/// Error lines of a CRIU log without their timestamp and source location, harmless
+/// ones left out.
+fn log_errors(log: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(log) else { return Vec::new() };
+    text.lines()
+        .filter(|l| l.contains("Error (") && !l.contains("RLIMIT_NOFILE"))
+        .map(|l| l.split_once("): ").map(|(_, m)| m).unwrap_or(l).to_string())
+        .collect()
+}
+
+/// The last error lines of a CRIU log, for error messages.
+pub fn log_tail(log: &Path) -> String {
+    let errors = log_errors(log);
+    if errors.is_empty() {
+        return String::new();
+    }
+    let start = errors.len().saturating_sub(4);
+    format!("\n  {}", errors[start..].join("\n  "))
+}
+
+/// Parses `Version: 4.1.1` from `criu --version`.
+pub fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.lines().find_map(|l| l.trim().strip_prefix("Version:"))?.trim();
+    let mut it = v.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    Some((it.next()?.parse().ok()?, it.next().unwrap_or("0").parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse() {
+        assert_eq!(parse_version("Version: 4.1.1\n"), Some((4, 1)));
+        assert_eq!(parse_version("Version: 3.17.1\nGitID: v3.17\n"), Some((3, 17)));
+        assert_eq!(parse_version("Version: 4.0\n"), Some((4, 0)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn log_tail_prefers_error_lines() {
+        let dir = std::env::temp_dir().join(format!("forkd-criu-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("dump.log");
+        std::fs::write(&log, "(00.0) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.1) a\n(00.2) Error (criu/files.c:1): Can't dump fd 5\n(00.3) b\n").unwrap();
+        assert_eq!(log_errors(&log), vec!["Can't dump fd 5".to_string()]);
+        assert!(log_tail(&log).contains("Can't dump fd 5"));
+        assert!(!log_tail(&log).contains("RLIMIT"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
