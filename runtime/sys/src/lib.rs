@@ -8,6 +8,9 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+pub mod btrfs;
+pub mod mount;
+
 /// Turns a raw `-1`-on-error return code into an `io::Result`.
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret == -1 {

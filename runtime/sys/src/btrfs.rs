@@ -1,0 +1,267 @@
+//! btrfs subvolumes and snapshots, through the filesystem's own ioctls.
+//!
+//! forkd keeps every sandbox's writable overlay layer in a btrfs subvolume, so that a
+//! filesystem checkpoint is a read-only snapshot of that subvolume: the kernel shares
+//! the whole tree copy-on-write, and the cost does not depend on how much data the
+//! layer holds.
+//!
+//! The ioctl numbers and argument structures are those of the kernel UAPI header
+//! `linux/btrfs.h`; they are stable ABI. Every call names its target as a directory
+//! descriptor plus one path component, like the `*at` system calls, so that a path can
+//! never be re-resolved between checks.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::check;
+
+/// `statfs.f_type` of a btrfs filesystem.
+pub const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+
+/// Inode number of the root directory of every btrfs subvolume
+/// (`BTRFS_FIRST_FREE_OBJECTID`).
+const SUBVOLUME_ROOT_INODE: u64 = 256;
+
+const BTRFS_IOCTL_MAGIC: u32 = 0x94;
+/// `BTRFS_PATH_NAME_MAX`: `btrfs_ioctl_vol_args.name` holds this many bytes plus a NUL.
+const PATH_NAME_MAX: usize = 4087;
+/// `BTRFS_SUBVOL_NAME_MAX`: `btrfs_ioctl_vol_args_v2.name` holds this many bytes plus a
+/// NUL.
+const SUBVOL_NAME_MAX: usize = 4039;
+/// `BTRFS_SUBVOL_RDONLY`: the subvolume (or snapshot) refuses every modification.
+const SUBVOL_RDONLY: u64 = 1 << 1;
+
+/// `struct btrfs_ioctl_vol_args`.
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; PATH_NAME_MAX + 1],
+}
+
+/// `struct btrfs_ioctl_vol_args_v2` (the unions are spelled as their largest member).
+#[repr(C)]
+struct VolArgsV2 {
+    fd: i64,
+    transid: u64,
+    flags: u64,
+    /// `size` and `qgroup_inherit`, or `unused[4]`.
+    unused: [u64; 4],
+    /// `name`, or `devid` / `subvolid`.
+    name: [u8; SUBVOL_NAME_MAX + 1],
+}
+
+const _: () = assert!(std::mem::size_of::<VolArgs>() == 4096);
+const _: () = assert!(std::mem::size_of::<VolArgsV2>() == 4096);
+
+/// The kernel's `_IOC(dir, type, nr, size)` encoding (x86, arm, riscv layout).
+const fn ioc(dir: u32, nr: u32, size: usize) -> libc::c_ulong {
+    ((dir << 30) | ((size as u32) << 16) | (BTRFS_IOCTL_MAGIC << 8) | nr) as libc::c_ulong
+}
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+const IOC_SNAP_DESTROY: libc::c_ulong = ioc(IOC_WRITE, 15, std::mem::size_of::<VolArgs>());
+const IOC_SUBVOL_CREATE: libc::c_ulong = ioc(IOC_WRITE, 14, std::mem::size_of::<VolArgs>());
+const IOC_SNAP_CREATE_V2: libc::c_ulong = ioc(IOC_WRITE, 23, std::mem::size_of::<VolArgsV2>());
+const IOC_SUBVOL_GETFLAGS: libc::c_ulong = ioc(IOC_READ, 25, std::mem::size_of::<u64>());
+const IOC_SUBVOL_SETFLAGS: libc::c_ulong = ioc(IOC_WRITE, 26, std::mem::size_of::<u64>());
+
+/// Copies `name` into a fixed-size, NUL-padded ioctl name field, refusing anything but a
+/// single path component (the kernel would refuse it too, with a vaguer `EINVAL`).
+fn copy_name(name: &CStr, field: &mut [u8]) -> io::Result<()> {
+    let bytes = name.to_bytes();
+    let refuse = |why: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("subvolume name {name:?} {why}"),
+        ))
+    };
+    if bytes.is_empty() || bytes == b"." || bytes == b".." {
+        return refuse("is not a file name");
+    }
+    if bytes.contains(&b'/') {
+        return refuse("must be a single path component");
+    }
+    // NAME_MAX: longer names could never be looked up again.
+    if bytes.len() > 255 || bytes.len() >= field.len() {
+        return refuse("is longer than 255 bytes");
+    }
+    field[..bytes.len()].copy_from_slice(bytes);
+    field[bytes.len()..].fill(0);
+    Ok(())
+}
+
+fn vol_args(name: &CStr) -> io::Result<Box<VolArgs>> {
+    let mut args = Box::new(VolArgs {
+        fd: 0,
+        name: [0; PATH_NAME_MAX + 1],
+    });
+    copy_name(name, &mut args.name)?;
+    Ok(args)
+}
+
+/// Creates an empty subvolume `name` in the directory `parent` (which must be on btrfs).
+pub fn create_subvolume(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let args = vol_args(name)?;
+    // SAFETY: SUBVOL_CREATE reads one btrfs_ioctl_vol_args, which `args` is (layout and
+    // size checked above), NUL-terminated, and alive for the whole call.
+    let ret = unsafe { libc::ioctl(parent.as_raw_fd(), IOC_SUBVOL_CREATE, &*args) };
+    check(ret as libc::c_long)?;
+    Ok(())
+}
+
+/// Snapshots the subvolume whose root directory is open as `src` into a new subvolume
+/// `name` in the directory `dst_parent`. With `readonly` the snapshot refuses every
+/// write (`EROFS`), which makes it a stable checkpoint.
+///
+/// The cost does not depend on the size of the subvolume: the snapshot shares every
+/// extent and tree block copy-on-write. The kernel flushes `src`'s dirty data first.
+pub fn snapshot(
+    src: BorrowedFd<'_>,
+    dst_parent: BorrowedFd<'_>,
+    name: &CStr,
+    readonly: bool,
+) -> io::Result<()> {
+    let mut args = Box::new(VolArgsV2 {
+        fd: i64::from(src.as_raw_fd()),
+        transid: 0,
+        flags: if readonly { SUBVOL_RDONLY } else { 0 },
+        unused: [0; 4],
+        name: [0; SUBVOL_NAME_MAX + 1],
+    });
+    copy_name(name, &mut args.name)?;
+    // SAFETY: SNAP_CREATE_V2 reads one btrfs_ioctl_vol_args_v2, which `args` is (layout
+    // and size checked above), NUL-terminated, with no qgroup pointer (flags do not ask
+    // for one), and alive for the whole call. `src` stays open for the call.
+    let ret = unsafe { libc::ioctl(dst_parent.as_raw_fd(), IOC_SNAP_CREATE_V2, &*args) };
+    check(ret as libc::c_long)?;
+    Ok(())
+}
+
+/// Deletes the subvolume (or snapshot) `name` in the directory `parent`, with whatever
+/// it contains, except subvolumes nested inside it (`ENOTEMPTY`). A read-only snapshot
+/// has its read-only flag cleared first if the kernel refuses to delete it as it is.
+pub fn delete_subvolume(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let args = vol_args(name)?;
+    let destroy = || {
+        // SAFETY: SNAP_DESTROY reads one btrfs_ioctl_vol_args, which `args` is, alive for
+        // the whole call.
+        let ret = unsafe { libc::ioctl(parent.as_raw_fd(), IOC_SNAP_DESTROY, &*args) };
+        check(ret as libc::c_long)
+    };
+    match destroy() {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EROFS)) => {
+            let subvolume = openat_dir(parent, name)?;
+            if !is_readonly(subvolume.as_fd())? {
+                return Err(e);
+            }
+            set_readonly(subvolume.as_fd(), false)?;
+            drop(subvolume);
+            destroy().map(drop)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Is the subvolume whose root directory is open as `subvolume` read-only?
+pub fn is_readonly(subvolume: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(subvolume_flags(subvolume)? & SUBVOL_RDONLY != 0)
+}
+
+fn subvolume_flags(subvolume: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut flags: u64 = 0;
+    // SAFETY: SUBVOL_GETFLAGS writes one u64 to the pointer, which is valid and writable.
+    let ret = unsafe { libc::ioctl(subvolume.as_raw_fd(), IOC_SUBVOL_GETFLAGS, &mut flags) };
+    check(ret as libc::c_long)?;
+    Ok(flags)
+}
+
+/// Makes the subvolume whose root directory is open as `subvolume` read-only or
+/// writable again.
+pub fn set_readonly(subvolume: BorrowedFd<'_>, readonly: bool) -> io::Result<()> {
+    let flags = subvolume_flags(subvolume)?;
+    let flags = if readonly {
+        flags | SUBVOL_RDONLY
+    } else {
+        flags & !SUBVOL_RDONLY
+    };
+    // SAFETY: SUBVOL_SETFLAGS reads one u64 from the pointer, which is valid.
+    let ret = unsafe { libc::ioctl(subvolume.as_raw_fd(), IOC_SUBVOL_SETFLAGS, &flags) };
+    check(ret as libc::c_long)?;
+    Ok(())
+}
+
+/// Is `path` on a btrfs filesystem?
+pub fn is_btrfs(path: &Path) -> io::Result<bool> {
+    Ok(filesystem_type(path)? == BTRFS_SUPER_MAGIC)
+}
+
+/// Is `path` the root directory of a btrfs subvolume (the filesystem's top level
+/// included)? Does not follow a final symbolic link.
+pub fn is_subvolume(path: &Path) -> io::Result<bool> {
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok(meta.is_dir() && meta.ino() == SUBVOLUME_ROOT_INODE && is_btrfs(path)?)
+}
+
+/// `statfs(path).f_type`.
+pub fn filesystem_type(path: &Path) -> io::Result<i64> {
+    let path = crate::mount::c_path(path)?;
+    // SAFETY: statfs is plain old data; all-zero is a valid value for it.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `buf` is writable for the whole call.
+    check(unsafe { libc::statfs(path.as_ptr(), &mut buf) } as libc::c_long)?;
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+    Ok(buf.f_type as i64)
+}
+
+/// Opens the directory `name` in `parent` (not following a symbolic link).
+fn openat_dir(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated and lives for the whole call; no memory is
+    // written.
+    let fd = check(unsafe {
+        libc::openat(
+            parent.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    } as libc::c_long)?;
+    Ok(crate::own_fd(fd as RawFd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_the_kernel_headers() {
+        // Values as the C macros expand on x86_64.
+        assert_eq!(IOC_SUBVOL_CREATE, 0x5000_940e);
+        assert_eq!(IOC_SNAP_DESTROY, 0x5000_940f);
+        assert_eq!(IOC_SNAP_CREATE_V2, 0x5000_9417);
+        assert_eq!(IOC_SUBVOL_GETFLAGS, 0x8008_9419);
+        assert_eq!(IOC_SUBVOL_SETFLAGS, 0x4008_941a);
+    }
+
+    #[test]
+    fn names_must_be_one_component() {
+        let mut field = [0u8; 16];
+        for bad in [c"", c".", c"..", c"a/b", c"/a"] {
+            let e = copy_name(bad, &mut field).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        copy_name(c"snap-1", &mut field).unwrap();
+        assert_eq!(&field[..7], b"snap-1\0");
+    }
+
+    #[test]
+    fn tmp_is_not_a_subvolume() {
+        if is_btrfs(Path::new("/tmp")).unwrap() {
+            return;
+        }
+        assert!(!is_subvolume(Path::new("/tmp")).unwrap());
+    }
+}

@@ -1,0 +1,458 @@
+//! Overlay mounts through the new mount API (`fsopen`, `fsconfig`, `fsmount`,
+//! `move_mount`).
+//!
+//! A branch of a sandbox stacks one lower layer per checkpoint generation, and
+//! `mount(2)` passes all of its options in a single page: about 4 KiB, so a few dozen
+//! long layer paths. The new API hands the kernel one layer per `fsconfig` call
+//! (`lowerdir+`, kernel 6.8 and later), which also needs no escaping of `:` or `,` in
+//! paths. The steps are:
+//!
+//! 1. `fsopen("overlay")` creates a filesystem context;
+//! 2. `fsconfig(SET_STRING, "lowerdir+", path)` once per lower layer, topmost first,
+//!    then `upperdir` and `workdir` for a writable overlay;
+//! 3. `fsconfig(CMD_CREATE)` builds the superblock;
+//! 4. `fsmount` turns it into a detached mount, and `move_mount` attaches that at the
+//!    target.
+//!
+//! When a step fails, the kernel usually explains why in the context's message log
+//! (read from the `fsopen` descriptor); the error carries those lines.
+//!
+//! Overlayfs copies a file up by creating it in the work directory and renaming (or
+//! linking) it into the upper directory, so both must be on the same mount and, on
+//! btrfs, in the same subvolume: btrfs refuses renames between subvolumes (`EXDEV`).
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::check;
+
+const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
+const MOUNT_ATTR_RDONLY: libc::c_uint = 0x1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// A failed step of a mount, with what the kernel logged about it.
+///
+/// Carried inside the `io::Error` that [`mount_overlay`] returns (same
+/// [`io::ErrorKind`] as the system call's error, which is this error's source).
+#[derive(Debug)]
+pub struct MountError {
+    /// The step that failed, e.g. `fsconfig lowerdir+ /path/to/layer`.
+    pub step: String,
+    /// Lines from the filesystem context's message log, e.g.
+    /// `e overlay: failed to resolve '/x': -2`.
+    pub log: Vec<String>,
+    source: io::Error,
+}
+
+impl MountError {
+    /// The system call's `errno`, when there is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
+impl From<MountError> for io::Error {
+    fn from(e: MountError) -> io::Error {
+        io::Error::new(e.source.kind(), e)
+    }
+}
+
+impl fmt::Display for MountError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.step)?;
+        if !self.log.is_empty() {
+            write!(f, " (kernel: {})", self.log.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for MountError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Mounts an overlay at `target`.
+///
+/// `lowers` are the read-only layers, topmost first. With `upper = Some((upper, work))`
+/// the overlay is writable and every change lands in `upper`; `work` must be an empty
+/// directory on the same mount (and btrfs subvolume) as `upper`. With `None` the overlay
+/// is read-only; overlayfs then needs at least two lower layers.
+///
+/// Errors name the failing step (`fsopen`, `fsconfig lowerdir+ <path>`, `fsconfig
+/// upperdir <path>`, `fsconfig workdir <path>`, `fsconfig create`, `fsmount`,
+/// `move_mount onto <target>`) and carry a [`MountError`].
+pub fn mount_overlay(
+    lowers: &[&Path],
+    upper: Option<(&Path, &Path)>,
+    target: &Path,
+) -> io::Result<()> {
+    if lowers.is_empty() || (upper.is_none() && lowers.len() < 2) {
+        // Refused here because overlayfs explains it only in the kernel log.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an overlay needs a lower layer, and a read-only overlay at least two",
+        ));
+    }
+    let fs = FsContext::open(c"overlay").map_err(io::Error::from)?;
+    for lower in lowers {
+        fs.set_path("lowerdir+", lower)?;
+    }
+    if let Some((upper, work)) = upper {
+        fs.set_path("upperdir", upper)?;
+        fs.set_path("workdir", work)?;
+    }
+    fs.create()?;
+    let attrs = if upper.is_none() {
+        MOUNT_ATTR_RDONLY
+    } else {
+        0
+    };
+    let mnt = fs.mount(attrs)?;
+    move_mount_onto(mnt.as_fd(), target).map_err(io::Error::from)
+}
+
+/// A filesystem context from `fsopen`.
+struct FsContext {
+    fd: OwnedFd,
+}
+
+impl FsContext {
+    fn open(fstype: &CStr) -> Result<Self, MountError> {
+        // SAFETY: `fstype` is NUL-terminated and lives for the whole call; the call
+        // returns a new descriptor or -1.
+        let fd = check(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) })
+            .map_err(|source| MountError {
+                step: format!("fsopen {}", fstype.to_string_lossy()),
+                log: Vec::new(),
+                source,
+            })?;
+        Ok(FsContext {
+            fd: crate::own_fd(fd as RawFd),
+        })
+    }
+
+    /// `fsconfig(FSCONFIG_SET_STRING, key, path)`.
+    fn set_path(&self, key: &str, path: &Path) -> io::Result<()> {
+        let step = || format!("fsconfig {key} {}", path.display());
+        let ckey = CString::new(key).expect("option names have no NUL");
+        let value = c_path(path).map_err(|source| MountError {
+            step: step(),
+            log: Vec::new(),
+            source,
+        })?;
+        // SAFETY: key and value are NUL-terminated strings that live for the whole call;
+        // SET_STRING takes no auxiliary descriptor.
+        let ret = check(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                self.fd.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                ckey.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        });
+        ret.map(drop).map_err(|source| self.failed(step(), source))
+    }
+
+    /// `fsconfig(FSCONFIG_CMD_CREATE)`: builds the superblock.
+    fn create(&self) -> io::Result<()> {
+        // SAFETY: CMD_CREATE takes no key, value or auxiliary descriptor.
+        let ret = check(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                self.fd.as_raw_fd(),
+                FSCONFIG_CMD_CREATE,
+                std::ptr::null::<libc::c_char>(),
+                std::ptr::null::<libc::c_void>(),
+                0,
+            )
+        });
+        ret.map(drop).map_err(|source| {
+            let mut e = self.failed_with_log("fsconfig create".into(), source);
+            if e.log.is_empty() {
+                // Overlayfs reports most of its checks with printk, not in the context.
+                e.step
+                    .push_str(" (see the kernel log for the filesystem's reason)");
+            }
+            e.into()
+        })
+    }
+
+    /// `fsmount`: a detached mount of the created superblock.
+    fn mount(&self, attrs: libc::c_uint) -> io::Result<OwnedFd> {
+        // SAFETY: plain integer arguments; returns a new descriptor or -1.
+        let fd = check(unsafe {
+            libc::syscall(
+                libc::SYS_fsmount,
+                self.fd.as_raw_fd(),
+                FSMOUNT_CLOEXEC,
+                attrs,
+            )
+        })
+        .map_err(|source| self.failed("fsmount".into(), source))?;
+        Ok(crate::own_fd(fd as RawFd))
+    }
+
+    fn failed(&self, step: String, source: io::Error) -> io::Error {
+        self.failed_with_log(step, source).into()
+    }
+
+    fn failed_with_log(&self, step: String, source: io::Error) -> MountError {
+        MountError {
+            step,
+            log: self.log(),
+            source,
+        }
+    }
+
+    /// Drains the context's message log: one message per `read`, until `ENODATA`.
+    fn log(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The log holds at most a few dozen messages; the bound guards against a
+        // kernel that would keep answering.
+        for _ in 0..64 {
+            // SAFETY: `buf` is writable for its whole length during the call.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast::<libc::c_void>(),
+                    buf.len(),
+                )
+            };
+            let Ok(n) = check(n as libc::c_long) else {
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            let text = String::from_utf8_lossy(&buf[..n as usize]);
+            lines.push(text.trim_end().to_owned());
+        }
+        lines
+    }
+}
+
+/// Attaches the detached mount `mnt` at `target`.
+fn move_mount_onto(mnt: BorrowedFd<'_>, target: &Path) -> Result<(), MountError> {
+    let failed = |source| MountError {
+        step: format!("move_mount onto {}", target.display()),
+        log: Vec::new(),
+        source,
+    };
+    let ctarget = c_path(target).map_err(failed)?;
+    // SAFETY: the empty from-path and the target are NUL-terminated strings that live
+    // for the whole call; `mnt` is a mount descriptor from fsmount.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mnt.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            ctarget.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map_err(failed)?;
+    Ok(())
+}
+
+/// `path` as a C string, refusing interior NUL bytes.
+pub(crate) fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("path {} contains a NUL byte", path.display()),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+
+    /// A scratch directory under /tmp that is unmounted and removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("forkd-sys-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+
+        fn dir(&self, rel: &str) -> PathBuf {
+            let p = self.0.join(rel);
+            fs::create_dir_all(&p).unwrap();
+            p
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let merged = self.0.join("merged");
+            let _ = nix_free_umount(&merged);
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn nix_free_umount(path: &Path) -> io::Result<()> {
+        let c = c_path(path)?;
+        // SAFETY: a NUL-terminated path that lives for the call.
+        check(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } as libc::c_long)?;
+        Ok(())
+    }
+
+    fn root_or_skip(name: &str) -> bool {
+        let euid = fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .unwrap_or(u32::MAX);
+        if euid == 0 {
+            return true;
+        }
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{name}: needs root");
+        }
+        println!("SKIP {name}: needs root");
+        false
+    }
+
+    fn chain(e: &io::Error) -> String {
+        let mut text = e.to_string();
+        let mut cur: Option<&(dyn std::error::Error + 'static)> =
+            e.get_ref().and_then(|inner| inner.source());
+        while let Some(err) = cur {
+            text.push_str(": ");
+            text.push_str(&err.to_string());
+            cur = err.source();
+        }
+        text
+    }
+
+    #[test]
+    fn deep_stack_of_long_paths_mounts() {
+        if !root_or_skip("deep_stack_of_long_paths_mounts") {
+            return;
+        }
+        let scratch = Scratch::new("deep");
+        let long = "l".repeat(150);
+        let lowers: Vec<PathBuf> = (0..120)
+            .map(|i| {
+                let dir = scratch.dir(&format!("layers/{i:03}-{long}"));
+                fs::write(dir.join("generation"), format!("{i}")).unwrap();
+                fs::write(dir.join(format!("only-{i}")), "").unwrap();
+                dir
+            })
+            .collect();
+        let total: usize = lowers.iter().map(|p| p.as_os_str().len() + 1).sum();
+        assert!(total > 4096, "the stack must not fit in mount(2)'s page");
+        let (upper, work, merged) = (
+            scratch.dir("upper"),
+            scratch.dir("work"),
+            scratch.dir("merged"),
+        );
+        let refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
+
+        mount_overlay(&refs, Some((&upper, &work)), &merged).unwrap();
+
+        assert_eq!(fs::read_to_string(merged.join("generation")).unwrap(), "0");
+        assert!(merged.join("only-119").exists());
+        assert!(merged.join("only-0").exists());
+        fs::write(merged.join("generation"), "new").unwrap();
+        assert_eq!(fs::read_to_string(upper.join("generation")).unwrap(), "new");
+        assert_eq!(
+            fs::read_to_string(lowers[0].join("generation")).unwrap(),
+            "0"
+        );
+    }
+
+    #[test]
+    fn read_only_overlay_refuses_writes() {
+        if !root_or_skip("read_only_overlay_refuses_writes") {
+            return;
+        }
+        let scratch = Scratch::new("ro");
+        let (top, bottom, merged) = (
+            scratch.dir("top"),
+            scratch.dir("bottom"),
+            scratch.dir("merged"),
+        );
+        fs::write(top.join("a"), "top").unwrap();
+        fs::write(bottom.join("a"), "bottom").unwrap();
+        fs::write(bottom.join("b"), "bottom").unwrap();
+
+        mount_overlay(&[&top, &bottom], None, &merged).unwrap();
+
+        assert_eq!(fs::read_to_string(merged.join("a")).unwrap(), "top");
+        assert_eq!(fs::read_to_string(merged.join("b")).unwrap(), "bottom");
+        let e = fs::write(merged.join("c"), "x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+        let e = fs::remove_file(merged.join("b")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_step_and_the_kernels_reason() {
+        if !root_or_skip("errors_name_the_step_and_the_kernels_reason") {
+            return;
+        }
+        let scratch = Scratch::new("errors");
+        let (lower, upper, merged) = (
+            scratch.dir("lower"),
+            scratch.dir("upper"),
+            scratch.dir("merged"),
+        );
+        let missing = scratch.0.join("missing");
+
+        let e = mount_overlay(
+            &[&lower, &missing],
+            Some((&upper, &scratch.dir("work"))),
+            &merged,
+        )
+        .unwrap_err();
+        let text = chain(&e);
+        assert!(
+            text.starts_with(&format!("fsconfig lowerdir+ {}", missing.display())),
+            "{text}"
+        );
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{text}");
+
+        // A work directory inside the upper directory passes every fsconfig call and is
+        // refused only when the superblock is built (overlayfs explains in dmesg only).
+        let nested_work = scratch.dir("upper/work");
+        let e = mount_overlay(&[&lower], Some((&upper, &nested_work)), &merged).unwrap_err();
+        let text = chain(&e);
+        assert!(text.starts_with("fsconfig create"), "{text}");
+        assert_eq!(e.raw_os_error(), None, "the errno is in the source: {text}");
+        let inner = e.get_ref().unwrap().downcast_ref::<MountError>().unwrap();
+        assert_eq!(inner.raw_os_error(), Some(libc::EINVAL), "{text}");
+
+        // What the kernel logs in the context comes with the error.
+        let fs = FsContext::open(c"overlay").unwrap();
+        let text = chain(&fs.set_path("no-such-option", &lower).unwrap_err());
+        assert!(
+            text.contains("Unknown parameter 'no-such-option'"),
+            "{text}"
+        );
+
+        let e = mount_overlay(&[&lower], None, &merged).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+
+        let e = mount_overlay(&[&lower, &upper], None, &scratch.0.join("no-target")).unwrap_err();
+        assert!(chain(&e).starts_with("move_mount onto"), "{}", chain(&e));
+    }
+}

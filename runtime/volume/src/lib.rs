@@ -1,0 +1,506 @@
+//! The btrfs volume that holds forkd's writable layers and checkpoints.
+//!
+//! A filesystem checkpoint must cost the same whatever a sandbox has written. So every
+//! writable overlay layer lives in a btrfs subvolume, and a checkpoint is a read-only
+//! snapshot of it: the kernel shares the tree copy-on-write, in constant time. A branch
+//! then mounts an overlay whose lower layers are the snapshot and the older layers under
+//! it, with a fresh subvolume on top.
+//!
+//! Where the volume comes from, in the order [`Volume::open`] tries:
+//! 1. `<state root>/vol` is already a btrfs mount (a second open, or a restart): reuse it.
+//! 2. The state root itself is on btrfs: use it directly.
+//! 3. Otherwise a sparse image `<state root>/volume.img` (size from `FORKD_VOLUME_SIZE`,
+//!    default 256G; sparse, so it takes no space up front) is formatted with
+//!    `mkfs.btrfs` and loop-mounted at `<state root>/vol` with
+//!    `loop,discard,noatime`, so that deleted data is handed back to the host.
+//!
+//! The image is formatted under a temporary name and renamed into place only after
+//! `mkfs.btrfs` succeeded and the file was synced, so an image left by a crash half-way
+//! is never mounted: it is found by its name (or by a missing btrfs signature) and
+//! made again.
+//!
+//! Overlayfs copies a file up by creating it in the work directory and renaming it into
+//! the upper directory, and btrfs refuses renames between subvolumes (`EXDEV`). So an
+//! overlay's upper and work directories must be two directories inside one subvolume
+//! (e.g. `<layer>/upper` and `<layer>/work`), and the branch above a checkpoint uses
+//! `<snapshot>/upper` as its lower layer.
+
+#![forbid(unsafe_code)]
+
+mod error;
+pub mod mountinfo;
+
+use std::ffi::{CString, OsStr};
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use forkd_sys::btrfs;
+use nix::fcntl::{Flock, FlockArg};
+
+pub use error::VolumeError;
+
+/// Environment variable with the size of a new volume image.
+pub const SIZE_ENV: &str = "FORKD_VOLUME_SIZE";
+/// Size of a new volume image when [`SIZE_ENV`] is not set.
+pub const DEFAULT_SIZE: &str = "256G";
+
+const IMAGE_NAME: &str = "volume.img";
+const MOUNT_DIR: &str = "vol";
+const LOCK_NAME: &str = "volume.lock";
+/// The btrfs signature `_BHRfS_M` sits at offset 0x40 of the superblock, which sits at
+/// 64 KiB.
+const SIGNATURE_OFFSET: u64 = 0x1_0040;
+const SIGNATURE: &[u8; 8] = b"_BHRfS_M";
+/// Where btrfs-progs lives when the caller's `PATH` lacks the sbin directories.
+const SBIN_DIRS: [&str; 4] = ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin"];
+
+/// The btrfs filesystem under a state root.
+#[derive(Debug)]
+pub struct Volume {
+    /// Where the btrfs filesystem is: `<state root>/vol`, or the state root itself.
+    root: PathBuf,
+    /// The image behind the loop mount at `root`, when forkd made that mount.
+    loop_image: Option<PathBuf>,
+}
+
+impl Volume {
+    /// Opens (and if needed creates and mounts) the btrfs volume for `state_root`.
+    /// Idempotent: opening again reuses the mount.
+    pub fn open(state_root: &Path) -> Result<Volume, VolumeError> {
+        fs::create_dir_all(state_root).map_err(VolumeError::io("create", state_root))?;
+        // mountinfo lists canonical paths.
+        let state_root =
+            fs::canonicalize(state_root).map_err(VolumeError::io("resolve", state_root))?;
+        let lock_path = state_root.join(LOCK_NAME);
+        let lock_file = File::create(&lock_path).map_err(VolumeError::io("create", &lock_path))?;
+        // Two opens of one state root must not both format and mount the image.
+        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive).map_err(|(_, errno)| {
+            VolumeError::io("lock", &lock_path)(io::Error::from_raw_os_error(errno as i32))
+        })?;
+
+        let mount_dir = state_root.join(MOUNT_DIR);
+        let image = state_root.join(IMAGE_NAME);
+        if let Some(mount) = mountinfo::mount_at(&mount_dir)? {
+            if mount.fstype != "btrfs" {
+                return Err(VolumeError::NotBtrfs {
+                    path: mount_dir,
+                    fstype: mount.fstype,
+                });
+            }
+            let ours = loop_backing_file(&mount.source).as_deref() == Some(image.as_path());
+            return Ok(Volume {
+                root: mount_dir,
+                loop_image: ours.then_some(image),
+            });
+        }
+        if btrfs::is_btrfs(&state_root).map_err(VolumeError::io("statfs", &state_root))? {
+            return Ok(Volume {
+                root: state_root,
+                loop_image: None,
+            });
+        }
+
+        if !image_is_formatted(&image)? {
+            make_image(&image, image_size()?)?;
+        }
+        fs::create_dir_all(&mount_dir).map_err(VolumeError::io("create", &mount_dir))?;
+        run(
+            Path::new("mount"),
+            &[
+                "-t".as_ref(),
+                "btrfs".as_ref(),
+                "-o".as_ref(),
+                "loop,discard,noatime".as_ref(),
+                image.as_os_str(),
+                mount_dir.as_os_str(),
+            ],
+        )?;
+        Ok(Volume {
+            root: mount_dir,
+            loop_image: Some(image),
+        })
+    }
+
+    /// Where the btrfs filesystem is; subvolumes are made below this path.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// The image file behind the volume, when it is a loop mount that forkd made.
+    pub fn loop_image(&self) -> Option<&Path> {
+        self.loop_image.as_deref()
+    }
+
+    /// Creates an empty subvolume at `path` (absolute inside the volume, or relative to
+    /// [`Volume::path`]); its parent directory must exist.
+    pub fn create_subvolume(&self, path: &Path) -> Result<(), VolumeError> {
+        let (path, parent, name) = self.split(path)?;
+        let parent_dir = open_dir(&parent)?;
+        btrfs::create_subvolume(parent_dir.as_fd(), &name)
+            .map_err(VolumeError::io("create subvolume", path))
+    }
+
+    /// Makes a read-only snapshot of the subvolume `src` at `dst`, in constant time
+    /// whatever `src` holds (btrfs first writes out `src`'s dirty data). Paths as for
+    /// [`Volume::create_subvolume`].
+    pub fn snapshot_readonly(&self, src: &Path, dst: &Path) -> Result<(), VolumeError> {
+        let src = self.resolve(src)?;
+        let (dst, parent, name) = self.split(dst)?;
+        if !btrfs::is_subvolume(&src).map_err(VolumeError::io("stat", &src))? {
+            return Err(VolumeError::NotSubvolume { path: src });
+        }
+        let src_dir = open_dir(&src)?;
+        let parent_dir = open_dir(&parent)?;
+        btrfs::snapshot(src_dir.as_fd(), parent_dir.as_fd(), &name, true)
+            .map_err(VolumeError::io("snapshot", dst))
+    }
+
+    /// Deletes the subvolume or snapshot at `path` with all it holds, subvolumes nested
+    /// in it included. A plain directory is removed recursively; a missing path is
+    /// not an error.
+    pub fn delete_subvolume(&self, path: &Path) -> Result<(), VolumeError> {
+        let (path, _, _) = self.split(path)?;
+        delete_tree(&path)
+    }
+
+    /// Unmounts the volume if forkd loop-mounted it, and checks that the loop device was
+    /// released. Refuses while anything is still mounted below the volume. A volume
+    /// that is the state root's own filesystem stays as it is.
+    pub fn unmount(self) -> Result<(), VolumeError> {
+        let Some(image) = self.loop_image else {
+            return Ok(());
+        };
+        let busy = mountinfo::mounts_below(&self.root)?;
+        if !busy.is_empty() {
+            return Err(VolumeError::Busy {
+                path: self.root,
+                mounts: busy,
+            });
+        }
+        let devices = loop_devices_of(&image);
+        if mountinfo::mount_at(&self.root)?.is_some() {
+            nix::mount::umount2(&self.root, nix::mount::MntFlags::empty()).map_err(|errno| {
+                let step = if errno == nix::errno::Errno::EBUSY {
+                    "unmount (files in it are still open)"
+                } else {
+                    "unmount"
+                };
+                VolumeError::io(step, &self.root)(io::Error::from_raw_os_error(errno as i32))
+            })?;
+        }
+        // `mount -o loop` sets autoclear, so the kernel detaches the device when the last
+        // mount goes; detach by hand what it did not.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !loop_devices_of(&image).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for device in loop_devices_of(&image) {
+            let _ = run(Path::new("losetup"), &["-d".as_ref(), device.as_ref()]);
+        }
+        match devices
+            .into_iter()
+            .find(|d| loop_devices_of(&image).contains(d))
+        {
+            Some(device) => Err(VolumeError::LoopStillAttached { device, image }),
+            None => Ok(()),
+        }
+    }
+
+    /// `path` made absolute inside the volume, without `..` or `.` components.
+    fn resolve(&self, path: &Path) -> Result<PathBuf, VolumeError> {
+        let full = self.root.join(path);
+        let outside = || VolumeError::OutsideVolume {
+            path: path.to_path_buf(),
+            volume: self.root.clone(),
+        };
+        let tail = full.strip_prefix(&self.root).map_err(|_| outside())?;
+        if tail
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+        {
+            return Err(outside());
+        }
+        Ok(full)
+    }
+
+    /// `path` resolved, its parent directory and its last component; never the volume
+    /// root itself.
+    fn split(&self, path: &Path) -> Result<(PathBuf, PathBuf, CString), VolumeError> {
+        let full = self.resolve(path)?;
+        let (Some(parent), Some(name)) = (full.parent(), full.file_name()) else {
+            return Err(VolumeError::OutsideVolume {
+                path: path.to_path_buf(),
+                volume: self.root.clone(),
+            });
+        };
+        if full == self.root {
+            return Err(VolumeError::OutsideVolume {
+                path: path.to_path_buf(),
+                volume: self.root.clone(),
+            });
+        }
+        let name = CString::new(name.as_bytes()).map_err(|_| {
+            VolumeError::io("use", &full)(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "path contains a NUL byte",
+            ))
+        })?;
+        Ok((full.clone(), parent.to_path_buf(), name))
+    }
+}
+
+/// Checks that the programs the volume needs are installed.
+pub fn require_tools() -> Result<(), VolumeError> {
+    find_program("mkfs.btrfs").ok_or(VolumeError::MissingTool {
+        program: "mkfs.btrfs",
+        package: "btrfs-progs",
+    })?;
+    find_program("mount").ok_or(VolumeError::MissingTool {
+        program: "mount",
+        package: "mount",
+    })?;
+    Ok(())
+}
+
+/// The image size from [`SIZE_ENV`], or [`DEFAULT_SIZE`].
+fn image_size() -> Result<u64, VolumeError> {
+    let value = std::env::var(SIZE_ENV).unwrap_or_else(|_| DEFAULT_SIZE.to_owned());
+    parse_size(&value).ok_or(VolumeError::BadSize { value })
+}
+
+/// Parses `4096`, `512M`, `256G`, `1TiB` and the like (binary units).
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        "P" => 50,
+        _ => return None,
+    };
+    number.checked_mul(1 << shift).filter(|&n| n > 0)
+}
+
+/// Does `image` exist and carry a btrfs signature?
+fn image_is_formatted(image: &Path) -> Result<bool, VolumeError> {
+    let mut file = match File::open(image) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(VolumeError::io("open", image)(e)),
+    };
+    let mut magic = [0u8; 8];
+    let read = file
+        .seek(SeekFrom::Start(SIGNATURE_OFFSET))
+        .and_then(|_| file.read_exact(&mut magic));
+    match read {
+        Ok(()) => Ok(&magic == SIGNATURE),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(VolumeError::io("read", image)(e)),
+    }
+}
+
+/// Formats a sparse image of `size` bytes under a temporary name and renames it to
+/// `image` once it is complete and synced.
+fn make_image(image: &Path, size: u64) -> Result<(), VolumeError> {
+    require_tools()?;
+    let partial = image.with_extension("img.partial");
+    for stale in [image, partial.as_path()] {
+        match fs::remove_file(stale) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(VolumeError::io("remove", stale)(e)),
+        }
+    }
+    let file = File::create_new(&partial).map_err(VolumeError::io("create", &partial))?;
+    file.set_len(size)
+        .map_err(VolumeError::io("size", &partial))?;
+    run(
+        Path::new("mkfs.btrfs"),
+        &["-q".as_ref(), partial.as_os_str()],
+    )?;
+    file.sync_all().map_err(VolumeError::io("sync", &partial))?;
+    fs::rename(&partial, image).map_err(VolumeError::io("rename", &partial))?;
+    let dir = image.parent().unwrap_or(Path::new("/"));
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(VolumeError::io("sync", dir))
+}
+
+/// Deletes `path` whatever it is: a subvolume with one ioctl (after the subvolumes
+/// nested in it), a directory recursively, anything else with unlink.
+fn delete_tree(path: &Path) -> Result<(), VolumeError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(VolumeError::io("stat", path)(e)),
+    };
+    if !meta.is_dir() {
+        return fs::remove_file(path).map_err(VolumeError::io("remove", path));
+    }
+    let subvolume = btrfs::is_subvolume(path).map_err(VolumeError::io("stat", path))?;
+    if subvolume {
+        match delete_one_subvolume(path) {
+            Ok(()) => return Ok(()),
+            // Subvolumes nested inside: delete them first, then try again.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
+            Err(e) => return Err(VolumeError::io("delete subvolume", path)(e)),
+        }
+    }
+    let entries = fs::read_dir(path).map_err(VolumeError::io("list", path))?;
+    for entry in entries {
+        let entry = entry.map_err(VolumeError::io("list", path))?;
+        delete_tree(&entry.path())?;
+    }
+    if subvolume {
+        delete_one_subvolume(path).map_err(VolumeError::io("delete subvolume", path))
+    } else {
+        fs::remove_dir(path).map_err(VolumeError::io("remove", path))
+    }
+}
+
+fn delete_one_subvolume(path: &Path) -> io::Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let name = CString::new(path.file_name().unwrap_or_default().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let parent = File::open(parent)?;
+    btrfs::delete_subvolume(parent.as_fd(), &name)
+}
+
+fn open_dir(path: &Path) -> Result<File, VolumeError> {
+    let file = File::open(path).map_err(VolumeError::io("open", path))?;
+    let meta = file.metadata().map_err(VolumeError::io("stat", path))?;
+    if !meta.is_dir() {
+        return Err(VolumeError::io("open", path)(io::Error::from_raw_os_error(
+            libc::ENOTDIR,
+        )));
+    }
+    Ok(file)
+}
+
+/// The file behind the loop device `device` (`/dev/loopN`), if it is one.
+fn loop_backing_file(device: &str) -> Option<PathBuf> {
+    let name = device.strip_prefix("/dev/")?;
+    if !name.starts_with("loop") {
+        return None;
+    }
+    let text = fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    Some(PathBuf::from(text.trim_end_matches('\n')))
+}
+
+/// Every loop device (`/dev/loopN`) backed by `image`.
+fn loop_devices_of(image: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut devices: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.starts_with("loop"))
+        .map(|name| format!("/dev/{name}"))
+        .filter(|device| loop_backing_file(device).as_deref() == Some(image))
+        .collect();
+    devices.sort();
+    devices
+}
+
+/// Finds `program` on `PATH` or in the sbin directories.
+fn find_program(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(SBIN_DIRS.iter().map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| {
+            fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+        })
+}
+
+/// Runs `program` to completion; a failure carries its command line and stderr.
+fn run(program: &Path, args: &[&OsStr]) -> Result<(), VolumeError> {
+    let name = program.to_string_lossy().into_owned();
+    let command = std::iter::once(name.clone())
+        .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let resolved = find_program(&name).unwrap_or_else(|| program.to_path_buf());
+    let output = Command::new(resolved)
+        .args(args)
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|source| VolumeError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(VolumeError::Program {
+        command,
+        status: output.status,
+        stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256G"), Some(256 << 30));
+        assert_eq!(parse_size("512m"), Some(512 << 20));
+        assert_eq!(parse_size("1TiB"), Some(1 << 40));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size(" 2 GB "), Some(2 << 30));
+        for bad in ["", "G", "0", "12Q", "-1G", "1.5G", "99999999999T"] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths_stay_inside_the_volume() {
+        let volume = Volume {
+            root: PathBuf::from("/state/vol"),
+            loop_image: None,
+        };
+        assert_eq!(
+            volume.resolve(Path::new("a/b")).unwrap(),
+            Path::new("/state/vol/a/b")
+        );
+        assert_eq!(
+            volume.resolve(Path::new("/state/vol/a")).unwrap(),
+            Path::new("/state/vol/a")
+        );
+        for bad in ["../x", "/state/other", "a/../../x", "/state/vol/a/.."] {
+            let e = volume.resolve(Path::new(bad));
+            assert!(
+                matches!(e, Err(VolumeError::OutsideVolume { .. })),
+                "{bad}: {e:?}"
+            );
+        }
+        assert!(volume.split(Path::new("/state/vol")).is_err());
+        let (_, parent, name) = volume.split(Path::new("a/b")).unwrap();
+        assert_eq!(parent, Path::new("/state/vol/a"));
+        assert_eq!(name.as_bytes(), b"b");
+    }
+}
