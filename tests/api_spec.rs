@@ -1,0 +1,934 @@
+//! Checks `docs/openapi.json` against the implementation, without a daemon:
+//!
+//! - the document's operations are exactly `forkd::api::ROUTES` (method, path, id), and
+//!   every path parameter of a template is declared;
+//! - serialising the API's response types yields exactly the properties their schemas
+//!   list, with matching types, and every `required` property;
+//! - JSON built from the request schemas deserialises into the request types and
+//!   serialises back unchanged; `required` and `additionalProperties: false` match what
+//!   the types accept;
+//! - success statuses, content types, query parameters and the ad-hoc JSON answers
+//!   match what the handlers in `src/daemon/routes.rs` do (read as source text, since the
+//!   daemon's dispatch is private to the crate).
+//!
+//! The router itself (`match_route`) is private to the daemon, so matching every ROUTES
+//! path through it is not checked here.
+
+use forkd::api::{
+    self, ApiError, CreateSandboxRequest, ErrorKind, ExecBody, ExecResult, ImageInfo,
+    ImportImageRequest, OpStats, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
+};
+use forkd_cgroups::Limits;
+use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+const METHODS: &[&str] = &["get", "put", "post", "delete", "patch", "head", "options"];
+
+fn doc() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}
+
+/// Follows `$ref`s (local ones only).
+fn follow<'a>(doc: &'a Value, mut v: &'a Value) -> &'a Value {
+    for _ in 0..32 {
+        match v.get("$ref").and_then(Value::as_str) {
+            Some(r) => {
+                let pointer = r
+                    .strip_prefix('#')
+                    .unwrap_or_else(|| panic!("non-local $ref {r}"));
+                v = doc
+                    .pointer(pointer)
+                    .unwrap_or_else(|| panic!("dangling $ref {r}"));
+            }
+            None => return v,
+        }
+    }
+    panic!("$ref cycle")
+}
+
+/// A schema with `$ref`s and single-element `allOf`s resolved, and whether null is allowed.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> (&'a Value, bool) {
+    let mut s = schema;
+    let mut nullable = false;
+    loop {
+        nullable |= s.get("nullable").and_then(Value::as_bool).unwrap_or(false);
+        if s.get("$ref").is_some() {
+            s = follow(doc, s);
+            continue;
+        }
+        match s.get("allOf").and_then(Value::as_array) {
+            Some(all) if all.len() == 1 => s = &all[0],
+            Some(all) => panic!("allOf with {} entries is not supported here", all.len()),
+            None => return (s, nullable),
+        }
+    }
+}
+
+fn schema<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc.pointer(&format!("/components/schemas/{name}"))
+        .unwrap_or_else(|| panic!("components.schemas.{name} is missing"))
+}
+
+fn names(v: Option<&Value>) -> BTreeSet<String> {
+    v.and_then(Value::as_object)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn required(s: &Value) -> BTreeSet<String> {
+    s.get("required")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|x| x.as_str().expect("required entry").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks `value` against `schema`: property names exactly (response bodies are always
+/// serialised in full), `required`, types, enums, nullability; recursing into objects,
+/// maps and arrays.
+fn check_value(doc: &Value, schema: &Value, value: &Value, at: &str, errs: &mut Vec<String>) {
+    let (s, nullable) = resolve(doc, schema);
+    if value.is_null() {
+        if !nullable {
+            errs.push(format!("{at}: null, but the schema is not nullable"));
+        }
+        return;
+    }
+    if let Some(allowed) = s.get("enum").and_then(Value::as_array) {
+        if !allowed.contains(value) {
+            errs.push(format!("{at}: {value} is not in the enum {allowed:?}"));
+        }
+    }
+    let ty = s.get("type").and_then(Value::as_str).unwrap_or("");
+    match ty {
+        "object" => {
+            let Some(obj) = value.as_object() else {
+                errs.push(format!("{at}: expected an object, got {value}"));
+                return;
+            };
+            let keys: BTreeSet<String> = obj.keys().cloned().collect();
+            if let Some(props) = s.get("properties").and_then(Value::as_object) {
+                let listed: BTreeSet<String> = props.keys().cloned().collect();
+                for missing in listed.difference(&keys) {
+                    errs.push(format!(
+                        "{at}: schema lists property {missing:?}, the serialised value lacks it"
+                    ));
+                }
+                for extra in keys.difference(&listed) {
+                    errs.push(format!(
+                        "{at}: serialised value has property {extra:?}, the schema does not list it"
+                    ));
+                }
+                for (k, v) in obj {
+                    if let Some(p) = props.get(k) {
+                        check_value(doc, p, v, &format!("{at}.{k}"), errs);
+                    }
+                }
+            } else if let Some(ap) = s.get("additionalProperties").filter(|v| v.is_object()) {
+                for (k, v) in obj {
+                    check_value(doc, ap, v, &format!("{at}[{k:?}]"), errs);
+                }
+            }
+            for r in required(s).difference(&keys) {
+                errs.push(format!("{at}: required property {r:?} is not serialised"));
+            }
+        }
+        "array" => match value.as_array() {
+            Some(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    check_value(doc, &s["items"], v, &format!("{at}[{i}]"), errs);
+                }
+            }
+            None => errs.push(format!("{at}: expected an array, got {value}")),
+        },
+        "string" if !value.is_string() => {
+            errs.push(format!("{at}: expected a string, got {value}"))
+        }
+        "boolean" if !value.is_boolean() => {
+            errs.push(format!("{at}: expected a boolean, got {value}"))
+        }
+        "integer" => {
+            if !(value.is_i64() || value.is_u64()) {
+                errs.push(format!("{at}: expected an integer, got {value}"));
+            } else if let Some(min) = s.get("minimum").and_then(Value::as_i64) {
+                if value.as_i64().is_some_and(|n| n < min) {
+                    errs.push(format!("{at}: {value} is below the minimum {min}"));
+                }
+            }
+        }
+        "string" | "boolean" => {}
+        other => errs.push(format!("{at}: unsupported schema type {other:?}")),
+    }
+}
+
+/// Serialises `value` and checks it against the named schema.
+fn check_serialised<T: Serialize>(doc: &Value, name: &str, value: &T) {
+    let v = serde_json::to_value(value).expect("serialise");
+    let mut errs = Vec::new();
+    check_value(
+        doc,
+        &json!({ "$ref": format!("#/components/schemas/{name}") }),
+        &v,
+        name,
+        &mut errs,
+    );
+    assert!(
+        errs.is_empty(),
+        "{name} does not match its schema:\n  {}\nvalue: {v}",
+        errs.join("\n  ")
+    );
+}
+
+/// A value for `schema` with every property present and non-null.
+fn sample(doc: &Value, schema: &Value) -> Value {
+    let (s, _) = resolve(doc, schema);
+    if let Some(first) = s
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+    {
+        return first.clone();
+    }
+    match s.get("type").and_then(Value::as_str) {
+        Some("object") => match s.get("properties").and_then(Value::as_object) {
+            Some(props) => Value::Object(
+                props
+                    .iter()
+                    .map(|(k, p)| (k.clone(), sample(doc, p)))
+                    .collect(),
+            ),
+            None => match s.get("additionalProperties").filter(|v| v.is_object()) {
+                Some(ap) => json!({ "key": sample(doc, ap) }),
+                None => json!({}),
+            },
+        },
+        Some("array") => json!([sample(doc, &s["items"])]),
+        Some("string") if s.get("format").and_then(Value::as_str) == Some("byte") => {
+            json!("c2FtcGxl")
+        }
+        Some("string") => json!("sample"),
+        Some("integer") => json!(7),
+        Some("boolean") => json!(true),
+        other => panic!("no sample for schema type {other:?}"),
+    }
+}
+
+/// The request schema `name` against the type `T`: a full sample round-trips exactly;
+/// only the `required` properties are needed; `additionalProperties: false` holds exactly
+/// when the type rejects unknown properties.
+fn check_request<T: Serialize + DeserializeOwned>(doc: &Value, name: &str) {
+    let s = schema(doc, name);
+    let full = sample(doc, s);
+    let parsed: T = serde_json::from_value(full.clone())
+        .unwrap_or_else(|e| panic!("{name}: the schema's full sample {full} is refused: {e}"));
+    let back = serde_json::to_value(&parsed).expect("serialise");
+    assert_eq!(
+        back, full,
+        "{name}: a sample built from the schema does not survive a round trip through the type"
+    );
+
+    let req = required(s);
+    let minimal: Map<String, Value> = full
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| req.contains(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Err(e) = serde_json::from_value::<T>(Value::Object(minimal.clone())) {
+        panic!("{name}: only the required properties {req:?} should be enough: {e}");
+    }
+    for r in &req {
+        let mut without = minimal.clone();
+        without.remove(r);
+        assert!(
+            serde_json::from_value::<T>(Value::Object(without)).is_err(),
+            "{name}: {r:?} is listed as required but the type accepts a body without it"
+        );
+    }
+    for (k, _) in full.as_object().unwrap() {
+        if !req.contains(k) {
+            let mut without = full.as_object().unwrap().clone();
+            without.remove(k);
+            assert!(
+                serde_json::from_value::<T>(Value::Object(without)).is_ok(),
+                "{name}: {k:?} is not listed as required but the type needs it"
+            );
+        }
+    }
+
+    let mut unknown = full.as_object().unwrap().clone();
+    unknown.insert("no_such_property".into(), json!(1));
+    let rejected = serde_json::from_value::<T>(Value::Object(unknown)).is_err();
+    let closed = s.get("additionalProperties") == Some(&json!(false));
+    assert_eq!(
+        rejected,
+        closed,
+        "{name}: the type {} unknown properties but the schema {}",
+        if rejected { "rejects" } else { "accepts" },
+        if closed {
+            "sets additionalProperties: false"
+        } else {
+            "allows them"
+        }
+    );
+}
+
+/// Every operation in the document: (METHOD, path, operationId) -> operation object,
+/// with the path item's parameters merged into `parameters`.
+fn operations(doc: &Value) -> BTreeMap<(String, String, String), Value> {
+    let mut out = BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        let shared = item.get("parameters").cloned().unwrap_or(json!([]));
+        for (method, op) in item.as_object().unwrap() {
+            if !METHODS.contains(&method.as_str()) {
+                continue;
+            }
+            let id = op["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path} has no operationId"))
+                .to_string();
+            let mut op = op.clone();
+            let mut params = shared.as_array().unwrap().clone();
+            params.extend(op["parameters"].as_array().cloned().unwrap_or_default());
+            op["parameters"] = Value::Array(params);
+            let key = (method.to_uppercase(), path.clone(), id);
+            assert!(out.insert(key.clone(), op).is_none(), "{key:?} twice");
+        }
+    }
+    out
+}
+
+fn op<'a>(ops: &'a BTreeMap<(String, String, String), Value>, id: &str) -> &'a Value {
+    ops.iter()
+        .find(|((_, _, i), _)| i == id)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("operation {id} is not in the document"))
+}
+
+/// (name, location, required) of an operation's parameters.
+fn params(doc: &Value, op: &Value) -> BTreeSet<(String, String, bool)> {
+    op["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let p = follow(doc, p);
+            (
+                p["name"].as_str().expect("parameter name").to_string(),
+                p["in"].as_str().expect("parameter in").to_string(),
+                p.get("required").and_then(Value::as_bool).unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn document_is_openapi_3_0_3_for_this_api_version() {
+    let doc = doc();
+    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(doc["info"]["version"], api::API_VERSION);
+    for path in doc["paths"].as_object().unwrap().keys() {
+        assert!(
+            path.starts_with(&format!("/{}/", api::API_VERSION)),
+            "{path} is outside /{}/",
+            api::API_VERSION
+        );
+    }
+}
+
+#[test]
+fn operations_are_exactly_the_route_table() {
+    let doc = doc();
+    let documented: BTreeSet<(String, String, String)> = operations(&doc).into_keys().collect();
+    let implemented: BTreeSet<(String, String, String)> = api::ROUTES
+        .iter()
+        .map(|(m, p, o)| (m.to_string(), p.to_string(), o.to_string()))
+        .collect();
+    assert_eq!(
+        implemented.len(),
+        api::ROUTES.len(),
+        "ROUTES has duplicates"
+    );
+    let missing: Vec<_> = implemented.difference(&documented).collect();
+    let extra: Vec<_> = documented.difference(&implemented).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/openapi.json and forkd::api::ROUTES differ\n  in ROUTES, not documented: {missing:?}\n  documented, not in ROUTES: {extra:?}"
+    );
+    let ids: BTreeSet<&str> = api::ROUTES.iter().map(|r| r.2).collect();
+    assert_eq!(ids.len(), api::ROUTES.len(), "operation ids must be unique");
+}
+
+#[test]
+fn path_parameters_match_the_templates() {
+    let doc = doc();
+    for ((method, path, id), op) in operations(&doc) {
+        let in_template: BTreeSet<String> = path
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(String::from)
+            .collect();
+        let declared: BTreeSet<String> = params(&doc, &op)
+            .into_iter()
+            .filter(|(_, loc, _)| loc == "path")
+            .map(|(name, _, req)| {
+                assert!(
+                    req,
+                    "{method} {path}: path parameter {name} must be required"
+                );
+                name
+            })
+            .collect();
+        assert_eq!(
+            in_template, declared,
+            "{id} ({method} {path}): path parameters of the template vs declared"
+        );
+    }
+}
+
+#[test]
+fn every_error_response_is_an_api_error_with_its_kinds_status() {
+    let doc = doc();
+    let kinds = [
+        ErrorKind::BadRequest,
+        ErrorKind::NotFound,
+        ErrorKind::Conflict,
+        ErrorKind::Internal,
+    ];
+    let serialised: Vec<Value> = kinds
+        .iter()
+        .map(|k| serde_json::to_value(k).unwrap())
+        .collect();
+    let (kind_schema, _) = resolve(&doc, &schema(&doc, "ApiError")["properties"]["kind"]);
+    assert_eq!(
+        kind_schema["enum"].as_array().unwrap(),
+        &serialised,
+        "ErrorKind enum"
+    );
+    let statuses: BTreeSet<String> = kinds
+        .iter()
+        .map(|k| ApiError::new(*k, "x").status().to_string())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["400", "404", "409", "500"].map(String::from).into()
+    );
+    for ((method, path, id), op) in operations(&doc) {
+        let responses = op["responses"].as_object().unwrap();
+        for must in ["400", "500"] {
+            assert!(
+                responses.contains_key(must),
+                "{id} ({method} {path}) does not list {must}: any request can fail so"
+            );
+        }
+        for (code, resp) in responses {
+            if code.starts_with('4') || code.starts_with('5') {
+                assert!(
+                    statuses.contains(code),
+                    "{id}: {code} is not a status of any ErrorKind"
+                );
+                let s = &follow(&doc, resp)["content"]["application/json"]["schema"];
+                assert_eq!(
+                    s["$ref"], "#/components/schemas/ApiError",
+                    "{id}: {code} must be an ApiError"
+                );
+            }
+            let rid = &follow(&doc, resp)["headers"]["X-Request-Id"];
+            assert!(
+                rid.is_object(),
+                "{id}: {code} lacks the X-Request-Id header"
+            );
+        }
+    }
+    for k in kinds {
+        let mut e = ApiError::new(k, "something failed");
+        e.request_id = "r000001-abcd".into();
+        check_serialised(&doc, "ApiError", &e);
+        let back: ApiError = serde_json::from_value(serde_json::to_value(&e).unwrap()).unwrap();
+        assert_eq!(back.status(), e.status());
+    }
+}
+
+#[test]
+fn request_and_response_bodies_reference_the_right_schemas() {
+    let doc = doc();
+    let ops = operations(&doc);
+    let body = |id: &str| -> Option<String> {
+        op(&ops, id).get("requestBody").map(|b| {
+            let b = follow(&doc, b);
+            let content = b["content"].as_object().unwrap();
+            let (ctype, media) = content.iter().next().unwrap();
+            format!(
+                "{ctype} {}",
+                media["schema"]["$ref"]
+                    .as_str()
+                    .map(|r| r.rsplit('/').next().unwrap().to_string())
+                    .unwrap_or_else(|| media["schema"]["format"].as_str().unwrap_or("").into())
+            )
+        })
+    };
+    let expected_bodies = [
+        ("importImage", Some("application/json ImportImageRequest")),
+        (
+            "createSandbox",
+            Some("application/json CreateSandboxRequest"),
+        ),
+        ("stopSandbox", Some("application/json StopRequest")),
+        ("execInSandbox", Some("application/json ExecBody")),
+        ("copyToSandbox", Some("application/x-tar binary")),
+    ];
+    for (_, _, id) in api::ROUTES {
+        let want = expected_bodies
+            .iter()
+            .find(|(i, _)| i == id)
+            .and_then(|(_, b)| *b);
+        assert_eq!(body(id).as_deref(), want, "{id}: request body");
+    }
+    let ok = |id: &str, code: &str| -> String {
+        let r = follow(&doc, &op(&ops, id)["responses"][code]);
+        let content = r["content"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{id}: {code} has no content"));
+        let (ctype, media) = content.iter().next().unwrap();
+        let s = &media["schema"];
+        let name = match (s["$ref"].as_str(), s["type"].as_str()) {
+            (Some(r), _) => r.rsplit('/').next().unwrap().to_string(),
+            (None, Some("array")) => format!(
+                "[{}]",
+                s["items"]["$ref"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+            ),
+            (None, _) => s["format"].as_str().unwrap_or("").to_string(),
+        };
+        format!("{ctype} {name}")
+    };
+    let expected = [
+        ("version", "200", "application/json VersionInfo"),
+        ("metrics", "200", "application/json Metrics"),
+        ("listImages", "200", "application/json [ImageInfo]"),
+        ("importImage", "201", "application/json ImageInfo"),
+        ("inspectImage", "200", "application/json ImageInfo"),
+        ("removeImage", "200", "application/json RemovedImage"),
+        ("listSandboxes", "200", "application/json [SandboxInfo]"),
+        ("createSandbox", "201", "application/json SandboxInfo"),
+        ("inspectSandbox", "200", "application/json SandboxInfo"),
+        ("removeSandbox", "200", "application/json RemovedSandbox"),
+        ("stopSandbox", "200", "application/json SandboxInfo"),
+        ("execInSandbox", "200", "application/json ExecResult"),
+        ("sandboxLogs", "200", "application/octet-stream binary"),
+        ("copyFromSandbox", "200", "application/x-tar binary"),
+        ("copyToSandbox", "200", "application/json CopyResult"),
+    ];
+    assert_eq!(expected.len(), api::ROUTES.len());
+    for (id, code, want) in expected {
+        assert_eq!(ok(id, code), want, "{id}: {code} response");
+    }
+}
+
+#[test]
+fn exec_upgrade_is_documented() {
+    let doc = doc();
+    let ops = operations(&doc);
+    let exec = op(&ops, "execInSandbox");
+    let upgrade = exec["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| follow(&doc, p))
+        .find(|p| p["in"] == "header" && p["name"] == "Upgrade")
+        .expect("execInSandbox declares the Upgrade header");
+    assert_eq!(upgrade["schema"]["enum"], json!([api::EXEC_UPGRADE]));
+    let switching = &exec["responses"]["101"];
+    assert_eq!(
+        switching["headers"]["Upgrade"]["schema"]["enum"],
+        json!([api::EXEC_UPGRADE])
+    );
+    let description = exec["description"].as_str().unwrap();
+    for needle in [
+        &format!("Upgrade: {}", api::EXEC_UPGRADE)[..],
+        "4-byte big-endian",
+        "16 MiB",
+    ] {
+        assert!(
+            description.contains(needle),
+            "execInSandbox's description does not mention {needle:?}"
+        );
+    }
+    assert_eq!(
+        forkd_sandbox::proto::MAX_FRAME,
+        16 << 20,
+        "the documented frame limit"
+    );
+    assert_eq!(
+        forkd_sandbox::proto::HEADER,
+        5,
+        "the documented header size"
+    );
+    // Every kind, with its number and name, in the description.
+    use forkd_sandbox::proto::Kind;
+    for n in 0..=255u8 {
+        if let Some(k) = Kind::from_u8(n) {
+            let named = format!("{n} {k:?}");
+            assert!(
+                description.contains(&named),
+                "execInSandbox's description lacks the frame kind {named:?}"
+            );
+            let mut buf = Vec::new();
+            forkd_sandbox::proto::encode_frame(&mut buf, k, b"abc");
+            assert_eq!(buf, [n, 0, 0, 0, 3, b'a', b'b', b'c'], "frame layout");
+        }
+    }
+    assert!(Kind::from_u8(10).is_none() && Kind::from_u8(0).is_none());
+}
+
+fn sample_info(with_values: bool) -> SandboxInfo {
+    SandboxInfo {
+        id: "0123456789abcdef".into(),
+        image: "alpine".into(),
+        status: if with_values {
+            SandboxStatus::Running
+        } else {
+            SandboxStatus::Stopped
+        },
+        created: 1_700_000_000,
+        hostname: "0123456789ab".into(),
+        init_pid: with_values.then_some(4242),
+        limits: if with_values {
+            Limits {
+                memory_bytes: Some(256 << 20),
+                pids: Some(128),
+                cpu_millis: Some(500),
+            }
+        } else {
+            Limits::default()
+        },
+        labels: if with_values {
+            [("team".to_string(), "infra".to_string())].into()
+        } else {
+            BTreeMap::new()
+        },
+        rootfs: "/var/lib/forkd/sandboxes/0123456789abcdef/rootfs".into(),
+        upper: "/var/lib/forkd/sandboxes/0123456789abcdef/upper".into(),
+        cgroup: "forkd/0123456789abcdef".into(),
+        memory_bytes: with_values.then_some(1 << 20),
+        oom_kills: 0,
+        create_us: 12_345,
+    }
+}
+
+#[test]
+fn response_types_serialise_to_their_schemas() {
+    let doc = doc();
+    check_serialised(&doc, "SandboxInfo", &sample_info(true));
+    check_serialised(&doc, "SandboxInfo", &sample_info(false));
+    check_serialised(&doc, "SandboxStatus", &SandboxStatus::Running);
+    check_serialised(&doc, "SandboxStatus", &SandboxStatus::Stopped);
+    check_serialised(
+        &doc,
+        "ImageInfo",
+        &ImageInfo {
+            name: "alpine:3.20".into(),
+            layers: vec!["a".repeat(64), "b".repeat(64)],
+            created: 1_700_000_000,
+            source: "/srv/alpine.tar".into(),
+            used_by: vec!["0123456789abcdef".into()],
+        },
+    );
+    for (signal, code) in [(None, 3), (Some(9), 137)] {
+        let exit = ExecExit {
+            exit_code: code,
+            signal,
+            timed_out: signal.is_some(),
+            duration_us: 1500,
+        };
+        check_serialised(&doc, "ExecExit", &exit);
+        check_serialised(
+            &doc,
+            "ExecResult",
+            &ExecResult {
+                pid: 7,
+                exit,
+                stdout_b64: api::b64::encode(b"out\n"),
+                stderr_b64: String::new(),
+            },
+        );
+    }
+    check_serialised(
+        &doc,
+        "VersionInfo",
+        &VersionInfo {
+            version: "0.1.0".into(),
+            api: api::API_VERSION.into(),
+            root: "/var/lib/forkd".into(),
+            cgroup_version: 2,
+        },
+    );
+    let stats = OpStats {
+        count: 10,
+        errors: 1,
+        p50_us: 100,
+        p90_us: 200,
+        p99_us: 300,
+        max_us: 400,
+    };
+    check_serialised(&doc, "OpStats", &stats);
+    let metrics: BTreeMap<String, OpStats> = [
+        ("createSandbox".to_string(), stats.clone()),
+        ("exec_stream".to_string(), OpStats::default()),
+    ]
+    .into();
+    check_serialised(&doc, "Metrics", &metrics);
+    check_serialised(
+        &doc,
+        "Limits",
+        &Limits {
+            memory_bytes: Some(1),
+            pids: None,
+            cpu_millis: Some(1000),
+        },
+    );
+    for log_path in [None, Some("/.forkd/logs/main.log".to_string())] {
+        check_serialised(&doc, "ExecStarted", &ExecStarted { pid: 1, log_path });
+    }
+    check_serialised(
+        &doc,
+        "ExecErrorFrame",
+        &json!({ "message": "ls: command not found" }),
+    );
+}
+
+#[test]
+fn request_schemas_deserialise_into_the_request_types() {
+    let doc = doc();
+    check_request::<CreateSandboxRequest>(&doc, "CreateSandboxRequest");
+    check_request::<ExecBody>(&doc, "ExecBody");
+    check_request::<ExecRequest>(&doc, "ExecRequest");
+    check_request::<ImportImageRequest>(&doc, "ImportImageRequest");
+    check_request::<StopRequest>(&doc, "StopRequest");
+    check_request::<Limits>(&doc, "Limits");
+
+    // ExecBody is ExecRequest's fields plus stdin_b64, flattened.
+    let body = names(schema(&doc, "ExecBody").get("properties"));
+    let mut req = names(schema(&doc, "ExecRequest").get("properties"));
+    req.insert("stdin_b64".into());
+    assert_eq!(body, req, "ExecBody = ExecRequest + stdin_b64");
+    let parsed: ExecBody = serde_json::from_value(json!({
+        "argv": ["cat"], "stdin_b64": "aGk=", "timeout_ms": 5
+    }))
+    .unwrap();
+    assert_eq!(parsed.request.argv, ["cat"]);
+    assert_eq!(parsed.request.timeout_ms, Some(5));
+    assert_eq!(parsed.stdin_b64.as_deref(), Some("aGk="));
+    // The upgraded exec takes a plain ExecRequest: stdin_b64 is refused there.
+    assert!(
+        serde_json::from_value::<ExecRequest>(json!({"argv": ["cat"], "stdin_b64": "aGk="}))
+            .is_err()
+    );
+    // Unknown properties are refused inside a create request's command too.
+    assert!(serde_json::from_value::<CreateSandboxRequest>(json!({
+        "image": "alpine", "command": {"argv": ["true"], "bogus": 1}
+    }))
+    .is_err());
+    // Nullable properties accept null.
+    let c: CreateSandboxRequest = serde_json::from_value(json!({
+        "image": "alpine", "command": null, "hostname": null,
+        "limits": {"memory_bytes": null, "pids": 5}
+    }))
+    .unwrap();
+    assert_eq!(c.limits.pids, Some(5));
+    // Every property of ExecRequest and StopRequest is optional: {} is a valid body.
+    serde_json::from_value::<ExecBody>(json!({})).unwrap();
+    serde_json::from_value::<StopRequest>(json!({})).unwrap();
+}
+
+/// One match arm of the daemon's `handle`, as source text, and without whitespace.
+struct Arm {
+    text: String,
+    compact: String,
+}
+
+impl Arm {
+    /// What follows each `before` in the compact text, up to the next `after`.
+    fn find_all<'a>(&'a self, before: &'a str, after: char) -> Vec<&'a str> {
+        let mut out = Vec::new();
+        let mut rest = self.compact.as_str();
+        while let Some(i) = rest.find(before) {
+            rest = &rest[i + before.len()..];
+            if let Some(end) = rest.find(after) {
+                out.push(&rest[..end]);
+            }
+        }
+        out
+    }
+    /// Statuses of JSON answers (`Response::json(201, ...)`), and 200 for byte answers.
+    fn statuses(&self) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = self
+            .find_all("Response::json(", ',')
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if self.text.contains("Response::bytes(") {
+            out.insert("200".into());
+        }
+        out
+    }
+    fn content_types(&self) -> BTreeSet<String> {
+        self.find_all("\"application/", '"')
+            .into_iter()
+            .map(|s| format!("application/{s}"))
+            .collect()
+    }
+    fn query(&self) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = self
+            .find_all("query.get(\"", '"')
+            .into_iter()
+            .map(String::from)
+            .collect();
+        out.extend(
+            self.find_all("flag(req,\"", '"')
+                .into_iter()
+                .map(String::from),
+        );
+        out
+    }
+    fn json_keys(&self) -> BTreeSet<String> {
+        self.find_all("json!({\"", '"')
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+}
+
+fn handler_arms() -> BTreeMap<&'static str, Arm> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon/routes.rs");
+    let src = std::fs::read_to_string(&path).unwrap();
+    let start = src.find("fn handle(").expect("routes.rs has fn handle");
+    let src = &src[start..];
+    let end = src.find("\nimpl ").unwrap_or(src.len());
+    let src = &src[..end];
+    let mut starts: Vec<(usize, &'static str)> = api::ROUTES
+        .iter()
+        .map(|(_, _, op)| {
+            let at = src
+                .find(&format!("\"{op}\" =>"))
+                .unwrap_or_else(|| panic!("no handler arm for {op} in routes.rs"));
+            (at, *op)
+        })
+        .collect();
+    starts.sort();
+    let other = src.find("other =>").unwrap_or(src.len());
+    let mut arms = BTreeMap::new();
+    for (i, (at, op)) in starts.iter().enumerate() {
+        let end = starts.get(i + 1).map(|s| s.0).unwrap_or(other);
+        let text = src[*at..end].to_string();
+        let compact = text.split_whitespace().collect();
+        arms.insert(*op, Arm { text, compact });
+    }
+    arms
+}
+
+#[test]
+fn handlers_answer_as_documented() {
+    let doc = doc();
+    let ops = operations(&doc);
+    let arms = handler_arms();
+    for (_, _, id) in api::ROUTES {
+        let arm = &arms[id];
+        let op = op(&ops, id);
+        let responses = op["responses"].as_object().unwrap();
+
+        let documented: BTreeSet<String> = responses
+            .keys()
+            .filter(|c| c.starts_with('2'))
+            .cloned()
+            .collect();
+        assert_eq!(
+            documented,
+            arm.statuses(),
+            "{id}: documented success statuses vs the handler's"
+        );
+        if *id == "execInSandbox" {
+            assert!(
+                responses.contains_key("101"),
+                "the exec upgrade answers 101"
+            );
+        } else {
+            assert!(!responses.contains_key("101"), "{id} does not upgrade");
+        }
+
+        let binary: BTreeSet<String> = documented
+            .iter()
+            .flat_map(|c| names(follow(&doc, &responses[c]).get("content")))
+            .filter(|t| t != "application/json")
+            .collect();
+        assert_eq!(
+            binary,
+            arm.content_types(),
+            "{id}: documented non-JSON response types vs the handler's"
+        );
+
+        let query: BTreeSet<(String, bool)> = params(&doc, op)
+            .into_iter()
+            .filter(|(_, loc, _)| loc == "query")
+            .map(|(n, _, r)| (n, r))
+            .collect();
+        let handled: BTreeSet<(String, bool)> = arm
+            .query()
+            .into_iter()
+            .map(|n| {
+                let required = arm.text.contains(&format!("missing query parameter {n}"));
+                (n, required)
+            })
+            .collect();
+        assert_eq!(
+            query, handled,
+            "{id}: documented query parameters (name, required) vs the handler's"
+        );
+
+        let takes_json = arm.text.contains("req.json()");
+        let takes_bytes = arm.text.contains("&req.body");
+        let body = op.get("requestBody").map(|b| follow(&doc, b));
+        assert_eq!(
+            body.map(|b| names(b.get("content"))),
+            match (takes_json, takes_bytes) {
+                (true, _) => Some(["application/json".to_string()].into()),
+                (false, true) => Some(["application/x-tar".to_string()].into()),
+                (false, false) => None,
+            },
+            "{id}: documented request body vs the handler's"
+        );
+
+        let keys = arm.json_keys();
+        if !keys.is_empty() {
+            for c in &documented {
+                let s = &follow(&doc, &responses[c])["content"]["application/json"]["schema"];
+                let (s, _) = resolve(&doc, s);
+                assert_eq!(
+                    names(s.get("properties")),
+                    keys,
+                    "{id}: properties of the ad-hoc JSON answer"
+                );
+                assert_eq!(
+                    required(s),
+                    keys,
+                    "{id}: the ad-hoc answer is always complete"
+                );
+            }
+        }
+    }
+}
