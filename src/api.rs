@@ -27,6 +27,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/logs", "sandboxLogs"),
     ("GET", "/v1/sandboxes/{id}/files", "copyFromSandbox"),
     ("PUT", "/v1/sandboxes/{id}/files", "copyToSandbox"),
+    ("POST", "/v1/sandboxes/{id}/checkpoint", "checkpointSandbox"),
+    ("GET", "/v1/checkpoints", "listCheckpoints"),
+    ("GET", "/v1/checkpoints/{id}", "inspectCheckpoint"),
+    ("DELETE", "/v1/checkpoints/{id}", "removeCheckpoint"),
+    ("POST", "/v1/checkpoints/{id}/fork", "forkCheckpoint"),
 ];
 
 /// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
@@ -277,4 +282,70 @@ pub mod b64 {
             assert!(super::decode("Zm9v!").is_err());
         }
     }
+}
+
+/// `POST /v1/sandboxes/{id}/checkpoint`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    /// Also dump the live process tree with CRIU.
+    #[serde(default)]
+    pub live: bool,
+    /// Stop the sandbox after the checkpoint (default: it keeps running).
+    #[serde(default)]
+    pub stop: bool,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    pub id: String,
+    /// The checkpoint the source sandbox was forked from, if any.
+    pub parent: Option<String>,
+    pub sandbox: String,
+    pub image: String,
+    pub live: bool,
+    pub created: u64,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The overlay layers of the checkpointed root, topmost first.
+    pub layers: Vec<String>,
+    /// SHA-256 over the layers' tree hashes; null while it is still being computed.
+    pub tree_hash: Option<String>,
+    /// Microseconds per phase (freeze, snapshot, dump, ...).
+    pub phases_us: std::collections::BTreeMap<String, u64>,
+    /// Size of the CRIU images, bytes.
+    pub images_bytes: u64,
+    /// Sandboxes forked from this checkpoint that still exist.
+    pub branches: Vec<String>,
+}
+
+/// `POST /v1/checkpoints/{id}/fork`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// Number of branches (default 1).
+    #[serde(default)]
+    pub count: Option<usize>,
+    /// Restore memory lazily (userfaultfd): branches run before all pages are loaded.
+    #[serde(default)]
+    pub lazy: bool,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BranchInfo {
+    pub id: String,
+    /// `eager`, `lazy`, or `fresh` (a filesystem checkpoint: a new init).
+    pub mode: String,
+    pub init_pid: Option<i32>,
+    /// Microseconds per phase (prepare, restore, ready, total).
+    pub phases_us: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkResult {
+    pub checkpoint: String,
+    pub branches: Vec<BranchInfo>,
 }

@@ -65,11 +65,7 @@ fn lifecycle_run_exec_stop_rm() {
             .unwrap();
         assert_eq!(info.status, SandboxStatus::Stopped);
     }
-    assert!(
-        mounts_under(&d.root).is_empty(),
-        "{:?}",
-        mounts_under(&d.root)
-    );
+    assert!(d.sandbox_mounts().is_empty(), "{:?}", d.sandbox_mounts());
     assert!(!cgroup_exists(&sb.id));
     let err = d
         .exec(&sb.id, serde_json::json!({ "argv": ["true"] }))
@@ -82,7 +78,7 @@ fn lifecycle_run_exec_stop_rm() {
         .call::<serde_json::Value>("DELETE", &format!("/v1/sandboxes/{}", sb.id), None)
         .unwrap_err();
     assert!(err.to_string().contains("no such sandbox"), "{err}");
-    assert!(!d.root.join("sandboxes").join(&sb.id).exists());
+    assert!(!d.data().join("sandboxes").join(&sb.id).exists());
 }
 
 #[test]
@@ -290,7 +286,7 @@ fn daemon_recovers_after_kill_9() {
     assert_eq!(find(&doomed.id).status, SandboxStatus::Stopped);
     assert_eq!(d.sh(&live.id, "cat /tmp/state").1, "kept\n");
     // The dead sandbox's mount and cgroup are gone; the live one's remain.
-    let mounts = mounts_under(&d.root);
+    let mounts = d.sandbox_mounts();
     assert!(!mounts.iter().any(|m| m.contains(&doomed.id)), "{mounts:?}");
     assert!(mounts.iter().any(|m| m.contains(&live.id)), "{mounts:?}");
     assert!(!cgroup_exists(&doomed.id));
@@ -427,7 +423,7 @@ fn malicious_image_archive_is_rejected_and_leaves_nothing() {
     b.append(&header, &b"evil"[..]).unwrap();
     let tar_path = dir.join("evil.tar");
     std::fs::write(&tar_path, b.into_inner().unwrap()).unwrap();
-    let layers_before = std::fs::read_dir(d.root.join("layers")).unwrap().count();
+    let layers_before = std::fs::read_dir(d.data().join("layers")).unwrap().count();
     let err = d
         .client
         .call::<serde_json::Value>(
@@ -440,10 +436,10 @@ fn malicious_image_archive_is_rejected_and_leaves_nothing() {
     assert!(err.contains(".."), "{err}");
     assert!(!victim.exists());
     assert_eq!(
-        std::fs::read_dir(d.root.join("layers")).unwrap().count(),
+        std::fs::read_dir(d.data().join("layers")).unwrap().count(),
         layers_before
     );
-    assert!(std::fs::read_dir(d.root.join("layers/tmp"))
+    assert!(std::fs::read_dir(d.data().join("layers/tmp"))
         .unwrap()
         .next()
         .is_none());

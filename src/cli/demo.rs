@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn cache() -> PathBuf {
-    std::env::var_os("FORKD_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+    std::env::var_os("FORKD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
 }
 
 struct PrivateDaemon {
@@ -18,19 +20,30 @@ struct PrivateDaemon {
 
 impl Drop for PrivateDaemon {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        );
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.base);
     }
 }
 
 fn step(what: &str, t: Instant) {
-    println!("  {:<58} {:>9.1} ms", what, t.elapsed().as_secs_f64() * 1000.0);
+    println!(
+        "  {:<58} {:>9.1} ms",
+        what,
+        t.elapsed().as_secs_f64() * 1000.0
+    );
 }
 
 pub fn run() -> anyhow::Result<i32> {
     let busybox = cache().join("images/busybox.tar");
-    anyhow::ensure!(busybox.exists(), "fixture {} is missing: run fixtures/setup.sh busybox", busybox.display());
+    anyhow::ensure!(
+        busybox.exists(),
+        "fixture {} is missing: run fixtures/setup.sh busybox",
+        busybox.display()
+    );
     let base = std::env::temp_dir().join(format!("forkd-demo-{}", std::process::id()));
     std::fs::create_dir_all(&base)?;
     let socket = base.join("forkd.sock");
@@ -42,11 +55,18 @@ pub fn run() -> anyhow::Result<i32> {
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()?;
-    let guard = PrivateDaemon { child, base: base.clone() };
+    let guard = PrivateDaemon {
+        child,
+        base: base.clone(),
+    };
     let c = Client::new(&socket);
     let t = Instant::now();
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "the daemon did not start; see {}", base.join("daemon.log").display());
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(30),
+            "the daemon did not start; see {}",
+            base.join("daemon.log").display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("forkd demo (state root {}):", base.join("root").display());
@@ -59,7 +79,11 @@ pub fn run() -> anyhow::Result<i32> {
     }
     for (name, src) in &images {
         let t = Instant::now();
-        let _: serde_json::Value = c.call("POST", "/v1/images", Some(&serde_json::json!({ "source": src, "name": name })))?;
+        let _: serde_json::Value = c.call(
+            "POST",
+            "/v1/images",
+            Some(&serde_json::json!({ "source": src, "name": name })),
+        )?;
         step(&format!("import image {name}"), t);
     }
 
@@ -67,8 +91,16 @@ pub fn run() -> anyhow::Result<i32> {
     let sb: SandboxInfo = c.call("POST", "/v1/sandboxes", Some(&serde_json::json!({ "image": "busybox", "limits": { "pids": 256, "memory_bytes": 268435456u64 } })))?;
     step(&format!("create sandbox {}", sb.id), t);
     let exec = |id: &str, line: &str| -> anyhow::Result<(i32, String)> {
-        let r: ExecResult = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&serde_json::json!({ "shell": line })))?;
-        Ok((r.exit.exit_code, String::from_utf8_lossy(&crate::api::b64::decode(&r.stdout_b64).unwrap_or_default()).into_owned()))
+        let r: ExecResult = c.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&serde_json::json!({ "shell": line })),
+        )?;
+        Ok((
+            r.exit.exit_code,
+            String::from_utf8_lossy(&crate::api::b64::decode(&r.stdout_b64).unwrap_or_default())
+                .into_owned(),
+        ))
     };
     let t = Instant::now();
     let (_, out) = exec(&sb.id, "true")?;
@@ -81,19 +113,32 @@ pub fn run() -> anyhow::Result<i32> {
         samples.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("  {:<58} {:>9.2} ms", "exec round trip, p50 of 50", samples[25]);
+    println!(
+        "  {:<58} {:>9.2} ms",
+        "exec round trip, p50 of 50", samples[25]
+    );
     let (_, ps) = exec(&sb.id, "ps -o pid,args")?;
     println!("  processes seen inside the sandbox:");
     for l in ps.lines() {
         println!("      {l}");
     }
     let (code, _) = exec(&sb.id, "echo hi | nc -w 1 127.0.0.1 22")?;
-    println!("  host network reachable from the sandbox: {}", if code == 0 { "YES (unexpected)" } else { "no" });
+    println!(
+        "  host network reachable from the sandbox: {}",
+        if code == 0 { "YES (unexpected)" } else { "no" }
+    );
     let (code, _) = exec(&sb.id, "mount -t tmpfs none /mnt 2>/dev/null")?;
-    println!("  mount allowed inside the sandbox: {}", if code == 0 { "YES (unexpected)" } else { "no" });
+    println!(
+        "  mount allowed inside the sandbox: {}",
+        if code == 0 { "YES (unexpected)" } else { "no" }
+    );
     if images.iter().any(|(n, _)| *n == "debian") {
         let t = Instant::now();
-        let deb: SandboxInfo = c.call("POST", "/v1/sandboxes", Some(&serde_json::json!({ "image": "debian" })))?;
+        let deb: SandboxInfo = c.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(&serde_json::json!({ "image": "debian" })),
+        )?;
         let (_, v) = exec(&deb.id, "python3 --version; git --version; tmux -V")?;
         step("create a Debian sandbox and run python3/git/tmux", t);
         for l in v.lines() {
@@ -103,7 +148,11 @@ pub fn run() -> anyhow::Result<i32> {
     let t = Instant::now();
     let list: Vec<SandboxInfo> = c.call("GET", "/v1/sandboxes", None)?;
     for s in &list {
-        let _: serde_json::Value = c.call("DELETE", &format!("/v1/sandboxes/{}?force=true", s.id), None)?;
+        let _: serde_json::Value = c.call(
+            "DELETE",
+            &format!("/v1/sandboxes/{}?force=true", s.id),
+            None,
+        )?;
     }
     step(&format!("remove {} sandboxes", list.len()), t);
     drop(guard);

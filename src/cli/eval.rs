@@ -34,17 +34,39 @@ pub enum ReportFormat {
 
 pub fn run(cmd: EvalCmd) -> anyhow::Result<i32> {
     match cmd {
-        EvalCmd::Report { runs, out, format, draws, seed, min_trials } => {
+        EvalCmd::Report {
+            runs,
+            out,
+            format,
+            draws,
+            seed,
+            min_trials,
+        } => {
             let t = std::time::Instant::now();
             let ds = forkd_analysis::load_runs(&runs)?;
-            eprintln!("loaded {} run(s) in {:.2}s; analysing with {draws} bootstrap draws ...", runs.len(), t.elapsed().as_secs_f64());
-            let analysis = forkd_analysis::analyze(&ds, &forkd_analysis::Options { draws, seed, min_trials });
+            eprintln!(
+                "loaded {} run(s) in {:.2}s; analysing with {draws} bootstrap draws ...",
+                runs.len(),
+                t.elapsed().as_secs_f64()
+            );
+            let analysis = forkd_analysis::analyze(
+                &ds,
+                &forkd_analysis::Options {
+                    draws,
+                    seed,
+                    min_trials,
+                },
+            );
             let fmt = match format {
                 ReportFormat::Report => forkd_analysis::Format::Report,
                 ReportFormat::Json => forkd_analysis::Format::Json,
             };
             let files = forkd_analysis::write_report(&analysis, &out, fmt)?;
-            eprintln!("wrote {} files in {:.2}s", files.len(), t.elapsed().as_secs_f64());
+            eprintln!(
+                "wrote {} files in {:.2}s",
+                files.len(),
+                t.elapsed().as_secs_f64()
+            );
             println!("{}", out.display());
             Ok(0)
         }

@@ -2,6 +2,7 @@
 //! `--json` gives machine-readable output. Each subcommand talks to the daemon through
 //! [`crate::client::Client`]; `daemon` and `doctor` run locally.
 
+mod checkpoint;
 mod demo;
 mod doctor;
 mod eval;
@@ -86,6 +87,10 @@ enum Command {
         #[arg(required = true)]
         sandboxes: Vec<String>,
     },
+    /// Checkpoint a sandbox (files, and with --live its processes); or ls|inspect|rm
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// Start branch sandboxes from a checkpoint; prints their ids, one a line
+    Fork(checkpoint::ForkArgs),
     /// Show per-operation latency recorded by the daemon
     Metrics,
     /// The evaluator: experiments on clean and inherited start states, and their report
@@ -152,6 +157,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => sandbox::stop(&ctx, grace_secs, &sandboxes),
         Command::Rm { force, sandboxes } => sandbox::rm(&ctx, force, &sandboxes),
         Command::Eval(cmd) => eval::run(cmd),
+        Command::Checkpoint(args) => checkpoint::run(&ctx, args),
+        Command::Fork(args) => checkpoint::fork(&ctx, args),
         Command::Demo => demo::run(),
         Command::Metrics => {
             let m: serde_json::Value = ctx.client.call("GET", "/v1/metrics", None)?;

@@ -7,6 +7,7 @@
 //! holds up other requests. Every request gets an id that appears in its log line and in
 //! its error body; every operation's latency is recorded in [`metrics`].
 
+mod checkpoints;
 mod files;
 mod http;
 mod images;
@@ -33,7 +34,17 @@ pub struct DaemonConfig {
 }
 
 pub struct Daemon {
+    /// The state root given by the user (holds the lock and, if needed, the volume image).
     pub root: PathBuf,
+    /// Where all data lives: a btrfs filesystem (the state root itself, or a loop-mounted
+    /// image below it), so that sandboxes' upper layers can be snapshotted in O(1).
+    pub data: PathBuf,
+    pub volume: forkd_volume::Volume,
+    /// CRIU, if usable here; live checkpoints need it.
+    pub criu: Result<forkd_criu::Criu, String>,
+    /// Execs in flight per sandbox: a live checkpoint waits for none.
+    pub execs_in_flight: Mutex<HashMap<forkd_sandbox::SandboxId, usize>>,
+    pub checkpoints: Mutex<HashMap<forkd_sandbox::CheckpointId, Arc<checkpoints::Checkpoint>>>,
     /// The forkd executable (run as `__setup`, and copied into the runtime layer).
     pub exe: PathBuf,
     pub layers: LayerStore,
@@ -78,10 +89,8 @@ impl Daemon {
                 "forkd daemon must run as root (it creates namespaces, mounts and cgroups)"
             );
         }
-        for sub in ["", "sandboxes", "runtime"] {
-            let d = cfg.root.join(sub);
-            std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
-        }
+        std::fs::create_dir_all(&cfg.root)
+            .with_context(|| format!("create {}", cfg.root.display()))?;
         std::fs::set_permissions(&cfg.root, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("chmod {}", cfg.root.display()))?;
         let lock_path = cfg.root.join("daemon.lock");
@@ -102,13 +111,28 @@ impl Daemon {
 
         // Inits are reparented to us when their set-up helper exits; we reap them.
         nix::sys::prctl::set_child_subreaper(true).context("become a child subreaper")?;
-        let layers = LayerStore::open(&cfg.root.join("layers")).context("open layer store")?;
-        let images = ImageStore::open(&cfg.root.join("images")).context("open image store")?;
+        let volume = forkd_volume::Volume::open(&cfg.root).context("open the data volume")?;
+        let data = volume.path().to_path_buf();
+        for sub in ["sandboxes", "runtime", "checkpoints", "logs"] {
+            let d = data.join(sub);
+            std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+        }
+        let layers = LayerStore::open(&data.join("layers")).context("open layer store")?;
+        let images = ImageStore::open(&data.join("images")).context("open image store")?;
         let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
-        let runtime_layer = ensure_runtime_layer(&cfg.root, &layers, &exe)?;
+        let runtime_layer = ensure_runtime_layer(&data, &layers, &exe)?;
+        let criu = forkd_criu::Criu::locate(None).map_err(|e| e.to_string());
+        if let Err(e) = &criu {
+            log::warn(&format!("live checkpoints are unavailable: {e}"));
+        }
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
         let daemon = Arc::new(Daemon {
             root: cfg.root.clone(),
+            data,
+            volume,
+            criu,
+            execs_in_flight: Mutex::new(HashMap::new()),
+            checkpoints: Mutex::new(HashMap::new()),
             exe,
             layers,
             images,
@@ -124,6 +148,23 @@ impl Daemon {
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;
         Ok(daemon)
+    }
+
+    /// On shutdown with nothing running, unmount the loop-mounted volume so that no
+    /// mount outlives the daemon; the next start mounts it again.
+    fn release_volume_if_idle(&self) {
+        let running = self
+            .sandboxes
+            .lock()
+            .unwrap()
+            .values()
+            .any(|sb| sb.record.lock().unwrap().status == crate::api::SandboxStatus::Running);
+        if running || self.volume.loop_image().is_none() {
+            return;
+        }
+        if let Err(e) = forkd_volume::Volume::open(&self.root).and_then(|v| v.unmount()) {
+            log::warn(&format!("unmount {}: {e}", self.data.display()));
+        }
     }
 
     fn request_id(&self) -> String {
@@ -227,6 +268,7 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         }
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);
+        daemon.release_volume_if_idle();
         log::info("daemon stopped; sandboxes keep running");
         Ok(())
     });

@@ -214,6 +214,27 @@ fn handle(
             let n = d.copy_in(&sb, path, &req.body)?;
             Ok(Response::json(200, &serde_json::json!({ "entries": n })))
         }
+        "checkpointSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            let body: api::CheckpointRequest = req.json()?;
+            let c = d.checkpoint_sandbox(&sb, &body)?;
+            Ok(Response::json(201, &d.checkpoint_info(&c)))
+        }
+        "listCheckpoints" => Ok(Response::json(200, &d.list_checkpoints())),
+        "inspectCheckpoint" => Ok(Response::json(
+            200,
+            &d.checkpoint_info(&*d.checkpoint(&param("id"))?),
+        )),
+        "removeCheckpoint" => {
+            let c = d.checkpoint(&param("id"))?;
+            d.remove_checkpoint(&c, flag(req, "force"))?;
+            Ok(Response::json(200, &serde_json::json!({ "removed": c.id })))
+        }
+        "forkCheckpoint" => {
+            let c = d.checkpoint(&param("id"))?;
+            let body: api::ForkRequest = req.json()?;
+            Ok(Response::json(201, &d.fork_checkpoint(&c, &body)?))
+        }
         other => Err(ApiError::internal(format!("route {other} has no handler"))),
     }
 }
@@ -240,6 +261,7 @@ impl Daemon {
         req.validate()
             .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
         let rootfs = self.running_rootfs(sb)?;
+        let _busy = self.exec_session(sb);
         let t0 = SystemTime::now();
         if req.detach {
             let (_, started) = host::start_exec(&rootfs, req).map_err(|e| exec_error(sb, e))?;
@@ -270,6 +292,39 @@ impl Daemon {
             stdout_b64: api::b64::encode(&out.stdout),
             stderr_b64: api::b64::encode(&out.stderr),
         })
+    }
+}
+
+/// Counts an exec connection to a sandbox's init for as long as it lives.
+pub struct ExecSession<'a> {
+    daemon: &'a Daemon,
+    id: forkd_sandbox::SandboxId,
+}
+
+impl Drop for ExecSession<'_> {
+    fn drop(&mut self) {
+        let mut m = self.daemon.execs_in_flight.lock().unwrap();
+        if let Some(n) = m.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.id);
+            }
+        }
+    }
+}
+
+impl Daemon {
+    pub fn exec_session(&self, sb: &super::Sandbox) -> ExecSession<'_> {
+        *self
+            .execs_in_flight
+            .lock()
+            .unwrap()
+            .entry(sb.id.clone())
+            .or_default() += 1;
+        ExecSession {
+            daemon: self,
+            id: sb.id.clone(),
+        }
     }
 }
 

@@ -11,13 +11,14 @@
 //! up, so a directory without `state.json` is a half-made sandbox and recovery removes
 //! it. Everything here blocks; callers run it on the blocking pool.
 
+use super::checkpoints::Lower;
 use super::Daemon;
 use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
 use forkd_cgroups::{Cgroup, Limits};
-use forkd_layers::LayerId;
 use forkd_sandbox::host;
 use forkd_sandbox::proto::ExecRequest;
 use forkd_sandbox::setup::SetupSpec;
+use forkd_sandbox::CheckpointId;
 use forkd_sandbox::SandboxId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -34,8 +35,11 @@ pub struct SandboxRecord {
     pub version: u32,
     pub id: SandboxId,
     pub image: String,
-    /// The overlay's lower layers, topmost first (the runtime layer is the first).
-    pub lowers: Vec<LayerId>,
+    /// The overlay's lower layers, topmost first.
+    pub lowers: Vec<Lower>,
+    /// The checkpoint this sandbox was forked from.
+    #[serde(default)]
+    pub parent: Option<CheckpointId>,
     pub created: u64,
     pub hostname: String,
     pub limits: Limits,
@@ -60,8 +64,14 @@ impl Sandbox {
     pub fn rootfs(&self) -> PathBuf {
         self.dir.join("rootfs")
     }
+    /// The sandbox's own writable layer: a btrfs subvolume holding the overlay's
+    /// `upper` and `work` directories (overlayfs copies up by renaming from `work` into
+    /// `upper`, which btrfs allows only within one subvolume).
+    pub fn layer(&self) -> PathBuf {
+        self.dir.join("layer")
+    }
     pub fn upper(&self) -> PathBuf {
-        self.dir.join("upper")
+        self.dir.join("layer/upper")
     }
 }
 
@@ -93,8 +103,8 @@ fn valid_hostname(h: &str) -> bool {
 }
 
 impl Daemon {
-    fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
-        self.root.join("sandboxes").join(id.as_str())
+    pub(super) fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.data.join("sandboxes").join(id.as_str())
     }
 
     /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
@@ -177,8 +187,8 @@ impl Daemon {
                 "invalid hostname {hostname:?}: use letters, digits and '-', at most 63"
             )));
         }
-        let mut lowers = vec![self.runtime_layer.clone()];
-        lowers.extend(image.layers.iter().rev().cloned());
+        let mut lowers = vec![Lower::Layer(self.runtime_layer.clone())];
+        lowers.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
         let record = SandboxRecord {
             version: RECORD_VERSION,
             id: id.clone(),
@@ -188,6 +198,7 @@ impl Daemon {
             hostname,
             limits: req.limits.clone(),
             labels: req.labels.clone(),
+            parent: None,
             status: SandboxStatus::Running,
             init_pid: None,
             init_start: None,
@@ -195,20 +206,9 @@ impl Daemon {
             create_us: 0,
         };
         let dir = self.sandbox_dir(&id);
-        let sb = match self.start(&dir, record, started) {
-            Ok(sb) => sb,
-            Err(e) => {
-                self.teardown(&dir, &format!("forkd/{id}"), None);
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let sb = Arc::new(sb);
-        self.sandboxes
-            .lock()
-            .unwrap()
-            .insert(id.clone(), sb.clone());
-        self.watch(sb.clone());
+        let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
+            d.start_init_in(dir, rec)
+        })?;
         if let Some(mut cmd) = req.command {
             cmd.detach = true;
             cmd.log = Some("main".into());
@@ -221,34 +221,96 @@ impl Daemon {
         Ok(sb)
     }
 
-    /// Mounts, limits and starts a sandbox described by `record` in `dir`.
-    fn start(
-        &self,
+    /// Prepares a sandbox's root and cgroup, runs `start` to bring its processes up,
+    /// records it and watches it. On failure, everything made so far is undone.
+    pub(super) fn start_or_undo(
+        self: &Arc<Self>,
         dir: &Path,
         mut record: SandboxRecord,
         started: Instant,
-    ) -> Result<Sandbox, ApiError> {
-        let id = record.id.clone();
+        start: impl FnOnce(&Daemon, &Path, &mut SandboxRecord) -> Result<(), ApiError>,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        let res = self
+            .prepare_root(dir, &record)
+            .and_then(|()| start(self, dir, &mut record))
+            .and_then(|()| {
+                record.create_us = started.elapsed().as_micros() as u64;
+                write_record(dir, &record)
+            });
+        if let Err(e) = res {
+            self.teardown(dir, &record.cgroup, record.init_pid);
+            self.delete_sandbox_dir(dir);
+            return Err(e);
+        }
+        let sb = Arc::new(Sandbox {
+            id: record.id.clone(),
+            dir: dir.to_path_buf(),
+            record: Mutex::new(record),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(sb.id.clone(), sb.clone());
+        self.watch(sb.clone());
+        Ok(sb)
+    }
+
+    /// Makes the sandbox directory, its writable layer (a btrfs subvolume, so that a
+    /// checkpoint can snapshot it in O(1)), the overlay root, and the cgroup.
+    fn prepare_root(&self, dir: &Path, record: &SandboxRecord) -> Result<(), ApiError> {
+        let id = &record.id;
         let ctx = |step: &str| format!("sandbox {id}: {step}");
-        for sub in ["upper", "work", "rootfs"] {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| {
-                ApiError::internal(format!(
-                    "{}: {e}",
-                    ctx(&format!("create {}", dir.join(sub).display()))
-                ))
+        let rootfs = dir.join("rootfs");
+        std::fs::create_dir_all(&rootfs).map_err(|e| {
+            ApiError::internal(format!(
+                "{}: {e}",
+                ctx(&format!("create {}", rootfs.display()))
+            ))
+        })?;
+        let layer = dir.join("layer");
+        self.volume
+            .create_subvolume(&layer)
+            .map_err(|e| ApiError::from_chain(&ctx("create writable layer"), &e))?;
+        for sub in ["upper", "work"] {
+            let d = layer.join(sub);
+            std::fs::create_dir(&d).map_err(|e| {
+                ApiError::internal(format!("{}: {e}", ctx(&format!("create {}", d.display()))))
             })?;
         }
-        let lowers: Vec<PathBuf> = record.lowers.iter().map(|l| self.layers.path(l)).collect();
-        host::mount_overlay(
-            &lowers,
-            &dir.join("upper"),
-            &dir.join("work"),
-            &dir.join("rootfs"),
+        let lowers: Vec<PathBuf> = record.lowers.iter().map(|l| self.lower_path(l)).collect();
+        let lower_refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
+        forkd_sys::mount::mount_overlay(
+            &lower_refs,
+            Some((&layer.join("upper"), &layer.join("work"))),
+            &rootfs,
         )
-        .map_err(|e| ApiError::from_chain(&ctx("mount root"), &e))?;
+        .map_err(|e| ApiError::internal(format!("{}: {e}", ctx("mount root"))))?;
         let cg = Cgroup::new(&self.hierarchy, &record.cgroup);
         cg.create(&record.limits)
             .map_err(|e| ApiError::from_chain(&ctx("create cgroup"), &e))?;
+        Ok(())
+    }
+
+    /// Removes a sandbox directory, its upper subvolume included. Idempotent.
+    pub(super) fn delete_sandbox_dir(&self, dir: &Path) {
+        if let Err(e) = self.volume.delete_subvolume(&dir.join("layer")) {
+            log::warn(&format!("delete {}: {e}", dir.join("layer").display()));
+        }
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn(&format!("remove {}: {e}", dir.display()));
+            }
+        }
+    }
+
+    /// Starts a fresh init in a prepared sandbox.
+    pub(super) fn start_init_in(
+        &self,
+        dir: &Path,
+        record: &mut SandboxRecord,
+    ) -> Result<(), ApiError> {
+        let id = record.id.clone();
+        let ctx = |step: &str| format!("sandbox {id}: {step}");
         let spec = SetupSpec {
             id: id.clone(),
             rootfs: dir.join("rootfs"),
@@ -261,17 +323,11 @@ impl Daemon {
         record.init_start = forkd_sys::process_start_time(pid);
         host::wait_ready(&dir.join("rootfs"), Duration::from_secs(10))
             .map_err(|e| ApiError::from_chain(&ctx("wait for init"), &e))?;
-        record.create_us = started.elapsed().as_micros() as u64;
-        write_record(dir, &record)?;
-        Ok(Sandbox {
-            id,
-            dir: dir.to_path_buf(),
-            record: Mutex::new(record),
-        })
+        Ok(())
     }
 
     /// Kills what runs, unmounts and removes the cgroup. Idempotent; failures are logged.
-    fn teardown(&self, dir: &Path, cgroup: &str, pid: Option<i32>) {
+    pub(super) fn teardown(&self, dir: &Path, cgroup: &str, pid: Option<i32>) {
         let cg = Cgroup::new(&self.hierarchy, cgroup);
         if let Some(pid) = pid {
             if let Ok(fd) = forkd_sys::pidfd_open(pid) {
@@ -331,19 +387,12 @@ impl Daemon {
             self.stop_sandbox(sb, Duration::ZERO)?;
         }
         self.sandboxes.lock().unwrap().remove(&sb.id);
-        std::fs::remove_dir_all(&sb.dir)
-            .or_else(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })
-            .map_err(|e| ApiError::internal(format!("remove {}: {e}", sb.dir.display())))
+        self.delete_sandbox_dir(&sb.dir);
+        Ok(())
     }
 
     /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
-    fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
+    pub(super) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
         let Some(pid) = sb.record.lock().unwrap().init_pid else {
             return;
         };
@@ -383,7 +432,7 @@ impl Daemon {
     /// init still runs come back; the rest are cleaned up and marked stopped; half-made
     /// ones are removed.
     pub fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
-        let dir = self.root.join("sandboxes");
+        let dir = self.data.join("sandboxes");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
         for entry in entries.flatten() {
@@ -400,7 +449,7 @@ impl Daemon {
             let Some(mut rec) = rec else {
                 log::info(&format!("removing half-made sandbox {id}"));
                 self.teardown(&path, &format!("forkd/{id}"), None);
-                let _ = std::fs::remove_dir_all(&path);
+                self.delete_sandbox_dir(&path);
                 continue;
             };
             let alive = rec.status == SandboxStatus::Running

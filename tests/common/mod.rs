@@ -110,6 +110,16 @@ impl TestDaemon {
         }
     }
 
+    /// Where the daemon keeps its data (the btrfs volume).
+    pub fn data(&self) -> PathBuf {
+        self.root.join("vol")
+    }
+
+    /// Mount points of sandboxes (the volume's own mount excluded).
+    pub fn sandbox_mounts(&self) -> Vec<String> {
+        mounts_under(&self.data().join("sandboxes"))
+    }
+
     pub fn create(&self, body: serde_json::Value) -> SandboxInfo {
         self.client
             .call("POST", "/v1/sandboxes", Some(&body))

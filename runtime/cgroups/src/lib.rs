@@ -266,6 +266,68 @@ impl Cgroup {
         }
     }
 
+    /// The `cgroup.procs` file of every directory of this cgroup: writing a pid to all
+    /// of them moves that process in.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.hierarchy
+            .dirs(&self.name)
+            .into_iter()
+            .map(|(_, d)| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// The directory whose freezer CRIU uses (`--freeze-cgroup`), if there is a freezer.
+    pub fn freezer_dir(&self) -> Option<PathBuf> {
+        match &self.hierarchy {
+            Hierarchy::V1 { root, controllers } => controllers
+                .iter()
+                .any(|c| c == "freezer")
+                .then(|| root.join("freezer").join(&self.name)),
+            Hierarchy::V2 { root, .. } => Some(root.join(&self.name)),
+        }
+    }
+
+    /// Freezes (`true`) or thaws every process of the cgroup and waits until the kernel
+    /// reports the new state.
+    pub fn set_frozen(&self, frozen: bool, timeout: Duration) -> Result<(), CgroupError> {
+        let dir = self
+            .freezer_dir()
+            .ok_or_else(|| CgroupError::NoHierarchy(PathBuf::from("freezer")))?;
+        let deadline = Instant::now() + timeout;
+        let (file, value, check_file): (&str, &str, &str) = match (&self.hierarchy, frozen) {
+            (Hierarchy::V1 { .. }, true) => ("freezer.state", "FROZEN", "freezer.state"),
+            (Hierarchy::V1 { .. }, false) => ("freezer.state", "THAWED", "freezer.state"),
+            (Hierarchy::V2 { .. }, true) => ("cgroup.freeze", "1", "cgroup.events"),
+            (Hierarchy::V2 { .. }, false) => ("cgroup.freeze", "0", "cgroup.events"),
+        };
+        write(
+            &dir.join(file),
+            value,
+            if frozen { "freeze" } else { "thaw" },
+        )?;
+        loop {
+            let state = fs::read_to_string(dir.join(check_file))
+                .map_err(io_err(&dir, "read freezer state"))?;
+            let done = match &self.hierarchy {
+                Hierarchy::V1 { .. } => state.trim() == value,
+                Hierarchy::V2 { .. } => {
+                    state.lines().any(|l| l.trim() == format!("frozen {value}"))
+                }
+            };
+            if done {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(CgroupError::Io {
+                    path: dir,
+                    step: "wait for freezer",
+                    source: io::Error::new(io::ErrorKind::TimedOut, format!("still not {value}")),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     pub fn exists(&self) -> bool {
         self.hierarchy
             .dirs(&self.name)

@@ -5,28 +5,70 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// A sandbox id: 16 lowercase hex characters, random.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct SandboxId(String);
-
 pub const ID_LEN: usize = 16;
 
-impl SandboxId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        SandboxId(random_hex(ID_LEN / 2))
-    }
+/// Defines a typed id: 16 lowercase hex characters, random, validated in `FromStr`.
+macro_rules! hex_id {
+    ($name:ident, $what:literal) => {
+        #[doc = concat!("A ", $what, " id: 16 lowercase hex characters, random.")]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
 
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+        impl $name {
+            /// A fresh random id.
+            pub fn random() -> Self {
+                $name(random_hex(ID_LEN / 2))
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+            /// The 12-character form shown in tables.
+            pub fn short(&self) -> &str {
+                &self.0[..12]
+            }
+        }
 
-    /// The 12-character form shown in tables.
-    pub fn short(&self) -> &str {
-        &self.0[..12]
-    }
+        impl FromStr for $name {
+            type Err = InvalidId;
+            fn from_str(s: &str) -> Result<Self, InvalidId> {
+                if s.len() == ID_LEN
+                    && s.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                {
+                    Ok($name(s.to_string()))
+                } else {
+                    Err(InvalidId {
+                        what: $what,
+                        id: s.to_string(),
+                    })
+                }
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = InvalidId;
+            fn try_from(s: String) -> Result<Self, InvalidId> {
+                s.parse()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
+
+hex_id!(SandboxId, "sandbox");
+hex_id!(CheckpointId, "checkpoint");
 
 /// `n` random bytes from the kernel, as hex.
 pub fn random_hex(n: usize) -> String {
@@ -39,40 +81,10 @@ pub fn random_hex(n: usize) -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid sandbox id {0:?}: expected {ID_LEN} lowercase hex characters")]
-pub struct InvalidId(pub String);
-
-impl FromStr for SandboxId {
-    type Err = InvalidId;
-    fn from_str(s: &str) -> Result<Self, InvalidId> {
-        if s.len() == ID_LEN
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            Ok(SandboxId(s.to_string()))
-        } else {
-            Err(InvalidId(s.to_string()))
-        }
-    }
-}
-
-impl TryFrom<String> for SandboxId {
-    type Error = InvalidId;
-    fn try_from(s: String) -> Result<Self, InvalidId> {
-        s.parse()
-    }
-}
-
-impl From<SandboxId> for String {
-    fn from(id: SandboxId) -> String {
-        id.0
-    }
-}
-
-impl fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+#[error("invalid {what} id {id:?}: expected {ID_LEN} lowercase hex characters")]
+pub struct InvalidId {
+    pub what: &'static str,
+    pub id: String,
 }
 
 #[cfg(test)]

@@ -14,4 +14,4 @@ pub mod proto;
 pub mod relay;
 pub mod setup;
 
-pub use id::SandboxId;
+pub use id::{CheckpointId, SandboxId};

@@ -274,8 +274,16 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
     Ok(None)
 }
 
-fn run_detached(conn: &mut UnixStream, req: &ExecRequest, mut cmd: Command, sigfd: SignalFd) -> Result<Option<DetachedWaiter>, String> {
-    let name = req.log.clone().unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
+fn run_detached(
+    conn: &mut UnixStream,
+    req: &ExecRequest,
+    mut cmd: Command,
+    sigfd: SignalFd,
+) -> Result<Option<DetachedWaiter>, String> {
+    let name = req
+        .log
+        .clone()
+        .unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
     let log_path = format!("{}/{name}.log", crate::setup::LOG_DIR);
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -289,8 +297,20 @@ fn run_detached(conn: &mut UnixStream, req: &ExecRequest, mut cmd: Command, sigf
     let started = Instant::now();
     let child = cmd.spawn().map_err(|e| spawn_error(req, e))?;
     let pid = child.id() as i32;
-    send(conn, Kind::Started, &ExecStarted { pid, log_path: Some(log_path) })?;
-    Ok(Some(DetachedWaiter { pid, name, started, sigfd }))
+    send(
+        conn,
+        Kind::Started,
+        &ExecStarted {
+            pid,
+            log_path: Some(log_path),
+        },
+    )?;
+    Ok(Some(DetachedWaiter {
+        pid,
+        name,
+        started,
+        sigfd,
+    }))
 }
 
 fn spawn_error(req: &ExecRequest, e: std::io::Error) -> String {

@@ -1,0 +1,172 @@
+//! `forkd checkpoint SANDBOX`, `forkd checkpoint ls|inspect|rm`, and `forkd fork`.
+
+use super::Ctx;
+use crate::api::{CheckpointInfo, ForkResult};
+use clap::{Args, Subcommand};
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct CheckpointArgs {
+    #[command(subcommand)]
+    pub cmd: Option<CheckpointCmd>,
+    /// Also dump the live process tree (CRIU)
+    #[arg(long)]
+    pub live: bool,
+    /// Stop the sandbox after the checkpoint
+    #[arg(long)]
+    pub stop: bool,
+    /// Labels (KEY=VALUE)
+    #[arg(short, long = "label")]
+    pub labels: Vec<String>,
+    /// The sandbox to checkpoint
+    #[arg(required = true)]
+    pub sandbox: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum CheckpointCmd {
+    /// List checkpoints
+    Ls {
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Show checkpoints' details (JSON)
+    Inspect { checkpoints: Vec<String> },
+    /// Remove checkpoints (refused while branches use them, unless forced)
+    Rm {
+        /// Also remove the sandboxes and checkpoints that depend on it
+        #[arg(short, long)]
+        force: bool,
+        #[arg(required = true)]
+        checkpoints: Vec<String>,
+    },
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    pub checkpoint: String,
+    /// Number of branches
+    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    pub count: usize,
+    /// Restore memory lazily (userfaultfd)
+    #[arg(long)]
+    pub lazy: bool,
+    #[arg(short, long = "label")]
+    pub labels: Vec<String>,
+}
+
+pub fn labels(list: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut out = serde_json::Map::new();
+    for l in list {
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("label {l:?} is not KEY=VALUE"))?;
+        out.insert(k.into(), v.into());
+    }
+    Ok(out)
+}
+
+pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
+    match args.cmd {
+        None => {
+            let id = args.sandbox.expect("required by clap");
+            let body = serde_json::json!({ "live": args.live, "stop": args.stop, "labels": labels(&args.labels)? });
+            let c: CheckpointInfo = ctx.client.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/checkpoint"),
+                Some(&body),
+            )?;
+            if ctx.json {
+                ctx.print_json(&c);
+            } else {
+                let phases: Vec<String> = c
+                    .phases_us
+                    .iter()
+                    .map(|(k, v)| format!("{k} {:.1}ms", *v as f64 / 1000.0))
+                    .collect();
+                eprintln!(
+                    "checkpoint of {id} ({}): {}",
+                    if c.live { "live" } else { "filesystem" },
+                    phases.join(", ")
+                );
+                println!("{}", c.id);
+            }
+        }
+        Some(CheckpointCmd::Ls { quiet }) => {
+            let list: Vec<CheckpointInfo> = ctx.client.call("GET", "/v1/checkpoints", None)?;
+            if ctx.json {
+                ctx.print_json(&list);
+            } else if quiet {
+                list.iter().for_each(|c| println!("{}", c.id));
+            } else {
+                println!(
+                    "{:<16}  {:<16}  {:<5} {:>6} {:>8}  {:<16}  {}",
+                    "ID", "SANDBOX", "LIVE", "LAYERS", "BRANCHES", "PARENT", "IMAGE"
+                );
+                for c in list {
+                    println!(
+                        "{:<16}  {:<16}  {:<5} {:>6} {:>8}  {:<16}  {}",
+                        c.id,
+                        c.sandbox,
+                        if c.live { "yes" } else { "no" },
+                        c.layers.len(),
+                        c.branches.len(),
+                        c.parent.as_deref().unwrap_or("-"),
+                        c.image
+                    );
+                }
+            }
+        }
+        Some(CheckpointCmd::Inspect { checkpoints }) => {
+            let mut out = Vec::new();
+            for id in checkpoints {
+                out.push(ctx.client.call::<serde_json::Value>(
+                    "GET",
+                    &format!("/v1/checkpoints/{id}"),
+                    None,
+                )?);
+            }
+            ctx.print_json(&out);
+        }
+        Some(CheckpointCmd::Rm { force, checkpoints }) => {
+            for id in checkpoints {
+                let _: serde_json::Value = ctx.client.call(
+                    "DELETE",
+                    &format!("/v1/checkpoints/{id}?force={force}"),
+                    None,
+                )?;
+                println!("{id}");
+            }
+        }
+    }
+    Ok(0)
+}
+
+pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
+    let body = serde_json::json!({ "count": args.count, "lazy": args.lazy, "labels": labels(&args.labels)? });
+    if !ctx.json {
+        eprintln!(
+            "forking {} branch(es) from {} ...",
+            args.count, args.checkpoint
+        );
+    }
+    let r: ForkResult = ctx.client.call(
+        "POST",
+        &format!("/v1/checkpoints/{}/fork", args.checkpoint),
+        Some(&body),
+    )?;
+    if ctx.json {
+        ctx.print_json(&r);
+    } else {
+        for b in &r.branches {
+            let phases: Vec<String> = b
+                .phases_us
+                .iter()
+                .map(|(k, v)| format!("{k} {:.1}ms", *v as f64 / 1000.0))
+                .collect();
+            eprintln!("  {} {}: {}", b.id, b.mode, phases.join(", "));
+            println!("{}", b.id);
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,711 @@
+//! Checkpoints and forks.
+//!
+//! A checkpoint seals a sandbox's state without copying it:
+//! - the filesystem: the sandbox's upper layer is a btrfs subvolume; a read-only
+//!   snapshot of it (O(1), whatever its size) becomes the checkpoint's own layer, taken
+//!   while every process of the sandbox is frozen. The sandbox goes on writing into its
+//!   upper, which from then on holds exactly what a fresh upper over the snapshot would;
+//! - with `live`, the process tree: CRIU dumps it (frozen through the cgroup freezer) and
+//!   the snapshot is taken in CRIU's post-dump notification, while the tree is still
+//!   frozen, so memory and files are of the same instant.
+//!
+//! On disk: `<data>/checkpoints/<id>/{meta.json, fs/ (the snapshot of the sandbox's
+//! writable layer; `fs/upper` is the checkpoint's overlay layer), criu/ (images)}`.
+//! A checkpoint is assembled in `.stage-<id>` and renamed into place at the end, so a
+//! failed checkpoint leaves nothing; recovery removes stale stages.
+//!
+//! A fork makes N branch sandboxes: each gets a fresh upper subvolume over the
+//! checkpoint's layer stack and, for a live checkpoint, the process tree restored by CRIU
+//! into new namespaces and its own cgroup (eagerly, or lazily through userfaultfd).
+
+use super::sandboxes::{Sandbox, SandboxRecord};
+use super::{log, Daemon};
+use crate::api::{
+    ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, ForkRequest, ForkResult, SandboxStatus,
+};
+use forkd_cgroups::{Cgroup, Limits};
+use forkd_layers::LayerId;
+use forkd_sandbox::{host, CheckpointId, SandboxId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+const RECORD_VERSION: u32 = 1;
+
+/// One layer of an overlay stack: a layer of the content-addressed store, or the
+/// filesystem snapshot of a checkpoint. Written as `layer:<hex>` / `checkpoint:<id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Lower {
+    Layer(LayerId),
+    Checkpoint(CheckpointId),
+}
+
+impl FromStr for Lower {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some(("layer", id)) => id.parse().map(Lower::Layer).map_err(|e| format!("{e}")),
+            Some(("checkpoint", id)) => {
+                id.parse().map(Lower::Checkpoint).map_err(|e| e.to_string())
+            }
+            _ => Err(format!("invalid layer reference {s:?}")),
+        }
+    }
+}
+
+impl TryFrom<String> for Lower {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Lower> for String {
+    fn from(l: Lower) -> String {
+        l.to_string()
+    }
+}
+
+impl std::fmt::Display for Lower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lower::Layer(id) => write!(f, "layer:{id}"),
+            Lower::Checkpoint(id) => write!(f, "checkpoint:{id}"),
+        }
+    }
+}
+
+/// What `meta.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub version: u32,
+    pub id: CheckpointId,
+    pub parent: Option<CheckpointId>,
+    pub sandbox: SandboxId,
+    pub image: String,
+    pub hostname: String,
+    pub limits: Limits,
+    /// The checkpointed root's layers, topmost first; the first is this checkpoint's own.
+    pub lowers: Vec<Lower>,
+    pub live: bool,
+    pub created: u64,
+    pub labels: BTreeMap<String, String>,
+    /// Tree hash of this checkpoint's own layer (computed after creation).
+    #[serde(default)]
+    pub fs_hash: Option<String>,
+    /// SHA-256 over the tree hashes of all layers, topmost first.
+    #[serde(default)]
+    pub tree_hash: Option<String>,
+    pub phases_us: BTreeMap<String, u64>,
+    pub images_bytes: u64,
+}
+
+pub struct Checkpoint {
+    pub id: CheckpointId,
+    pub dir: PathBuf,
+    pub record: Mutex<CheckpointRecord>,
+}
+
+impl Checkpoint {
+    /// The checkpoint's own overlay layer.
+    pub fn fs(&self) -> PathBuf {
+        self.dir.join("fs/upper")
+    }
+    pub fn images(&self) -> PathBuf {
+        self.dir.join("criu")
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn write_meta(dir: &Path, rec: &CheckpointRecord) -> Result<(), ApiError> {
+    let tmp = dir.join(".meta.json.tmp");
+    let path = dir.join("meta.json");
+    let body = serde_json::to_vec_pretty(rec).expect("record serialises");
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    res.map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+impl Daemon {
+    /// The directory of a layer of an overlay stack.
+    pub fn lower_path(&self, l: &Lower) -> PathBuf {
+        match l {
+            Lower::Layer(id) => self.layers.path(id),
+            Lower::Checkpoint(id) => self
+                .data
+                .join("checkpoints")
+                .join(id.as_str())
+                .join("fs/upper"),
+        }
+    }
+
+    pub fn checkpoint(&self, id: &str) -> Result<Arc<Checkpoint>, ApiError> {
+        let table = self.checkpoints.lock().unwrap();
+        if let Ok(full) = id.parse::<CheckpointId>() {
+            if let Some(c) = table.get(&full) {
+                return Ok(c.clone());
+            }
+        }
+        let matches: Vec<_> = if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            table
+                .iter()
+                .filter(|(k, _)| k.as_str().starts_with(id))
+                .map(|(_, v)| v.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        match matches.len() {
+            1 => Ok(matches.into_iter().next().unwrap()),
+            0 => Err(ApiError::not_found(format!("no such checkpoint: {id}"))),
+            n => Err(ApiError::bad_request(format!(
+                "checkpoint id prefix {id} is ambiguous ({n} checkpoints)"
+            ))),
+        }
+    }
+
+    /// Sandboxes whose layer stack uses checkpoint `id`.
+    fn branches_of(&self, id: &CheckpointId) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .sandboxes
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|sb| {
+                sb.record
+                    .lock()
+                    .unwrap()
+                    .lowers
+                    .contains(&Lower::Checkpoint(id.clone()))
+            })
+            .map(|sb| sb.id.to_string())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Checkpoints stacked on checkpoint `id`.
+    fn children_of(&self, id: &CheckpointId) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .checkpoints
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|c| {
+                c.id != *id
+                    && c.record
+                        .lock()
+                        .unwrap()
+                        .lowers
+                        .contains(&Lower::Checkpoint(id.clone()))
+            })
+            .map(|c| c.id.to_string())
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub fn checkpoint_info(&self, c: &Checkpoint) -> CheckpointInfo {
+        let r = c.record.lock().unwrap().clone();
+        CheckpointInfo {
+            branches: self.branches_of(&c.id),
+            id: r.id.to_string(),
+            parent: r.parent.map(|p| p.to_string()),
+            sandbox: r.sandbox.to_string(),
+            image: r.image,
+            live: r.live,
+            created: r.created,
+            labels: r.labels,
+            layers: r.lowers.iter().map(|l| l.to_string()).collect(),
+            tree_hash: r.tree_hash,
+            phases_us: r.phases_us,
+            images_bytes: r.images_bytes,
+        }
+    }
+
+    pub fn list_checkpoints(&self) -> Vec<CheckpointInfo> {
+        let all: Vec<Arc<Checkpoint>> =
+            self.checkpoints.lock().unwrap().values().cloned().collect();
+        let mut out: Vec<CheckpointInfo> = all.iter().map(|c| self.checkpoint_info(c)).collect();
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// Checkpoints a sandbox. See the module header for the mechanism.
+    pub fn checkpoint_sandbox(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        req: &CheckpointRequest,
+    ) -> Result<Arc<Checkpoint>, ApiError> {
+        let total = Instant::now();
+        let rec = sb.record.lock().unwrap();
+        let running = rec.status == SandboxStatus::Running;
+        if req.live && !running {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} is {}: a live checkpoint needs it running",
+                sb.id, rec.status
+            )));
+        }
+        if req.live {
+            let busy = self
+                .execs_in_flight
+                .lock()
+                .unwrap()
+                .get(&sb.id)
+                .copied()
+                .unwrap_or(0);
+            if busy > 0 {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} has {busy} exec session(s) open to the host; a live checkpoint needs them finished",
+                    sb.id
+                )));
+            }
+        }
+        let criu = if req.live {
+            Some(self.criu.as_ref().map_err(|e| {
+                ApiError::conflict(format!("live checkpoints are unavailable: {e}"))
+            })?)
+        } else {
+            None
+        };
+        let id = CheckpointId::random();
+        let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
+        let fs = stage.join("fs");
+        let upper = sb.layer();
+        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+        let mut phases = BTreeMap::new();
+        let result = (|| -> Result<(), ApiError> {
+            std::fs::create_dir_all(&stage)
+                .map_err(|e| ApiError::internal(format!("create {}: {e}", stage.display())))?;
+            if let Some(criu) = criu {
+                let images = stage.join("criu");
+                std::fs::create_dir_all(&images)
+                    .map_err(|e| ApiError::internal(format!("create {}: {e}", images.display())))?;
+                let volume = &self.volume;
+                let mut snap_err = None;
+                let report = criu
+                    .dump(
+                        &forkd_criu::DumpOpts {
+                            pid: rec.init_pid.unwrap_or(0),
+                            images_dir: images.clone(),
+                            root: sb.rootfs(),
+                            leave_running: !req.stop,
+                            freeze_cgroup: cg.freezer_dir(),
+                            log_file: "dump.log".into(),
+                        },
+                        &mut || {
+                            volume.snapshot_readonly(&upper, &fs).map_err(|e| {
+                                let m = format!("snapshot {}: {e}", upper.display());
+                                snap_err = Some(m.clone());
+                                m
+                            })
+                        },
+                    )
+                    .map_err(|e| {
+                        let kept = self.keep_log(
+                            &images.join("dump.log"),
+                            &format!("checkpoint-{id}-dump.log"),
+                        );
+                        ApiError::bad_request(format!(
+                            "live checkpoint of sandbox {}: {e}{kept}",
+                            sb.id
+                        ))
+                    })?;
+                phases.insert("dump".into(), report.duration.as_micros() as u64);
+                phases.insert("snapshot".into(), report.hook.as_micros() as u64);
+            } else {
+                let t = Instant::now();
+                if running {
+                    cg.set_frozen(true, Duration::from_secs(10))
+                        .map_err(|e| ApiError::from_chain("freeze sandbox", &e))?;
+                    phases.insert("freeze".into(), t.elapsed().as_micros() as u64);
+                }
+                let t = Instant::now();
+                let snap = self.volume.snapshot_readonly(&upper, &fs);
+                phases.insert("snapshot".into(), t.elapsed().as_micros() as u64);
+                if running {
+                    cg.set_frozen(false, Duration::from_secs(10))
+                        .map_err(|e| ApiError::from_chain("thaw sandbox", &e))?;
+                }
+                snap.map_err(|e| {
+                    ApiError::from_chain(&format!("snapshot {}", upper.display()), &e)
+                })?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.delete_checkpoint_dir(&stage);
+            return Err(e);
+        }
+        let mut lowers = vec![Lower::Checkpoint(id.clone())];
+        lowers.extend(rec.lowers.iter().cloned());
+        phases.insert("total".into(), total.elapsed().as_micros() as u64);
+        let record = CheckpointRecord {
+            version: RECORD_VERSION,
+            id: id.clone(),
+            parent: rec.parent.clone(),
+            sandbox: sb.id.clone(),
+            image: rec.image.clone(),
+            hostname: rec.hostname.clone(),
+            limits: rec.limits.clone(),
+            lowers,
+            live: req.live,
+            created: now_secs(),
+            labels: req.labels.clone(),
+            fs_hash: None,
+            tree_hash: None,
+            phases_us: phases,
+            images_bytes: dir_size(&stage.join("criu")),
+        };
+        let dir = self.data.join("checkpoints").join(id.as_str());
+        if let Err(e) = write_meta(&stage, &record).and_then(|()| {
+            std::fs::rename(&stage, &dir).map_err(|e| {
+                ApiError::internal(format!(
+                    "rename {} to {}: {e}",
+                    stage.display(),
+                    dir.display()
+                ))
+            })
+        }) {
+            self.delete_checkpoint_dir(&stage);
+            return Err(e);
+        }
+        if req.live && req.stop {
+            // CRIU killed the tree after dumping it; tidy up like a stop.
+            drop(rec);
+            let _ = self.stop_sandbox(sb, Duration::ZERO);
+        }
+        let c = Arc::new(Checkpoint {
+            id: id.clone(),
+            dir,
+            record: Mutex::new(record),
+        });
+        self.checkpoints.lock().unwrap().insert(id, c.clone());
+        self.hash_in_background(c.clone());
+        Ok(c)
+    }
+
+    /// Copies a CRIU log somewhere it outlives a failed operation; returns a note for the
+    /// error message.
+    fn keep_log(&self, log: &Path, name: &str) -> String {
+        let dest = self.data.join("logs").join(name);
+        match std::fs::copy(log, &dest) {
+            Ok(_) => format!(" (log kept at {})", dest.display()),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn delete_checkpoint_dir(&self, dir: &Path) {
+        if let Err(e) = self.volume.delete_subvolume(&dir.join("fs")) {
+            log::warn(&format!("delete {}: {e}", dir.join("fs").display()));
+        }
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn(&format!("remove {}: {e}", dir.display()));
+            }
+        }
+    }
+
+    /// Computes the tree hash of a checkpoint's own layer, then of its whole stack.
+    fn hash_in_background(self: &Arc<Self>, c: Arc<Checkpoint>) {
+        let d = self.clone();
+        std::thread::spawn(move || {
+            let fs_hash = match forkd_layers::tree_hash(&c.fs()) {
+                Ok(h) => h.to_string(),
+                Err(e) => {
+                    log::warn(&format!("checkpoint {}: tree hash: {e}", c.id));
+                    return;
+                }
+            };
+            let lowers = c.record.lock().unwrap().lowers.clone();
+            let mut stack = sha2::Sha256::default();
+            use sha2::Digest;
+            stack.update(b"forkd-stack-v1\0");
+            for l in &lowers {
+                let h = match l {
+                    Lower::Layer(id) => id.to_string(),
+                    Lower::Checkpoint(cid) if *cid == c.id => fs_hash.clone(),
+                    Lower::Checkpoint(cid) => match d.wait_fs_hash(cid) {
+                        Some(h) => h,
+                        None => return,
+                    },
+                };
+                stack.update(h.as_bytes());
+                stack.update(b"\n");
+            }
+            let tree: String = stack
+                .finalize()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let mut rec = c.record.lock().unwrap();
+            rec.fs_hash = Some(fs_hash);
+            rec.tree_hash = Some(tree);
+            if let Err(e) = write_meta(&c.dir, &rec) {
+                log::warn(&format!("checkpoint {}: {e}", c.id));
+            }
+        });
+    }
+
+    fn wait_fs_hash(&self, id: &CheckpointId) -> Option<String> {
+        for _ in 0..6000 {
+            let c = self.checkpoints.lock().unwrap().get(id).cloned()?;
+            if let Some(h) = c.record.lock().unwrap().fs_hash.clone() {
+                return Some(h);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Starts `count` branch sandboxes from a checkpoint.
+    pub fn fork_checkpoint(
+        self: &Arc<Self>,
+        c: &Arc<Checkpoint>,
+        req: &ForkRequest,
+    ) -> Result<ForkResult, ApiError> {
+        let count = req.count.unwrap_or(1);
+        if count == 0 || count > 10_000 {
+            return Err(ApiError::bad_request(format!(
+                "branch count {count} must be between 1 and 10000"
+            )));
+        }
+        let ck = c.record.lock().unwrap().clone();
+        if req.lazy && !ck.live {
+            return Err(ApiError::bad_request(format!(
+                "checkpoint {} has no processes: lazy restore needs a live checkpoint",
+                c.id
+            )));
+        }
+        let criu = if ck.live {
+            Some(
+                self.criu
+                    .as_ref()
+                    .map_err(|e| ApiError::conflict(format!("live forks are unavailable: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let mut branches = Vec::with_capacity(count);
+        for _ in 0..count {
+            let started = Instant::now();
+            let id = SandboxId::random();
+            let mut labels = ck.labels.clone();
+            labels.extend(req.labels.clone());
+            let record = SandboxRecord {
+                version: 1,
+                id: id.clone(),
+                image: ck.image.clone(),
+                lowers: ck.lowers.clone(),
+                parent: Some(c.id.clone()),
+                created: now_secs(),
+                hostname: ck.hostname.clone(),
+                limits: ck.limits.clone(),
+                labels,
+                status: SandboxStatus::Running,
+                init_pid: None,
+                init_start: None,
+                cgroup: format!("forkd/{id}"),
+                create_us: 0,
+            };
+            let dir = self.sandbox_dir(&id);
+            let mut phases = BTreeMap::new();
+            let mode = match (criu.is_some(), req.lazy) {
+                (false, _) => "fresh",
+                (true, false) => "eager",
+                (true, true) => "lazy",
+            };
+            let images = c.images();
+            let lazy = req.lazy;
+            let hierarchy = self.hierarchy.clone();
+            let prepared_at = std::cell::Cell::new(None);
+            let phases_ref = std::cell::RefCell::new(&mut phases);
+            let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
+                prepared_at.set(Some(started.elapsed()));
+                let Some(criu) = criu else {
+                    return d.start_fresh_init(dir, rec);
+                };
+                let work = dir.join("criu");
+                std::fs::create_dir_all(&work)
+                    .map_err(|e| ApiError::internal(format!("create {}: {e}", work.display())))?;
+                let mut lazy_daemon = None;
+                if lazy {
+                    lazy_daemon = Some(
+                        criu.start_lazy_pages(&images, &work)
+                            .map_err(|e| ApiError::from_chain("start lazy-pages", &e))?,
+                    );
+                }
+                let t = Instant::now();
+                let cg = Cgroup::new(&hierarchy, &rec.cgroup);
+                let restored = criu.restore(&forkd_criu::RestoreOpts {
+                    images_dir: images.clone(),
+                    root: dir.join("rootfs"),
+                    work_dir: work.clone(),
+                    log_file: "restore.log".into(),
+                    lazy_pages: lazy,
+                    join_cgroup_procs: cg.procs_files(),
+                });
+                let restored = match restored {
+                    Ok(r) => r,
+                    Err(e) => {
+                        if let Some(mut l) = lazy_daemon {
+                            let _ = l.kill();
+                            let _ = l.wait();
+                        }
+                        let kept = d.keep_log(
+                            &work.join("restore.log"),
+                            &format!("fork-{}-restore.log", rec.id),
+                        );
+                        return Err(ApiError::bad_request(format!(
+                            "restore of checkpoint {} into {}: {e}{kept}",
+                            c.id, rec.id
+                        )));
+                    }
+                };
+                phases_ref
+                    .borrow_mut()
+                    .insert("restore".into(), t.elapsed().as_micros() as u64);
+                if let Some(mut l) = lazy_daemon {
+                    // It exits once every page is copied; reap it then.
+                    std::thread::spawn(move || {
+                        let _ = l.wait();
+                    });
+                }
+                rec.init_pid = Some(restored.pid);
+                rec.init_start = forkd_sys::process_start_time(restored.pid);
+                let t = Instant::now();
+                host::wait_ready(&dir.join("rootfs"), Duration::from_secs(10)).map_err(|e| {
+                    ApiError::from_chain(&format!("branch {}: wait for init", rec.id), &e)
+                })?;
+                phases_ref
+                    .borrow_mut()
+                    .insert("ready".into(), t.elapsed().as_micros() as u64);
+                Ok(())
+            })?;
+            if let Some(p) = prepared_at.get() {
+                phases.insert("prepare".into(), p.as_micros() as u64);
+            }
+            phases.insert("total".into(), started.elapsed().as_micros() as u64);
+            let init_pid = sb.record.lock().unwrap().init_pid;
+            branches.push(BranchInfo {
+                id: sb.id.to_string(),
+                mode: mode.into(),
+                init_pid,
+                phases_us: phases,
+            });
+        }
+        Ok(ForkResult {
+            checkpoint: c.id.to_string(),
+            branches,
+        })
+    }
+
+    /// Removes a checkpoint. Refused while branches or later checkpoints use its layer,
+    /// unless `force`, which removes those first.
+    pub fn remove_checkpoint(&self, c: &Checkpoint, force: bool) -> Result<(), ApiError> {
+        let branches = self.branches_of(&c.id);
+        let children = self.children_of(&c.id);
+        if !force && (!branches.is_empty() || !children.is_empty()) {
+            let mut what = Vec::new();
+            if !branches.is_empty() {
+                what.push(format!("sandboxes {}", branches.join(", ")));
+            }
+            if !children.is_empty() {
+                what.push(format!("checkpoints {}", children.join(", ")));
+            }
+            return Err(ApiError::conflict(format!(
+                "checkpoint {} is still needed by {}; remove them first or force",
+                c.id,
+                what.join(" and ")
+            )));
+        }
+        for b in branches {
+            if let Ok(sb) = self.sandbox(&b) {
+                self.remove_sandbox(&sb, true)?;
+            }
+        }
+        for child in children {
+            if let Ok(cc) = self.checkpoint(&child) {
+                self.remove_checkpoint(&cc, true)?;
+            }
+        }
+        self.checkpoints.lock().unwrap().remove(&c.id);
+        self.delete_checkpoint_dir(&c.dir);
+        Ok(())
+    }
+
+    /// Loads checkpoints at start-up; removes stages of checkpoints never finished.
+    pub fn recover_checkpoints(self: &Arc<Self>) -> Result<(), ApiError> {
+        let dir = self.data.join("checkpoints");
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with(".stage-") {
+                log::info(&format!(
+                    "removing unfinished checkpoint {}",
+                    path.display()
+                ));
+                self.delete_checkpoint_dir(&path);
+                continue;
+            }
+            let Ok(id) = name.parse::<CheckpointId>() else {
+                continue;
+            };
+            let rec = std::fs::read(path.join("meta.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<CheckpointRecord>(&b).ok())
+                .filter(|r| r.id == id && r.version == RECORD_VERSION);
+            let Some(rec) = rec else {
+                log::warn(&format!("ignoring {}: no valid meta.json", path.display()));
+                continue;
+            };
+            let missing_hash = rec.tree_hash.is_none();
+            let c = Arc::new(Checkpoint {
+                id: id.clone(),
+                dir: path,
+                record: Mutex::new(rec),
+            });
+            self.checkpoints.lock().unwrap().insert(id, c.clone());
+            if missing_hash {
+                self.hash_in_background(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a fresh init in a branch of a filesystem checkpoint.
+    fn start_fresh_init(&self, dir: &Path, rec: &mut SandboxRecord) -> Result<(), ApiError> {
+        self.start_init_in(dir, rec)
+    }
+}
