@@ -39,7 +39,12 @@ pub enum CriuError {
     #[error("CRIU RPC: {0}")]
     Rpc(String),
     #[error("criu {action} failed: {message} (log {log}){tail}")]
-    Failed { action: &'static str, message: String, log: PathBuf, tail: String },
+    Failed {
+        action: &'static str,
+        message: String,
+        log: PathBuf,
+        tail: String,
+    },
 }
 
 fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> CriuError {
@@ -112,31 +117,47 @@ impl Criu {
             .chain(std::env::var_os("FORKD_CRIU").map(PathBuf::from))
             .chain([PathBuf::from("/opt/forkd/criu/bin/criu")])
             .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
-                std::env::split_paths(&p).map(|d| d.join("criu")).collect::<Vec<_>>()
+                std::env::split_paths(&p)
+                    .map(|d| d.join("criu"))
+                    .collect::<Vec<_>>()
             }))
             .collect();
         let path = candidates
             .into_iter()
             .find(|p| p.is_file())
-            .ok_or_else(|| CriuError::NotFound("criu not found (set FORKD_CRIU or run fixtures/setup.sh criu)".into()))?;
+            .ok_or_else(|| {
+                CriuError::NotFound(
+                    "criu not found (set FORKD_CRIU or run fixtures/setup.sh criu)".into(),
+                )
+            })?;
         let out = Command::new(&path)
             .arg("--version")
             .stdin(Stdio::null())
             .output()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", path.display())))?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let version = parse_version(&text)
-            .ok_or_else(|| CriuError::NotFound(format!("{} --version printed {text:?}", path.display())))?;
+        let version = parse_version(&text).ok_or_else(|| {
+            CriuError::NotFound(format!("{} --version printed {text:?}", path.display()))
+        })?;
         let (major, minor) = version;
         if (major, minor) < MIN_VERSION {
-            return Err(CriuError::TooOld { found: format!("{major}.{minor}") });
+            return Err(CriuError::TooOld {
+                found: format!("{major}.{minor}"),
+            });
         }
-        Ok(Criu { path, version: format!("{major}.{minor}") })
+        Ok(Criu {
+            path,
+            version: format!("{major}.{minor}"),
+        })
     }
 
     /// Dumps a process tree. `post_dump` runs while the tree is still frozen, after its
     /// state is written; if it fails the dump fails (and the tree is resumed).
-    pub fn dump(&self, opts: &DumpOpts, post_dump: &mut dyn FnMut() -> Result<(), String>) -> Result<DumpReport, CriuError> {
+    pub fn dump(
+        &self,
+        opts: &DumpOpts,
+        post_dump: &mut dyn FnMut() -> Result<(), String>,
+    ) -> Result<DumpReport, CriuError> {
         let start = Instant::now();
         let images = open_dir(&opts.images_dir)?;
         let mut o = base_opts(&images, &opts.log_file);
@@ -163,10 +184,18 @@ impl Criu {
             true
         });
         if let Some(e) = hook_error {
-            return Err(CriuError::Failed { action: "dump", message: format!("post-dump step: {e}"), log, tail: String::new() });
+            return Err(CriuError::Failed {
+                action: "dump",
+                message: format!("post-dump step: {e}"),
+                log,
+                tail: String::new(),
+            });
         }
         check(resp?, "dump", &log)?;
-        Ok(DumpReport { duration: start.elapsed(), hook })
+        Ok(DumpReport {
+            duration: start.elapsed(),
+            hook,
+        })
     }
 
     /// Restores a dumped tree into the root `opts.root`, in new namespaces.
@@ -186,18 +215,27 @@ impl Criu {
         let resp = self.call(
             rpc::Criu_req_type::RESTORE,
             o,
-            Some(&opts.join_cgroup_procs), &mut |_| true)?;
+            Some(&opts.join_cgroup_procs),
+            &mut |_| true,
+        )?;
         let resp = check(resp, "restore", &log)?;
         let pid = resp.restore.as_ref().map(|r| r.pid()).unwrap_or(0);
         if pid <= 0 {
             return Err(CriuError::Rpc("restore reported no pid".into()));
         }
-        Ok(RestoreReport { pid, duration: start.elapsed() })
+        Ok(RestoreReport {
+            pid,
+            duration: start.elapsed(),
+        })
     }
 
     /// Starts `criu lazy-pages` serving the pages of `images_dir` to one lazy restore
     /// that uses the same `work_dir`. Returns once its socket is ready.
-    pub fn start_lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<std::process::Child, CriuError> {
+    pub fn start_lazy_pages(
+        &self,
+        images_dir: &Path,
+        work_dir: &Path,
+    ) -> Result<std::process::Child, CriuError> {
         let log = work_dir.join("lazy-pages.log");
         let child = Command::new(&self.path)
             .arg("lazy-pages")
@@ -245,23 +283,36 @@ impl Criu {
         )
         .map_err(|e| io("socketpair")(e.into()))?;
         let mut cmd = Command::new(&self.path);
-        cmd.arg("swrk").arg("3").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.arg("swrk")
+            .arg("3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         forkd_sys::inherit_fds(&mut cmd, vec![(theirs.as_raw_fd(), 3)]);
-        let mut child = cmd.spawn().map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
         drop(theirs);
         for procs in join_cgroup_procs.unwrap_or(&[]) {
-            std::fs::write(procs, child.id().to_string()).map_err(io("move criu into the branch cgroup"))?;
+            std::fs::write(procs, child.id().to_string())
+                .map_err(io("move criu into the branch cgroup"))?;
         }
         let mut sock = std::fs::File::from(mine);
         let mut req = rpc::Criu_req::new();
         req.set_type(kind);
         req.opts = MessageField::some(opts);
-        let bytes = req.write_to_bytes().map_err(|e| CriuError::Rpc(e.to_string()))?;
+        let bytes = req
+            .write_to_bytes()
+            .map_err(|e| CriuError::Rpc(e.to_string()))?;
         sock.write_all(&bytes).map_err(io("send request to criu"))?;
         let result = loop {
             let mut buf = vec![0u8; 1 << 16];
             let n = match sock.read(&mut buf) {
-                Ok(0) => break Err(CriuError::Rpc("criu closed the connection without answering".into())),
+                Ok(0) => {
+                    break Err(CriuError::Rpc(
+                        "criu closed the connection without answering".into(),
+                    ))
+                }
                 Ok(n) => n,
                 Err(e) => break Err(io("read criu response")(e)),
             };
@@ -270,12 +321,18 @@ impl Criu {
                 Err(e) => break Err(CriuError::Rpc(format!("bad response: {e}"))),
             };
             if resp.type_() == rpc::Criu_req_type::NOTIFY {
-                let script = resp.notify.as_ref().map(|n| n.script().to_string()).unwrap_or_default();
+                let script = resp
+                    .notify
+                    .as_ref()
+                    .map(|n| n.script().to_string())
+                    .unwrap_or_default();
                 let ok = notify(&script);
                 let mut ack = rpc::Criu_req::new();
                 ack.set_type(rpc::Criu_req_type::NOTIFY);
                 ack.set_notify_success(ok);
-                let bytes = ack.write_to_bytes().map_err(|e| CriuError::Rpc(e.to_string()))?;
+                let bytes = ack
+                    .write_to_bytes()
+                    .map_err(|e| CriuError::Rpc(e.to_string()))?;
                 if let Err(e) = sock.write_all(&bytes) {
                     break Err(io("answer criu notification")(e));
                 }
@@ -289,9 +346,13 @@ impl Criu {
             let _ = e.read_to_string(&mut stderr);
         }
         let _ = child.wait();
-        if std::env::var_os("FORKD_CRIU_DEBUG").is_some() { eprintln!("criu stderr: {stderr}"); }
+        if std::env::var_os("FORKD_CRIU_DEBUG").is_some() {
+            eprintln!("criu stderr: {stderr}");
+        }
         result.map_err(|e| match e {
-            CriuError::Rpc(m) if !stderr.trim().is_empty() => CriuError::Rpc(format!("{m}; criu said: {}", stderr.trim())),
+            CriuError::Rpc(m) if !stderr.trim().is_empty() => {
+                CriuError::Rpc(format!("{m}; criu said: {}", stderr.trim()))
+            }
             other => other,
         })
     }
@@ -313,30 +374,50 @@ fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
 fn open_dir(path: &Path) -> Result<OwnedFd, CriuError> {
     std::fs::File::open(path)
         .map(OwnedFd::from)
-        .map_err(|e| CriuError::Io { step: "open image directory", source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())) })
+        .map_err(|e| CriuError::Io {
+            step: "open image directory",
+            source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        })
 }
 
-fn check(resp: rpc::Criu_resp, action: &'static str, log: &Path) -> Result<rpc::Criu_resp, CriuError> {
+fn check(
+    resp: rpc::Criu_resp,
+    action: &'static str,
+    log: &Path,
+) -> Result<rpc::Criu_resp, CriuError> {
     if resp.success() {
         return Ok(resp);
     }
     // CRIU's own message is its first error, often a harmless one (RLIMIT_NOFILE, which
     // it cannot raise without CAP_SYS_RESOURCE); the log's first real error is the cause.
     let errors = log_errors(log);
-    let mut message = errors.first().cloned().unwrap_or_else(|| resp.cr_errmsg().to_string());
+    let mut message = errors
+        .first()
+        .cloned()
+        .unwrap_or_else(|| resp.cr_errmsg().to_string());
     if resp.has_cr_errno() && resp.cr_errno() != 0 {
-        message.push_str(&format!(" ({})", std::io::Error::from_raw_os_error(resp.cr_errno())));
+        message.push_str(&format!(
+            " ({})",
+            std::io::Error::from_raw_os_error(resp.cr_errno())
+        ));
     }
     if message.trim().is_empty() {
         message = "no reason given; see the log".into();
     }
-    Err(CriuError::Failed { action, message: message.trim().to_string(), log: log.to_path_buf(), tail: log_tail(log) })
+    Err(CriuError::Failed {
+        action,
+        message: message.trim().to_string(),
+        log: log.to_path_buf(),
+        tail: log_tail(log),
+    })
 }
 
 /// Error lines of a CRIU log without their timestamp and source location, harmless
 /// ones left out.
 fn log_errors(log: &Path) -> Vec<String> {
-    let Ok(text) = std::fs::read_to_string(log) else { return Vec::new() };
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return Vec::new();
+    };
     text.lines()
         .filter(|l| l.contains("Error (") && !l.contains("RLIMIT_NOFILE"))
         .map(|l| l.split_once("): ").map(|(_, m)| m).unwrap_or(l).to_string())
@@ -355,9 +436,17 @@ pub fn log_tail(log: &Path) -> String {
 
 /// Parses `Version: 4.1.1` from `criu --version`.
 pub fn parse_version(text: &str) -> Option<(u32, u32)> {
-    let v = text.lines().find_map(|l| l.trim().strip_prefix("Version:"))?.trim();
-    let mut it = v.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
-    Some((it.next()?.parse().ok()?, it.next().unwrap_or("0").parse().ok()?))
+    let v = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))?
+        .trim();
+    let mut it = v
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty());
+    Some((
+        it.next()?.parse().ok()?,
+        it.next().unwrap_or("0").parse().ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -367,7 +456,10 @@ mod tests {
     #[test]
     fn versions_parse() {
         assert_eq!(parse_version("Version: 4.1.1\n"), Some((4, 1)));
-        assert_eq!(parse_version("Version: 3.17.1\nGitID: v3.17\n"), Some((3, 17)));
+        assert_eq!(
+            parse_version("Version: 3.17.1\nGitID: v3.17\n"),
+            Some((3, 17))
+        );
         assert_eq!(parse_version("Version: 4.0\n"), Some((4, 0)));
         assert_eq!(parse_version("garbage"), None);
     }
