@@ -13,6 +13,8 @@ pub const MAX_BODY: usize = 4 << 30;
 
 pub struct Request {
     pub method: String,
+    /// The path as sent, still percent-encoded (segments are decoded after routing, so
+    /// an encoded '/' stays inside its segment).
     pub path: String,
     pub query: HashMap<String, String>,
     pub headers: HashMap<String, String>,
@@ -85,6 +87,11 @@ pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, Ap
         Some((p, q)) => (p.to_string(), parse_query(q)?),
         None => (target, HashMap::new()),
     };
+    if headers.contains_key("transfer-encoding") {
+        return Err(ApiError::bad_request(
+            "chunked request bodies are not supported: send Content-Length",
+        ));
+    }
     let len: usize = match headers.get("content-length") {
         Some(v) => v
             .parse()
@@ -97,6 +104,16 @@ pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, Ap
         )));
     }
     let mut body = buf[head_end + 4..].to_vec();
+    if body.len() < len
+        && headers
+            .get("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+    {
+        stream
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(|e| ApiError::bad_request(format!("write 100 Continue: {e}")))?;
+    }
     if body.len() < len {
         body.reserve(len - body.len());
         let mut rest = vec![0u8; len - body.len()];
@@ -109,7 +126,7 @@ pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, Ap
     body.truncate(len);
     Ok(Some(Request {
         method,
-        path: decode(&path)?,
+        path,
         query,
         headers,
         body,

@@ -147,6 +147,9 @@ impl Daemon {
         daemon
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;
+        daemon
+            .recover_checkpoints()
+            .map_err(|e| anyhow::anyhow!("recover checkpoints: {e}"))?;
         Ok(daemon)
     }
 

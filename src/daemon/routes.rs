@@ -26,8 +26,13 @@ pub fn match_route(
         let mut params = HashMap::new();
         let ok = pat.iter().zip(&segs).all(|(p, s)| {
             if let Some(name) = p.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
-                params.insert(name, s.to_string());
-                !s.is_empty()
+                match super::http::decode(s) {
+                    Ok(v) if !v.is_empty() => {
+                        params.insert(name, v);
+                        true
+                    }
+                    _ => false,
+                }
             } else {
                 p == s
             }

@@ -173,7 +173,13 @@ impl Daemon {
             }
             other => ApiError::from_chain("read image", &other),
         })?;
-        if let Some(cmd) = &req.command {
+        let mut req = req;
+        if let Some(cmd) = &mut req.command {
+            if cmd.tty || cmd.stdin {
+                return Err(ApiError::bad_request("command: the command given at create runs detached; it cannot have a tty or stdin"));
+            }
+            cmd.detach = true;
+            cmd.log.get_or_insert_with(|| "main".into());
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
@@ -209,9 +215,7 @@ impl Daemon {
         let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
             d.start_init_in(dir, rec)
         })?;
-        if let Some(mut cmd) = req.command {
-            cmd.detach = true;
-            cmd.log = Some("main".into());
+        if let Some(cmd) = req.command {
             if let Err(e) = host::start_exec(&sb.rootfs(), &cmd) {
                 let msg = format!("start command in sandbox {id}: {e}");
                 let _ = self.remove_sandbox(&sb, true);

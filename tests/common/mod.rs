@@ -213,3 +213,51 @@ pub fn cgroup_exists(id: &str) -> bool {
         .any(|c| Path::new(&format!("/sys/fs/cgroup/{c}/forkd/{id}")).exists())
         || Path::new(&format!("/sys/fs/cgroup/forkd/{id}")).exists()
 }
+
+/// Like [`can_run`], and also needs CRIU 4.x (for live checkpoints).
+pub fn can_run_criu(name: &str) -> bool {
+    if !can_run(name) {
+        return false;
+    }
+    match forkd_criu::Criu::locate(None) {
+        Ok(_) => true,
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{name}: {e} (CI=true: not skipping)")
+        }
+        Err(e) => {
+            println!("SKIP {name}: {e}");
+            false
+        }
+    }
+}
+
+impl TestDaemon {
+    pub fn checkpoint(&self, id: &str, live: bool) -> forkd::api::CheckpointInfo {
+        self.client
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/checkpoint"),
+                Some(&serde_json::json!({ "live": live })),
+            )
+            .expect("checkpoint")
+    }
+
+    pub fn fork(&self, checkpoint: &str, count: usize, lazy: bool) -> forkd::api::ForkResult {
+        self.client
+            .call(
+                "POST",
+                &format!("/v1/checkpoints/{checkpoint}/fork"),
+                Some(&serde_json::json!({ "count": count, "lazy": lazy })),
+            )
+            .expect("fork")
+    }
+
+    /// Reads a number a sandbox process keeps writing to `path`.
+    pub fn read_number(&self, id: &str, path: &str) -> u64 {
+        let (code, out, err) = self.sh(id, &format!("cat {path}"));
+        assert_eq!(code, 0, "cat {path} in {id}: {err}");
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{path} in {id} holds {out:?}"))
+    }
+}
