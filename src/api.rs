@@ -32,6 +32,9 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/v1/checkpoints/{id}", "inspectCheckpoint"),
     ("DELETE", "/v1/checkpoints/{id}", "removeCheckpoint"),
     ("POST", "/v1/checkpoints/{id}/fork", "forkCheckpoint"),
+    ("POST", "/v1/checkpoints/{id}/export", "exportCheckpoint"),
+    ("POST", "/v1/checkpoints/import", "importCheckpoint"),
+    ("POST", "/v1/gc", "gc"),
 ];
 
 /// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
@@ -348,4 +351,12 @@ pub struct BranchInfo {
 pub struct ForkResult {
     pub checkpoint: String,
     pub branches: Vec<BranchInfo>,
+}
+
+/// `POST /v1/checkpoints/{id}/export` and `POST /v1/checkpoints/import`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchivePath {
+    /// An absolute path on the daemon's host.
+    pub path: String,
 }

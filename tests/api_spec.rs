@@ -9,14 +9,17 @@
 //!   the types accept;
 //! - success statuses, content types, query parameters and the ad-hoc JSON answers
 //!   match what the handlers in `src/daemon/routes.rs` do (read as source text, since the
-//!   daemon's dispatch is private to the crate).
+//!   daemon's dispatch is private to the crate);
+//! - the branch modes and the phase names that `src/daemon/checkpoints.rs` reports are the
+//!   ones the document lists.
 //!
 //! The router itself (`match_route`) is private to the daemon, so matching every ROUTES
 //! path through it is not checked here.
 
 use forkd::api::{
-    self, ApiError, CreateSandboxRequest, ErrorKind, ExecBody, ExecResult, ImageInfo,
-    ImportImageRequest, OpStats, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
+    self, ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, CreateSandboxRequest, ErrorKind,
+    ExecBody, ExecResult, ForkRequest, ForkResult, ImageInfo, ImportImageRequest, OpStats,
+    SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
 };
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
@@ -487,6 +490,11 @@ fn request_and_response_bodies_reference_the_right_schemas() {
         ("stopSandbox", Some("application/json StopRequest")),
         ("execInSandbox", Some("application/json ExecBody")),
         ("copyToSandbox", Some("application/x-tar binary")),
+        (
+            "checkpointSandbox",
+            Some("application/json CheckpointRequest"),
+        ),
+        ("forkCheckpoint", Some("application/json ForkRequest")),
     ];
     for (_, _, id) in api::ROUTES {
         let want = expected_bodies
@@ -533,6 +541,27 @@ fn request_and_response_bodies_reference_the_right_schemas() {
         ("sandboxLogs", "200", "application/octet-stream binary"),
         ("copyFromSandbox", "200", "application/x-tar binary"),
         ("copyToSandbox", "200", "application/json CopyResult"),
+        (
+            "checkpointSandbox",
+            "201",
+            "application/json CheckpointInfo",
+        ),
+        (
+            "listCheckpoints",
+            "200",
+            "application/json [CheckpointInfo]",
+        ),
+        (
+            "inspectCheckpoint",
+            "200",
+            "application/json CheckpointInfo",
+        ),
+        (
+            "removeCheckpoint",
+            "200",
+            "application/json RemovedCheckpoint",
+        ),
+        ("forkCheckpoint", "201", "application/json ForkResult"),
     ];
     assert_eq!(expected.len(), api::ROUTES.len());
     for (id, code, want) in expected {
@@ -623,11 +652,66 @@ fn sample_info(with_values: bool) -> SandboxInfo {
             BTreeMap::new()
         },
         rootfs: "/var/lib/forkd/sandboxes/0123456789abcdef/rootfs".into(),
-        upper: "/var/lib/forkd/sandboxes/0123456789abcdef/upper".into(),
+        upper: "/var/lib/forkd/sandboxes/0123456789abcdef/layer/upper".into(),
         cgroup: "forkd/0123456789abcdef".into(),
         memory_bytes: with_values.then_some(1 << 20),
         oom_kills: 0,
         create_us: 12_345,
+    }
+}
+
+/// A filesystem checkpoint of a fresh sandbox (hash pending), or a live checkpoint of a
+/// branch (hash computed, with branches of its own).
+fn sample_checkpoint(live: bool) -> CheckpointInfo {
+    let phases: &[(&str, u64)] = if live {
+        &[("dump", 84_210), ("snapshot", 912), ("total", 85_840)]
+    } else {
+        &[("freeze", 150), ("snapshot", 830), ("total", 1_210)]
+    };
+    CheckpointInfo {
+        id: "89abcdef01234567".into(),
+        parent: live.then(|| "76543210fedcba98".into()),
+        sandbox: "0123456789abcdef".into(),
+        image: "alpine:3.20".into(),
+        live,
+        created: 1_700_000_100,
+        labels: if live {
+            [("step".to_string(), "warm".to_string())].into()
+        } else {
+            BTreeMap::new()
+        },
+        layers: vec![
+            "checkpoint:89abcdef01234567".into(),
+            format!("layer:{}", "a".repeat(64)),
+            format!("layer:{}", "b".repeat(64)),
+        ],
+        tree_hash: live.then(|| "c".repeat(64)),
+        phases_us: phases.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        images_bytes: if live { 4 << 20 } else { 0 },
+        branches: if live {
+            vec!["a1b2c3d4e5f60718".into()]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+fn sample_branch(mode: &str) -> BranchInfo {
+    let phases: &[(&str, u64)] = if mode == "fresh" {
+        &[("prepare", 3_120), ("total", 24_800)]
+    } else {
+        &[
+            ("prepare", 3_120),
+            ("restore", 61_544),
+            ("ready", 410),
+            ("total", 65_202),
+        ]
+    };
+    BranchInfo {
+        id: "a1b2c3d4e5f60718".into(),
+        mode: mode.into(),
+        init_pid: Some(51_022),
+        phases_us: phases.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
     }
 }
 
@@ -710,6 +794,37 @@ fn response_types_serialise_to_their_schemas() {
         "ExecErrorFrame",
         &json!({ "message": "ls: command not found" }),
     );
+    for live in [false, true] {
+        check_serialised(&doc, "CheckpointInfo", &sample_checkpoint(live));
+    }
+    let mut branches = Vec::new();
+    for mode in ["eager", "lazy", "fresh"] {
+        let b = sample_branch(mode);
+        check_serialised(&doc, "BranchInfo", &b);
+        branches.push(b);
+    }
+    let mut no_pid = sample_branch("eager");
+    no_pid.init_pid = None;
+    check_serialised(&doc, "BranchInfo", &no_pid);
+    check_serialised(
+        &doc,
+        "ForkResult",
+        &ForkResult {
+            checkpoint: "89abcdef01234567".into(),
+            branches,
+        },
+    );
+    check_serialised(
+        &doc,
+        "ForkResult",
+        &ForkResult {
+            checkpoint: "89abcdef01234567".into(),
+            branches: Vec::new(),
+        },
+    );
+    for name in ["RemovedImage", "RemovedSandbox", "RemovedCheckpoint"] {
+        check_serialised(&doc, name, &json!({ "removed": "x" }));
+    }
 }
 
 #[test]
@@ -721,6 +836,8 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<ImportImageRequest>(&doc, "ImportImageRequest");
     check_request::<StopRequest>(&doc, "StopRequest");
     check_request::<Limits>(&doc, "Limits");
+    check_request::<CheckpointRequest>(&doc, "CheckpointRequest");
+    check_request::<ForkRequest>(&doc, "ForkRequest");
 
     // ExecBody is ExecRequest's fields plus stdin_b64, flattened.
     let body = names(schema(&doc, "ExecBody").get("properties"));
@@ -754,6 +871,88 @@ fn request_schemas_deserialise_into_the_request_types() {
     // Every property of ExecRequest and StopRequest is optional: {} is a valid body.
     serde_json::from_value::<ExecBody>(json!({})).unwrap();
     serde_json::from_value::<StopRequest>(json!({})).unwrap();
+    // The same for checkpoints and forks, with the documented defaults.
+    let c: CheckpointRequest = serde_json::from_value(json!({})).unwrap();
+    assert!(!c.live && !c.stop && c.labels.is_empty());
+    let f: ForkRequest = serde_json::from_value(json!({ "count": null })).unwrap();
+    assert!(f.count.is_none() && !f.lazy && f.labels.is_empty());
+    let count = &schema(&doc, "ForkRequest")["properties"]["count"];
+    assert_eq!(count["default"], json!(1), "the default branch count");
+    assert_eq!(count["minimum"], json!(1));
+    assert_eq!(count["maximum"], json!(10_000));
+    // A count below zero is not a usize.
+    assert!(serde_json::from_value::<ForkRequest>(json!({ "count": -1 })).is_err());
+}
+
+/// The body of `fn name` in `src`, up to the next function at the same indentation.
+fn fn_body<'a>(src: &'a str, name: &str) -> &'a str {
+    let start = src
+        .find(&format!("fn {name}("))
+        .unwrap_or_else(|| panic!("no fn {name}"));
+    let rest = &src[start..];
+    let end = ["\n    pub fn ", "\n    fn ", "\n    pub(super) fn "]
+        .iter()
+        .filter_map(|p| rest[1..].find(p))
+        .min()
+        .map(|i| i + 1)
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// Every string literal `X` in `insert("X".into()` of `body`, without whitespace.
+fn inserted_keys(body: &str) -> BTreeSet<String> {
+    let compact: String = body.split_whitespace().collect();
+    compact
+        .split(".insert(\"")
+        .skip(1)
+        .filter_map(|s| s.split_once("\".into()").map(|(k, _)| k.to_string()))
+        .collect()
+}
+
+#[test]
+fn checkpoint_modes_and_phases_are_documented() {
+    let doc = doc();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon/checkpoints.rs");
+    let src = std::fs::read_to_string(&path).unwrap();
+
+    // The modes a fork reports are exactly BranchInfo.mode's enum.
+    let fork = fn_body(&src, "fork_checkpoint");
+    let compact: String = fork.split_whitespace().collect();
+    let at = compact
+        .find("letmode=match")
+        .expect("fork_checkpoint picks a mode");
+    let matched = &compact[at..];
+    let matched = &matched[..matched.find("};").expect("end of the mode match")];
+    let modes: BTreeSet<String> = matched
+        .split("=>\"")
+        .skip(1)
+        .filter_map(|s| s.split_once('"').map(|(m, _)| m.to_string()))
+        .collect();
+    let documented: BTreeSet<String> = schema(&doc, "BranchInfo")["properties"]["mode"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(modes, documented, "BranchInfo.mode: the fork's modes");
+
+    // Every phase the daemon records is named in the description of its phases_us.
+    for (schema_name, function) in [
+        ("CheckpointInfo", "checkpoint_sandbox"),
+        ("BranchInfo", "fork_checkpoint"),
+    ] {
+        let phases = inserted_keys(fn_body(&src, function));
+        assert!(phases.contains("total"), "{function} records no total");
+        let description = schema(&doc, schema_name)["properties"]["phases_us"]["description"]
+            .as_str()
+            .unwrap();
+        for p in &phases {
+            assert!(
+                description.contains(&format!("`{p}`")),
+                "{schema_name}.phases_us does not document the phase {p:?} of {function}"
+            );
+        }
+    }
 }
 
 /// One match arm of the daemon's `handle`, as source text, and without whitespace.

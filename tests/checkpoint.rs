@@ -301,3 +301,229 @@ fn checkpoint_removal_is_refused_while_branches_need_it() {
     assert_eq!(sbs[0].status, SandboxStatus::Running);
     assert!(!d.data().join("checkpoints").join(&c.id).exists());
 }
+
+/// Rewrites an archive entry by entry: `edit` may change a (name, data) pair, drop it
+/// (None) or the caller may append extra entries.
+fn rewrite_archive(
+    src: &std::path::Path,
+    dest: &std::path::Path,
+    mut edit: impl FnMut(&str, Vec<u8>) -> Option<(String, Vec<u8>)>,
+    extra: Vec<(String, Vec<u8>)>,
+) {
+    use std::io::Read;
+    let mut a = tar::Archive::new(zstd::Decoder::new(std::fs::File::open(src).unwrap()).unwrap());
+    let mut b = tar::Builder::new(Vec::new());
+    let mut put = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o600);
+        h.set_entry_type(tar::EntryType::Regular);
+        // Set the name raw, so that names like "../x" go through unchanged.
+        let bytes = name.as_bytes();
+        h.as_old_mut().name[..bytes.len()].copy_from_slice(bytes);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    };
+    for e in a.entries().unwrap() {
+        let mut e = e.unwrap();
+        let name = e.path().unwrap().display().to_string();
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).unwrap();
+        if let Some((n, d)) = edit(&name, data) {
+            put(&mut b, &n, &d);
+        }
+    }
+    for (n, d) in extra {
+        put(&mut b, &n, &d);
+    }
+    let tar = b.into_inner().unwrap();
+    std::fs::write(dest, zstd::encode_all(&tar[..], 3).unwrap()).unwrap();
+}
+
+#[test]
+fn archives_round_trip_and_tampering_is_rejected() {
+    if !can_run_criu("archives_round_trip_and_tampering_is_rejected") {
+        return;
+    }
+    let d = TestDaemon::start("archive");
+    let src = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
+    std::thread::sleep(Duration::from_millis(300));
+    d.sh(&src.id, "echo kept > /etc/state; rm /etc/group");
+    let c = d.checkpoint(&src.id, true);
+    let at_checkpoint = d.read_number(&src.id, "/tmp/counter");
+    let work = d.root.parent().unwrap().join("archives");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = work.join("ck.forkd");
+    let out = d.cli(&["checkpoint", "export", &c.id, file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let original: CheckpointInfo = d
+        .client
+        .call("GET", &format!("/v1/checkpoints/{}", c.id), None)
+        .unwrap();
+    // Import: the same tree hash, and branches resume the processes.
+    let out = d.cli(&["checkpoint", "import", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let imported_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let imported: CheckpointInfo = d
+        .client
+        .call("GET", &format!("/v1/checkpoints/{imported_id}"), None)
+        .unwrap();
+    assert_eq!(imported.tree_hash, original.tree_hash);
+    assert!(imported.tree_hash.is_some());
+    let r = d.fork(&imported_id, 2, false);
+    std::thread::sleep(Duration::from_millis(300));
+    for b in &r.branches {
+        assert_eq!(d.sh(&b.id, "cat /etc/state").1, "kept\n");
+        assert_ne!(d.sh(&b.id, "test -e /etc/group").0, 0);
+        assert!(d.read_number(&b.id, "/tmp/counter") + 2 >= at_checkpoint);
+    }
+
+    // Tampered archives are rejected, naming the problem, and leave nothing behind.
+    let checkpoints_before = d
+        .client
+        .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
+        .unwrap()
+        .len();
+    let layers_before = std::fs::read_dir(d.data().join("layers")).unwrap().count();
+    let bad = work.join("bad.forkd");
+    let cases: Vec<(
+        &str,
+        Box<dyn Fn(&str, Vec<u8>) -> Option<(String, Vec<u8>)>>,
+        Vec<(String, Vec<u8>)>,
+    )> = vec![
+        (
+            "does not match its SHA-256",
+            Box::new(|n: &str, mut data: Vec<u8>| {
+                if n == "criu/pstree.img" {
+                    data[0] ^= 1;
+                }
+                Some((n.to_string(), data))
+            }),
+            vec![],
+        ),
+        (
+            "is missing",
+            Box::new(|n: &str, data| (n != "criu/pstree.img").then(|| (n.to_string(), data))),
+            vec![],
+        ),
+        (
+            "is not in the manifest",
+            Box::new(|n: &str, data| Some((n.to_string(), data))),
+            vec![("criu/extra.img".into(), b"x".to_vec())],
+        ),
+        (
+            "unexpected entry",
+            Box::new(|n: &str, data| Some((n.to_string(), data))),
+            vec![("../escape".into(), b"x".to_vec())],
+        ),
+        (
+            "tree hash",
+            // A layer changed consistently (manifest updated too) still fails its tree hash.
+            Box::new(|n: &str, data: Vec<u8>| Some((n.to_string(), data))),
+            vec![],
+        ),
+    ];
+    for (i, (expect, edit, extra)) in cases.into_iter().enumerate() {
+        if expect == "tree hash" {
+            // Replace layer 0 by layer 1 and fix the manifest's SHA-256 accordingly.
+            let mut layer1 = Vec::new();
+            rewrite_archive(
+                &file,
+                &work.join("scratch"),
+                |n, d| {
+                    if n == "layers/1.tar" {
+                        layer1 = d.clone();
+                    }
+                    Some((n.into(), d))
+                },
+                vec![],
+            );
+            let sum: String = {
+                use sha2::Digest;
+                sha2::Sha256::digest(&layer1)
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            };
+            rewrite_archive(
+                &file,
+                &bad,
+                |n, d| {
+                    if n == "layers/0.tar" {
+                        return Some((n.into(), layer1.clone()));
+                    }
+                    if n == "manifest.json" {
+                        let mut m: serde_json::Value = serde_json::from_slice(&d).unwrap();
+                        m["files"]["layers/0.tar"]["sha256"] = sum.clone().into();
+                        m["files"]["layers/0.tar"]["size"] = layer1.len().into();
+                        return Some((n.into(), serde_json::to_vec(&m).unwrap()));
+                    }
+                    Some((n.into(), d))
+                },
+                vec![],
+            );
+        } else {
+            rewrite_archive(&file, &bad, edit, extra);
+        }
+        let err = d
+            .client
+            .call::<CheckpointInfo>(
+                "POST",
+                "/v1/checkpoints/import",
+                Some(&serde_json::json!({ "path": bad })),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(expect),
+            "case {i}: expected {expect:?} in {err}"
+        );
+        assert!(!work.parent().unwrap().join("escape").exists());
+        assert_eq!(
+            d.client
+                .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
+                .unwrap()
+                .len(),
+            checkpoints_before
+        );
+        assert_eq!(
+            std::fs::read_dir(d.data().join("layers")).unwrap().count(),
+            layers_before,
+            "case {i} left a layer"
+        );
+        let stages = std::fs::read_dir(d.data().join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .count();
+        assert_eq!(stages, 0, "case {i} left a stage");
+    }
+    // A corrupted compressed stream is refused too.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&bad, &bytes).unwrap();
+    assert!(d
+        .client
+        .call::<CheckpointInfo>(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&serde_json::json!({ "path": bad }))
+        )
+        .is_err());
+    // gc removes nothing that is still used, and the checkpoints still fork.
+    let _: serde_json::Value = d
+        .client
+        .call("POST", "/v1/gc", Some(&serde_json::json!({})))
+        .unwrap();
+    let r = d.fork(&c.id, 1, false);
+    assert_eq!(d.sh(&r.branches[0].id, "cat /etc/state").1, "kept\n");
+}

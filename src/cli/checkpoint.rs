@@ -32,6 +32,13 @@ pub enum CheckpointCmd {
     },
     /// Show checkpoints' details (JSON)
     Inspect { checkpoints: Vec<String> },
+    /// Write a checkpoint to one portable file (tar + zstd, verified on import)
+    Export {
+        checkpoint: String,
+        file: std::path::PathBuf,
+    },
+    /// Import a checkpoint archive; prints the new checkpoint's id
+    Import { file: std::path::PathBuf },
     /// Remove checkpoints (refused while branches use them, unless forced)
     Rm {
         /// Also remove the sandboxes and checkpoints that depend on it
@@ -128,6 +135,41 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
             }
             ctx.print_json(&out);
         }
+        Some(CheckpointCmd::Export { checkpoint, file }) => {
+            let path = absolute(&file)?;
+            eprintln!("exporting {checkpoint} to {} ...", path.display());
+            let r: serde_json::Value = ctx.client.call(
+                "POST",
+                &format!("/v1/checkpoints/{checkpoint}/export"),
+                Some(&serde_json::json!({ "path": path })),
+            )?;
+            if ctx.json {
+                ctx.print_json(&r);
+            } else {
+                eprintln!(
+                    "wrote {} bytes, {} files, in {:.2}s (tree hash {})",
+                    r["bytes"],
+                    r["files"],
+                    r["duration_us"].as_u64().unwrap_or(0) as f64 / 1e6,
+                    r["tree_hash"].as_str().unwrap_or("")
+                );
+                println!("{}", path.display());
+            }
+        }
+        Some(CheckpointCmd::Import { file }) => {
+            let path = absolute(&file)?;
+            eprintln!("importing and verifying {} ...", path.display());
+            let c: CheckpointInfo = ctx.client.call(
+                "POST",
+                "/v1/checkpoints/import",
+                Some(&serde_json::json!({ "path": path })),
+            )?;
+            if ctx.json {
+                ctx.print_json(&c);
+            } else {
+                println!("{}", c.id);
+            }
+        }
         Some(CheckpointCmd::Rm { force, checkpoints }) => {
             for id in checkpoints {
                 let _: serde_json::Value = ctx.client.call(
@@ -169,4 +211,12 @@ pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn absolute(p: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    Ok(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    })
 }

@@ -91,6 +91,8 @@ enum Command {
     Checkpoint(checkpoint::CheckpointArgs),
     /// Start branch sandboxes from a checkpoint; prints their ids, one a line
     Fork(checkpoint::ForkArgs),
+    /// Remove layers that no image, sandbox or checkpoint uses
+    Gc,
     /// Show per-operation latency recorded by the daemon
     Metrics,
     /// The evaluator: experiments on clean and inherited start states, and their report
@@ -158,6 +160,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Rm { force, sandboxes } => sandbox::rm(&ctx, force, &sandboxes),
         Command::Eval(cmd) => eval::run(cmd),
         Command::Checkpoint(args) => checkpoint::run(&ctx, args),
+        Command::Gc => {
+            let r: serde_json::Value =
+                ctx.client
+                    .call("POST", "/v1/gc", Some(&serde_json::json!({})))?;
+            if ctx.json {
+                ctx.print_json(&r);
+            } else {
+                let n = r["removed_layers"].as_array().map(Vec::len).unwrap_or(0);
+                println!("removed {n} layers, freed {} bytes", r["freed_bytes"]);
+            }
+            Ok(0)
+        }
         Command::Fork(args) => checkpoint::fork(&ctx, args),
         Command::Demo => demo::run(),
         Command::Metrics => {

@@ -240,6 +240,20 @@ fn handle(
             let body: api::ForkRequest = req.json()?;
             Ok(Response::json(201, &d.fork_checkpoint(&c, &body)?))
         }
+        "exportCheckpoint" => {
+            let c = d.checkpoint(&param("id"))?;
+            let body: api::ArchivePath = req.json()?;
+            Ok(Response::json(
+                200,
+                &d.export_checkpoint(&c, std::path::Path::new(&body.path))?,
+            ))
+        }
+        "importCheckpoint" => {
+            let body: api::ArchivePath = req.json()?;
+            let c = d.import_checkpoint(std::path::Path::new(&body.path))?;
+            Ok(Response::json(201, &d.checkpoint_info(&c)))
+        }
+        "gc" => Ok(Response::json(200, &d.gc()?)),
         other => Err(ApiError::internal(format!("route {other} has no handler"))),
     }
 }

@@ -29,6 +29,9 @@
 //! hash    = SHA-256(stream)
 //! ```
 //!
+//! Sockets are left out (they are not content and cannot travel in an archive); the
+//! `'s'` type is kept in the grammar for completeness but never written.
+//!
 //! Only the extended attributes that change what overlayfs or the kernel
 //! does with the tree are included: `trusted.overlay.opaque`,
 //! `trusted.overlay.redirect`, `security.capability`. Timestamps, inode
@@ -238,6 +241,11 @@ fn walk(root: &Path, nodes: &mut Vec<Node>) -> Result<(), LayerError> {
                 .metadata()
                 .map_err(io_at("reading metadata of", &ent.path()))?;
             let is_dir = meta.is_dir();
+            // Sockets are not content: a process binds its own, and no archive can
+            // carry one. Leaving them out keeps a tree's hash the same after export.
+            if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                continue;
+            }
             let node = node_for(root, child, &meta)?;
             if is_dir {
                 stack.push(node.path.clone());

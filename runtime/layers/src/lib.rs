@@ -16,6 +16,7 @@
 
 mod copy;
 pub mod error;
+pub mod export;
 pub mod extract;
 mod fsx;
 pub mod hash;
@@ -26,6 +27,7 @@ mod progress;
 mod store;
 
 pub use error::{ImageError, ImportError, LayerError};
+pub use export::export_tar;
 pub use extract::TarFlavor;
 pub use hash::{tree_hash, TREE_FORMAT};
 pub use id::{LayerId, TreeHash};

@@ -1,0 +1,531 @@
+//! Portable checkpoint archives.
+//!
+//! `export` writes one file: a tar stream compressed with multithreaded zstd holding
+//! - `layers/<n>.tar`: every layer of the checkpoint's stack, topmost first, each a tar in
+//!   overlay form (whiteouts and overlay xattrs kept, see `forkd_layers::export_tar`);
+//! - `criu/<file>`: the CRIU images of a live checkpoint;
+//! - `manifest.json` (last): the checkpoint's description, each layer's tree hash, the
+//!   stack's tree hash, and a SHA-256 and size for every other file of the archive.
+//!
+//! `import` unpacks into a staging directory, accepting only those names and regular
+//! files, verifies every file against the manifest (no file missing, none extra, no byte
+//! changed), imports each layer into the content-addressed store and checks that its
+//! tree hash, and the stack's, match; only then does the checkpoint appear. Any failure
+//! removes the staging directory and the layers this import added.
+
+use super::checkpoints::{Checkpoint, CheckpointRecord, Lower};
+use super::{log, Daemon};
+use crate::api::ApiError;
+use forkd_layers::LayerId;
+use forkd_sandbox::CheckpointId;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const FORMAT: &str = "forkd-checkpoint-archive-v1";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchiveLayer {
+    /// Path of the layer's tar inside the archive.
+    pub file: String,
+    pub tree_hash: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub sha256: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub checkpoint: CheckpointRecord,
+    /// Topmost first.
+    pub layers: Vec<ArchiveLayer>,
+    pub tree_hash: String,
+    pub files: BTreeMap<String, FileEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExportResult {
+    pub path: String,
+    pub bytes: u64,
+    pub files: usize,
+    pub tree_hash: String,
+    pub duration_us: u64,
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hashes everything written through it.
+struct HashingWriter<W> {
+    inner: W,
+    hash: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Hashes everything read through it.
+struct HashingReader<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn io_err<'a>(step: &str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ApiError + 'a {
+    let step = step.to_string();
+    move |e| ApiError::internal(format!("{step} {}: {e}", path.display()))
+}
+
+fn append_file<W: Write>(
+    b: &mut tar::Builder<W>,
+    name: &str,
+    path: &Path,
+    files: &mut BTreeMap<String, FileEntry>,
+) -> Result<(), ApiError> {
+    let f = std::fs::File::open(path).map_err(io_err("open", path))?;
+    let size = f.metadata().map_err(io_err("stat", path))?.len();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(size);
+    h.set_mode(0o600);
+    h.set_entry_type(tar::EntryType::Regular);
+    let mut r = HashingReader {
+        inner: f.take(size),
+        hash: Sha256::new(),
+    };
+    b.append_data(&mut h, name, &mut r)
+        .map_err(io_err("archive", path))?;
+    files.insert(
+        name.to_string(),
+        FileEntry {
+            sha256: hex(&r.hash.finalize()),
+            size,
+        },
+    );
+    Ok(())
+}
+
+impl Daemon {
+    /// Waits until a checkpoint's tree hash is known.
+    fn wait_tree_hash(&self, c: &Checkpoint) -> Result<String, ApiError> {
+        let t = Instant::now();
+        loop {
+            if let Some(h) = c.record.lock().unwrap().tree_hash.clone() {
+                return Ok(h);
+            }
+            if t.elapsed() > Duration::from_secs(600) {
+                return Err(ApiError::internal(format!(
+                    "checkpoint {}: tree hash not computed after 600 s",
+                    c.id
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Writes checkpoint `c` to `dest` (atomically: a partial file is never left).
+    pub fn export_checkpoint(&self, c: &Checkpoint, dest: &Path) -> Result<ExportResult, ApiError> {
+        let t = Instant::now();
+        if !dest.is_absolute() {
+            return Err(ApiError::bad_request(format!(
+                "export path {} must be absolute",
+                dest.display()
+            )));
+        }
+        let tree_hash = self.wait_tree_hash(c)?;
+        let rec = c.record.lock().unwrap().clone();
+        let partial = dest.with_file_name(format!(
+            ".{}.partial-{}",
+            dest.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            std::process::id()
+        ));
+        let tmpdir = self.data.join("tmp");
+        std::fs::create_dir_all(&tmpdir).map_err(io_err("create", &tmpdir))?;
+        let result = (|| -> Result<usize, ApiError> {
+            let out = std::fs::File::create(&partial).map_err(io_err("create", &partial))?;
+            let mut z = zstd::Encoder::new(out, 3).map_err(io_err("start zstd for", &partial))?;
+            let threads = std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1);
+            z.multithread(threads)
+                .map_err(io_err("set zstd threads for", &partial))?;
+            let mut b = tar::Builder::new(z);
+            let mut files = BTreeMap::new();
+            let mut layers = Vec::new();
+            for (i, lower) in rec.lowers.iter().enumerate() {
+                let dir = self.lower_path(lower);
+                let layer_hash = match lower {
+                    Lower::Layer(id) => id.to_string(),
+                    Lower::Checkpoint(cid) if *cid == c.id => {
+                        rec.fs_hash.clone().unwrap_or_default()
+                    }
+                    Lower::Checkpoint(cid) => self
+                        .checkpoint(cid.as_str())
+                        .ok()
+                        .and_then(|p| p.record.lock().unwrap().fs_hash.clone())
+                        .ok_or_else(|| {
+                            ApiError::internal(format!("layer {lower}: tree hash unknown"))
+                        })?,
+                };
+                let tmp = tmpdir.join(format!("export-{}-{i}.tar", c.id));
+                let res = (|| {
+                    let f = std::fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
+                    forkd_layers::export_tar(&dir, std::io::BufWriter::new(f))
+                        .map_err(|e| ApiError::from_chain(&format!("export layer {lower}"), &e))?;
+                    let name = format!("layers/{i}.tar");
+                    append_file(&mut b, &name, &tmp, &mut files)?;
+                    Ok::<_, ApiError>(name)
+                })();
+                let _ = std::fs::remove_file(&tmp);
+                layers.push(ArchiveLayer {
+                    file: res?,
+                    tree_hash: layer_hash,
+                });
+            }
+            if rec.live {
+                let images = c.images();
+                let mut names: Vec<_> = std::fs::read_dir(&images)
+                    .map_err(io_err("read", &images))?
+                    .flatten()
+                    .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect();
+                names.sort();
+                for n in names {
+                    append_file(&mut b, &format!("criu/{n}"), &images.join(&n), &mut files)?;
+                }
+            }
+            let count = files.len() + 1;
+            let manifest = Manifest {
+                format: FORMAT.into(),
+                checkpoint: rec.clone(),
+                layers,
+                tree_hash: tree_hash.clone(),
+                files,
+            };
+            let body = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+            let mut h = tar::Header::new_gnu();
+            h.set_size(body.len() as u64);
+            h.set_mode(0o600);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, "manifest.json", &body[..])
+                .map_err(io_err("archive manifest into", &partial))?;
+            let z = b.into_inner().map_err(io_err("finish tar", &partial))?;
+            let f = z.finish().map_err(io_err("finish zstd", &partial))?;
+            f.sync_all().map_err(io_err("sync", &partial))?;
+            std::fs::rename(&partial, dest).map_err(io_err("rename into place", dest))?;
+            Ok(count)
+        })();
+        let files = match result {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(e);
+            }
+        };
+        let bytes = std::fs::metadata(dest).map(|m| m.len()).unwrap_or(0);
+        Ok(ExportResult {
+            path: dest.display().to_string(),
+            bytes,
+            files,
+            tree_hash,
+            duration_us: t.elapsed().as_micros() as u64,
+        })
+    }
+
+    /// Imports an archive written by `export_checkpoint`; verifies all of it first.
+    pub fn import_checkpoint(self: &Arc<Self>, src: &Path) -> Result<Arc<Checkpoint>, ApiError> {
+        if !src.is_absolute() {
+            return Err(ApiError::bad_request(format!(
+                "archive path {} must be absolute",
+                src.display()
+            )));
+        }
+        let file = std::fs::File::open(src).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                ApiError::not_found(format!("archive {} does not exist", src.display()))
+            }
+            _ => ApiError::internal(format!("open {}: {e}", src.display())),
+        })?;
+        let id = CheckpointId::random();
+        let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
+        let mut added_layers: Vec<LayerId> = Vec::new();
+        let result = self.import_into(src, file, &stage, &id, &mut added_layers);
+        match result {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&stage);
+                for l in added_layers {
+                    if let Err(e) = self.layers.remove(&l) {
+                        log::warn(&format!("remove layer {l} of a failed import: {e}"));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn import_into(
+        self: &Arc<Self>,
+        src: &Path,
+        file: std::fs::File,
+        stage: &Path,
+        id: &CheckpointId,
+        added_layers: &mut Vec<LayerId>,
+    ) -> Result<Arc<Checkpoint>, ApiError> {
+        let bad = |m: String| ApiError::bad_request(format!("archive {}: {m}", src.display()));
+        std::fs::create_dir_all(stage.join("criu")).map_err(io_err("create", stage))?;
+        std::fs::create_dir_all(stage.join("layers")).map_err(io_err("create", stage))?;
+        let z = zstd::Decoder::new(file).map_err(|e| bad(format!("not a zstd stream: {e}")))?;
+        let mut archive = tar::Archive::new(z);
+        let mut seen: BTreeMap<String, FileEntry> = BTreeMap::new();
+        let mut manifest: Option<Manifest> = None;
+        let entries = archive
+            .entries()
+            .map_err(|e| bad(format!("not a tar stream: {e}")))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| bad(format!("corrupt tar stream: {e}")))?;
+            let name = String::from_utf8(entry.path_bytes().into_owned())
+                .map_err(|_| bad("an entry name is not UTF-8".into()))?;
+            if entry.header().entry_type() != tar::EntryType::Regular {
+                return Err(bad(format!("entry {name:?} is not a regular file")));
+            }
+            if name == "manifest.json" {
+                let mut body = Vec::new();
+                entry
+                    .read_to_end(&mut body)
+                    .map_err(|e| bad(format!("read manifest: {e}")))?;
+                manifest = Some(
+                    serde_json::from_slice(&body)
+                        .map_err(|e| bad(format!("invalid manifest.json: {e}")))?,
+                );
+                continue;
+            }
+            // Only names this format writes, each a single safe component below its directory.
+            let ok = match name.split_once('/') {
+                Some(("layers", rest)) => rest
+                    .strip_suffix(".tar")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+                Some(("criu", rest)) => {
+                    !rest.is_empty()
+                        && !rest.starts_with('.')
+                        && rest
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(bad(format!(
+                    "unexpected entry {name:?} (the archive may have been tampered with)"
+                )));
+            }
+            if seen.contains_key(&name) {
+                return Err(bad(format!("entry {name:?} appears twice")));
+            }
+            let dest = stage.join(&name);
+            let f = std::fs::File::create(&dest).map_err(io_err("create", &dest))?;
+            let mut w = HashingWriter {
+                inner: std::io::BufWriter::new(f),
+                hash: Sha256::new(),
+                size: 0,
+            };
+            std::io::copy(&mut entry, &mut w).map_err(|e| bad(format!("read {name}: {e}")))?;
+            w.flush().map_err(io_err("write", &dest))?;
+            seen.insert(
+                name,
+                FileEntry {
+                    sha256: hex(&w.hash.finalize()),
+                    size: w.size,
+                },
+            );
+        }
+        let manifest = manifest.ok_or_else(|| bad("manifest.json is missing".into()))?;
+        if manifest.format != FORMAT {
+            return Err(bad(format!(
+                "format {:?} is not {FORMAT:?}",
+                manifest.format
+            )));
+        }
+        for (name, want) in &manifest.files {
+            match seen.get(name) {
+                None => {
+                    return Err(bad(format!(
+                        "file {name} listed in the manifest is missing"
+                    )))
+                }
+                Some(got) if got.sha256 != want.sha256 || got.size != want.size => {
+                    return Err(bad(format!(
+                        "file {name} does not match its SHA-256 in the manifest"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(extra) = seen.keys().find(|k| !manifest.files.contains_key(*k)) {
+            return Err(bad(format!("file {extra} is not in the manifest")));
+        }
+        // Layers: into the store, each checked against its tree hash.
+        let mut lowers = Vec::new();
+        let mut stack = Sha256::new();
+        stack.update(b"forkd-stack-v1\0");
+        for layer in &manifest.layers {
+            if !manifest.files.contains_key(&layer.file) {
+                return Err(bad(format!(
+                    "layer {} is not among the archive's files",
+                    layer.file
+                )));
+            }
+            let want: LayerId = layer
+                .tree_hash
+                .parse()
+                .map_err(|_| bad(format!("layer {}: bad tree hash", layer.file)))?;
+            let existed = self.layers.exists(&want);
+            let path = stage.join(&layer.file);
+            let f = std::fs::File::open(&path).map_err(io_err("open", &path))?;
+            let got = self
+                .layers
+                .import_tar(
+                    std::io::BufReader::new(f),
+                    forkd_layers::TarFlavor::Overlay,
+                    &mut |_| {},
+                )
+                .map_err(|e| {
+                    bad(format!(
+                        "layer {}: {}",
+                        layer.file,
+                        ApiError::from_chain("import", &e).message
+                    ))
+                })?;
+            if !existed && self.layers.exists(&got) {
+                added_layers.push(got.clone());
+            }
+            if got != want {
+                return Err(bad(format!(
+                    "layer {} has tree hash {got}, the manifest says {want}",
+                    layer.file
+                )));
+            }
+            let _ = std::fs::remove_file(&path);
+            stack.update(got.to_string().as_bytes());
+            stack.update(b"\n");
+            lowers.push(Lower::Layer(got));
+        }
+        let tree = hex(&stack.finalize());
+        if tree != manifest.tree_hash {
+            return Err(bad(format!(
+                "the layers' tree hash {tree} differs from the manifest's {}",
+                manifest.tree_hash
+            )));
+        }
+        let mut rec = manifest.checkpoint.clone();
+        rec.id = id.clone();
+        rec.parent = None;
+        rec.lowers = lowers;
+        rec.fs_hash = None;
+        rec.tree_hash = Some(tree);
+        rec.labels.insert(
+            "forkd.imported-from".into(),
+            manifest.checkpoint.id.to_string(),
+        );
+        let _ = std::fs::remove_dir_all(stage.join("layers"));
+        let body = serde_json::to_vec_pretty(&rec).expect("record serialises");
+        std::fs::write(stage.join("meta.json"), body)
+            .map_err(io_err("write meta.json in", stage))?;
+        let dir = self.data.join("checkpoints").join(id.as_str());
+        std::fs::rename(stage, &dir).map_err(io_err("rename into place", &dir))?;
+        let c = Arc::new(Checkpoint {
+            id: id.clone(),
+            dir,
+            record: Mutex::new(rec),
+        });
+        self.checkpoints
+            .lock()
+            .unwrap()
+            .insert(id.clone(), c.clone());
+        Ok(c)
+    }
+
+    /// Removes store layers that no image, sandbox or checkpoint uses.
+    pub fn gc(&self) -> Result<serde_json::Value, ApiError> {
+        let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
+        used.insert(self.runtime_layer.clone());
+        for img in self
+            .images
+            .list()
+            .map_err(|e| ApiError::from_chain("list images", &e))?
+        {
+            used.extend(img.layers);
+        }
+        for sb in self.sandboxes.lock().unwrap().values() {
+            for l in &sb.record.lock().unwrap().lowers {
+                if let Lower::Layer(id) = l {
+                    used.insert(id.clone());
+                }
+            }
+        }
+        for c in self.checkpoints.lock().unwrap().values() {
+            for l in &c.record.lock().unwrap().lowers {
+                if let Lower::Layer(id) = l {
+                    used.insert(id.clone());
+                }
+            }
+        }
+        let mut removed = Vec::new();
+        let mut freed = 0u64;
+        for info in self
+            .layers
+            .list()
+            .map_err(|e| ApiError::from_chain("list layers", &e))?
+        {
+            if used.contains(&info.id) {
+                continue;
+            }
+            self.layers
+                .remove(&info.id)
+                .map_err(|e| ApiError::from_chain(&format!("remove layer {}", info.id), &e))?;
+            freed += info.size_bytes;
+            removed.push(info.id.to_string());
+        }
+        // Runtime-layer cache entries pointing at removed layers.
+        if let Ok(rd) = std::fs::read_dir(self.data.join("runtime")) {
+            for e in rd.flatten() {
+                let stale = std::fs::read_to_string(e.path())
+                    .ok()
+                    .and_then(|t| t.trim().parse::<LayerId>().ok())
+                    .is_some_and(|id| !self.layers.exists(&id));
+                if stale {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(serde_json::json!({ "removed_layers": removed, "freed_bytes": freed }))
+    }
+}
