@@ -194,6 +194,36 @@ fn chains_of_fifty_generations() {
 }
 
 #[test]
+fn deep_stacks_are_squashed() {
+    if !can_run_criu("deep_stacks_are_squashed") {
+        return;
+    }
+    let d = TestDaemon::start_with_env("squash", &[("FORKD_MAX_LAYERS", "5")]);
+    let first =
+        d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
+    let mut sb = first.id.clone();
+    d.sh(&sb, "rm /etc/group");
+    for generation in 0..8 {
+        d.sh(&sb, &format!("echo {generation} > /gen-{generation}"));
+        // Every other generation live, so restored processes meet squashed layers too.
+        let c = d.checkpoint(&sb, generation % 2 == 1);
+        assert!(
+            c.layers.len() <= 5,
+            "generation {generation}: {} layers",
+            c.layers.len()
+        );
+        sb = d.fork(&c.id, 1, false).branches[0].id.clone();
+    }
+    assert_eq!(d.sh(&sb, "ls / | grep -c '^gen-'").1.trim(), "8");
+    assert_ne!(
+        d.sh(&sb, "test -e /etc/group").0,
+        0,
+        "a deletion was lost by squashing"
+    );
+    assert!(d.read_number(&sb, "/tmp/counter") > 0);
+}
+
+#[test]
 fn failed_live_checkpoint_leaves_the_sandbox_running_and_nothing_behind() {
     if !can_run_criu("failed_live_checkpoint_leaves_the_sandbox_running_and_nothing_behind") {
         return;

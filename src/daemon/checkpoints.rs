@@ -36,6 +36,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 const RECORD_VERSION: u32 = 1;
 
+/// The deepest layer stack a checkpoint may have before it is squashed (overlayfs takes
+/// at most 500 lower layers; `FORKD_MAX_LAYERS` lowers the bound, e.g. for tests).
+fn max_stack() -> usize {
+    std::env::var("FORKD_MAX_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 2)
+        .unwrap_or(128)
+}
+
 /// One layer of an overlay stack: a layer of the content-addressed store, or the
 /// filesystem snapshot of a checkpoint. Written as `layer:<hex>` / `checkpoint:<id>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -367,7 +377,21 @@ impl Daemon {
             return Err(e);
         }
         let mut lowers = vec![Lower::Checkpoint(id.clone())];
-        lowers.extend(rec.lowers.iter().cloned());
+        if rec.lowers.len() + 1 > max_stack() {
+            // Deep chains: flatten everything below this checkpoint's own layer into one
+            // layer, so branches stay within overlayfs's stack limit.
+            let t = Instant::now();
+            match self.squash(&rec.lowers) {
+                Ok(layer) => lowers.push(Lower::Layer(layer)),
+                Err(e) => {
+                    self.delete_checkpoint_dir(&stage);
+                    return Err(e);
+                }
+            }
+            phases.insert("squash".into(), t.elapsed().as_micros() as u64);
+        } else {
+            lowers.extend(rec.lowers.iter().cloned());
+        }
         phases.insert("total".into(), total.elapsed().as_micros() as u64);
         let record = CheckpointRecord {
             version: RECORD_VERSION,
@@ -702,6 +726,38 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    /// Flattens a layer stack into one layer of the store: the merged view of the stack,
+    /// mounted read-only, is copied in (its whiteouts are already applied there).
+    fn squash(&self, lowers: &[Lower]) -> Result<LayerId, ApiError> {
+        let mnt = self
+            .data
+            .join("tmp")
+            .join(format!("squash-{}", forkd_sandbox::id::random_hex(6)));
+        std::fs::create_dir_all(&mnt)
+            .map_err(|e| ApiError::internal(format!("create {}: {e}", mnt.display())))?;
+        let paths: Vec<PathBuf> = lowers.iter().map(|l| self.lower_path(l)).collect();
+        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        let res = if refs.len() == 1 {
+            Ok(())
+        } else {
+            forkd_sys::mount::mount_overlay(&refs, None, &mnt)
+                .map_err(|e| ApiError::internal(format!("mount stack to squash: {e}")))
+        };
+        let res = res.and_then(|()| {
+            let src = if refs.len() == 1 {
+                paths[0].clone()
+            } else {
+                mnt.clone()
+            };
+            self.layers
+                .import_dir(&src, &mut |_| {})
+                .map_err(|e| ApiError::from_chain("squash layers", &e))
+        });
+        let _ = host::unmount(&mnt);
+        let _ = std::fs::remove_dir(&mnt);
+        res
     }
 
     /// Starts a fresh init in a branch of a filesystem checkpoint.

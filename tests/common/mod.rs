@@ -51,11 +51,18 @@ pub struct TestDaemon {
     pub socket: PathBuf,
     pub child: Option<Child>,
     pub client: Client,
+    /// Extra environment for the daemon.
+    pub env: Vec<(String, String)>,
 }
 
 impl TestDaemon {
     /// Starts a daemon on a fresh root and imports busybox as `busybox`.
     pub fn start(name: &str) -> TestDaemon {
+        Self::start_with_env(name, &[])
+    }
+
+    /// Like [`TestDaemon::start`], with extra environment variables for the daemon.
+    pub fn start_with_env(name: &str, env: &[(&str, &str)]) -> TestDaemon {
         let base = PathBuf::from(format!("/tmp/forkd-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&base).unwrap();
@@ -66,6 +73,10 @@ impl TestDaemon {
             root,
             socket,
             child: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn();
         let body = serde_json::json!({ "source": busybox_tar(), "name": "busybox" });
@@ -86,6 +97,7 @@ impl TestDaemon {
             .arg("daemon")
             .env("FORKD_ROOT", &self.root)
             .env("FORKD_SOCKET", &self.socket)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
