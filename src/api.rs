@@ -35,6 +35,8 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("POST", "/v1/checkpoints/{id}/export", "exportCheckpoint"),
     ("POST", "/v1/checkpoints/import", "importCheckpoint"),
     ("POST", "/v1/gc", "gc"),
+    ("GET", "/v1/sandboxes/{id}/execs", "sandboxExecs"),
+    ("GET", "/v1/checkpoints/{id}/delta", "checkpointDelta"),
 ];
 
 /// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
