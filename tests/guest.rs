@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use forkd::api::{BranchInfo, CheckpointInfo, ImageInfo, SandboxInfo};
+use forkd::api::{BranchInfo, CheckpointInfo, ForkResult, ImageInfo, SandboxInfo};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -189,7 +189,20 @@ impl GuestDaemon for TestDaemon {
 
     fn fork_timed(&self, checkpoint: &str, count: usize) -> (Vec<BranchInfo>, Duration) {
         let t = Instant::now();
-        let r = self.fork(checkpoint, count, false);
+        let r: ForkResult = self
+            .client
+            .call(
+                "POST",
+                &format!("/v1/checkpoints/{checkpoint}/fork"),
+                Some(&serde_json::json!({ "count": count, "lazy": false })),
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "fork of {count} eager branches from live checkpoint {checkpoint} failed: {e}\n\
+                     (daemon log and CRIU logs kept under {:?})",
+                    self.root.parent().unwrap()
+                )
+            });
         let took = t.elapsed();
         assert_eq!(r.branches.len(), count);
         (r.branches, took)
@@ -601,6 +614,11 @@ fn tmux_session_resumes_in_every_branch() {
         )
         .trim()
         .to_string();
+    assert_eq!(
+        d.tmux(&src.id, &["display", "-p", "#{pid}"]).trim(),
+        server,
+        "the tmux server is not the process found in ps"
+    );
 
     let at_least = d.last_tick(&src.id);
     let (c, dump_took) = d.checkpoint_timed(&src.id);
@@ -615,6 +633,11 @@ fn tmux_session_resumes_in_every_branch() {
         let what = format!("branch {}", b.id);
         // Same server, same session, same ticker process, counting on from where it was.
         d.run_ok(&b.id, &["tmux", "has-session", "-t", "main"], TERM);
+        assert_eq!(
+            d.tmux(&b.id, &["display", "-p", "#{pid}"]).trim(),
+            server,
+            "{what}: another tmux server"
+        );
         assert_eq!(
             d.tmux(
                 &b.id,
