@@ -11,15 +11,17 @@
 //!   match what the handlers in `src/daemon/routes.rs` do (read as source text, since the
 //!   daemon's dispatch is private to the crate);
 //! - the branch modes and the phase names that `src/daemon/checkpoints.rs` reports are the
-//!   ones the document lists.
+//!   ones the document lists;
+//! - answers built outside `forkd::api` (the export result, the gc answer, the lines of an
+//!   exec trajectory) have exactly the properties their schemas list, read from the source.
 //!
 //! The router itself (`match_route`) is private to the daemon, so matching every ROUTES
 //! path through it is not checked here.
 
 use forkd::api::{
-    self, ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, CreateSandboxRequest, ErrorKind,
-    ExecBody, ExecResult, ForkRequest, ForkResult, ImageInfo, ImportImageRequest, OpStats,
-    SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
+    self, ApiError, ArchivePath, BranchInfo, CheckpointInfo, CheckpointRequest,
+    CreateSandboxRequest, ErrorKind, ExecBody, ExecResult, ForkRequest, ForkResult, ImageInfo,
+    ImportImageRequest, OpStats, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
 };
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
@@ -495,6 +497,8 @@ fn request_and_response_bodies_reference_the_right_schemas() {
             Some("application/json CheckpointRequest"),
         ),
         ("forkCheckpoint", Some("application/json ForkRequest")),
+        ("exportCheckpoint", Some("application/json ArchivePath")),
+        ("importCheckpoint", Some("application/json ArchivePath")),
     ];
     for (_, _, id) in api::ROUTES {
         let want = expected_bodies
@@ -562,6 +566,11 @@ fn request_and_response_bodies_reference_the_right_schemas() {
             "application/json RemovedCheckpoint",
         ),
         ("forkCheckpoint", "201", "application/json ForkResult"),
+        ("exportCheckpoint", "200", "application/json ExportResult"),
+        ("importCheckpoint", "201", "application/json CheckpointInfo"),
+        ("gc", "200", "application/json GcResult"),
+        ("sandboxExecs", "200", "application/x-ndjson binary"),
+        ("checkpointDelta", "200", "application/x-tar binary"),
     ];
     assert_eq!(expected.len(), api::ROUTES.len());
     for (id, code, want) in expected {
@@ -838,6 +847,7 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<Limits>(&doc, "Limits");
     check_request::<CheckpointRequest>(&doc, "CheckpointRequest");
     check_request::<ForkRequest>(&doc, "ForkRequest");
+    check_request::<ArchivePath>(&doc, "ArchivePath");
 
     // ExecBody is ExecRequest's fields plus stdin_b64, flattened.
     let body = names(schema(&doc, "ExecBody").get("properties"));
@@ -907,6 +917,93 @@ fn inserted_keys(body: &str) -> BTreeSet<String> {
         .skip(1)
         .filter_map(|s| s.split_once("\".into()").map(|(k, _)| k.to_string()))
         .collect()
+}
+
+#[test]
+fn answers_built_outside_the_api_module_match_their_schemas() {
+    let doc = doc();
+    let read = |p: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(p))
+            .unwrap_or_else(|e| panic!("read {p}: {e}"))
+    };
+    let archive = read("src/daemon/archive.rs");
+    let sandboxes = read("src/daemon/sandboxes.rs");
+    let listed = |name: &str| names(schema(&doc, name).get("properties"));
+    for (name, from_source) in [
+        ("ExportResult", struct_fields(&archive, "ExportResult")),
+        ("GcResult", json_macro_keys(fn_body(&archive, "gc"))),
+        (
+            "ExecRecord",
+            json_macro_keys(fn_body(&sandboxes, "log_exec")),
+        ),
+    ] {
+        assert!(
+            !from_source.is_empty(),
+            "{name}: nothing found in the source"
+        );
+        assert_eq!(
+            listed(name),
+            from_source,
+            "{name}: properties vs the source"
+        );
+        assert_eq!(
+            required(schema(&doc, name)),
+            from_source,
+            "{name}: always serialised in full"
+        );
+    }
+    check_serialised(
+        &doc,
+        "ExportResult",
+        &json!({
+            "path": "/srv/checkpoints/warm.forkd",
+            "bytes": 31_457_280u64,
+            "files": 9,
+            "tree_hash": "c".repeat(64),
+            "duration_us": 812_345u64,
+        }),
+    );
+    check_serialised(
+        &doc,
+        "GcResult",
+        &json!({ "removed_layers": ["a".repeat(64)], "freed_bytes": 7_340_032u64 }),
+    );
+    check_serialised(
+        &doc,
+        "GcResult",
+        &json!({ "removed_layers": [], "freed_bytes": 0 }),
+    );
+    let exit = serde_json::to_value(ExecExit {
+        exit_code: 3,
+        signal: None,
+        timed_out: false,
+        duration_us: 2210,
+    })
+    .unwrap();
+    for (argv, shell, result) in [
+        (json!(["sh", "-c", "exit 3"]), Value::Null, exit),
+        (
+            Value::Null,
+            json!("sleep 5"),
+            json!({ "pid": 14, "log": "/.forkd/logs/job1.log" }),
+        ),
+        (
+            json!(["nope"]),
+            Value::Null,
+            json!({ "message": "not found" }),
+        ),
+        (json!(["sh"]), Value::Null, Value::Null),
+    ] {
+        check_serialised(
+            &doc,
+            "ExecRecord",
+            &json!({
+                "t_us": 1_718_000_012_345_678u64, "argv": argv, "shell": shell,
+                "cwd": null, "user": "1000:1000", "tty": false, "detach": false,
+                "result": result,
+            }),
+        );
+    }
 }
 
 #[test]
@@ -1006,11 +1103,66 @@ impl Arm {
         out
     }
     fn json_keys(&self) -> BTreeSet<String> {
-        self.find_all("json!({\"", '"')
-            .into_iter()
-            .map(String::from)
-            .collect()
+        json_macro_keys(&self.text)
     }
+}
+
+/// The top-level keys of the first `json!({ ... })` in `text`.
+fn json_macro_keys(text: &str) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    let Some(at) = text.find("json!({") else {
+        return keys;
+    };
+    let mut depth = 0i32;
+    let mut chars = text[at + "json!({".len()..].chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => {
+                depth -= 1;
+                if depth < 0 {
+                    break;
+                }
+            }
+            '"' => {
+                let mut s = String::new();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => s.extend(chars.next()),
+                        '"' => break,
+                        c => s.push(c),
+                    }
+                }
+                while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                    chars.next();
+                }
+                if depth == 0 && chars.peek() == Some(&':') {
+                    keys.insert(s);
+                }
+            }
+            _ => {}
+        }
+    }
+    keys
+}
+
+/// The field names of `pub struct name { ... }` in `src` (a struct without serde renames).
+fn struct_fields(src: &str, name: &str) -> BTreeSet<String> {
+    let start = src
+        .find(&format!("pub struct {name} {{"))
+        .unwrap_or_else(|| panic!("no struct {name}"));
+    let body = &src[start..];
+    let body = &body[..body.find("\n}").expect("end of struct")];
+    assert!(
+        !body.contains("#[serde"),
+        "{name}: serde attributes on fields"
+    );
+    body.lines()
+        .skip(1)
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("pub "))
+        .filter_map(|l| l.split_once(':').map(|(f, _)| f.trim().to_string()))
+        .collect()
 }
 
 fn handler_arms() -> BTreeMap<&'static str, Arm> {
