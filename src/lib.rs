@@ -4,9 +4,11 @@
 //! - [`api`]: the HTTP+JSON API's types, errors and route table (`docs/openapi.json`);
 //! - [`daemon`]: `forkd daemon`, which owns the state root and serves the API;
 //! - [`client`]: a blocking client for the API;
-//! - [`cli`]: the `forkd` command line.
+//! - [`cli`]: the `forkd` command line;
+//! - [`eval`]: the evaluator for coding agents, a client of the daemon's API.
 
 pub mod api;
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod eval;

@@ -597,6 +597,7 @@ impl Daemon {
                     log_file: "restore.log".into(),
                     lazy_pages: lazy,
                     join_cgroup_procs: cg.procs_files(),
+                    cgroup_roots: cg.roots(),
                 });
                 let restored = match restored {
                     Ok(r) => r,
@@ -609,7 +610,7 @@ impl Daemon {
                             &work.join("restore.log"),
                             &format!("fork-{}-restore.log", rec.id),
                         );
-                        return Err(ApiError::bad_request(format!(
+                        return Err(ApiError::internal(format!(
                             "restore of checkpoint {} into {}: {e}{kept}",
                             c.id, rec.id
                         )));

@@ -259,17 +259,27 @@ fn handle(
             let path = sb.dir.join("execs.jsonl");
             match std::fs::read(&path) {
                 Ok(b) => Ok(Response::bytes(b, "application/x-ndjson")),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Response::bytes(Vec::new(), "application/x-ndjson")),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Ok(Response::bytes(Vec::new(), "application/x-ndjson"))
+                }
                 Err(e) => Err(ApiError::internal(format!("read {}: {e}", path.display()))),
             }
         }
         "checkpointDelta" => {
             let c = d.checkpoint(&param("id"))?;
             // The checkpoint's own layer: its snapshot, or (imported) its topmost store layer.
-            let top = c.record.lock().unwrap().lowers.first().map(|l| d.lower_path(l)).unwrap_or_else(|| c.fs());
+            let top = c
+                .record
+                .lock()
+                .unwrap()
+                .lowers
+                .first()
+                .map(|l| d.lower_path(l))
+                .unwrap_or_else(|| c.fs());
             let mut tar = Vec::new();
-            forkd_layers::export_tar(&top, &mut tar)
-                .map_err(|e| ApiError::from_chain(&format!("checkpoint {}: export its layer", c.id), &e))?;
+            forkd_layers::export_tar(&top, &mut tar).map_err(|e| {
+                ApiError::from_chain(&format!("checkpoint {}: export its layer", c.id), &e)
+            })?;
             Ok(Response::bytes(tar, "application/x-tar"))
         }
         other => Err(ApiError::internal(format!("route {other} has no handler"))),
@@ -423,6 +433,7 @@ fn relay_frames(
     mut client: std::os::unix::net::UnixStream,
 ) -> Result<(), ApiError> {
     let t0 = SystemTime::now();
+    let _busy = d.exec_session(sb);
     let mut init =
         host::connect(rootfs).map_err(|e| ApiError::from_chain("connect to init", &e))?;
     let body = serde_json::to_vec(req).expect("serialisable");

@@ -276,6 +276,16 @@ impl Cgroup {
             .collect()
     }
 
+    /// (controller, path from the hierarchy's root) of each directory of this cgroup; the
+    /// controller is empty on cgroup v2.
+    pub fn roots(&self) -> Vec<(String, String)> {
+        self.hierarchy
+            .dirs(&self.name)
+            .into_iter()
+            .map(|(c, _)| (c.unwrap_or_default(), format!("/{}", self.name)))
+            .collect()
+    }
+
     /// The directory whose freezer CRIU uses (`--freeze-cgroup`), if there is a freezer.
     pub fn freezer_dir(&self) -> Option<PathBuf> {
         match &self.hierarchy {

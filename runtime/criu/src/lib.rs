@@ -89,6 +89,9 @@ pub struct RestoreOpts {
     /// Processes added to this cgroup before CRIU forks the tree, so the restored tree
     /// lands in it (`cgroup.procs` files, one per hierarchy).
     pub join_cgroup_procs: Vec<PathBuf>,
+    /// (controller, path) roots for the restored tree's cgroups (`--cgroup-root`); an
+    /// empty controller means every controller (cgroup v2).
+    pub cgroup_roots: Vec<(String, String)>,
 }
 
 /// The outcome of a dump.
@@ -208,9 +211,20 @@ impl Criu {
         o.set_rst_sibling(true);
         o.set_work_dir_fd(work.as_raw_fd());
         o.set_lazy_pages(opts.lazy_pages);
-        // The tree stays in the cgroup CRIU runs in (the caller's choice, see below).
+        // Soft mode with the branch's own cgroups as roots: the tree lands in them, and
+        // threads whose cgroup sets CRIU recorded apart from their process's (it does so
+        // inside a cgroup namespace) are placed there too; in "ignore" mode CRIU cannot
+        // move such threads on cgroup v1.
         o.set_manage_cgroups(true);
-        o.set_manage_cgroups_mode(rpc::Criu_cg_mode::IGNORE);
+        o.set_manage_cgroups_mode(rpc::Criu_cg_mode::SOFT);
+        for (ctrl, path) in &opts.cgroup_roots {
+            let mut r = rpc::Cgroup_root::new();
+            if !ctrl.is_empty() {
+                r.set_ctrl(ctrl.clone());
+            }
+            r.set_path(path.clone());
+            o.cg_root.push(r);
+        }
         let log = opts.work_dir.join(&opts.log_file);
         let resp = self.call(
             rpc::Criu_req_type::RESTORE,

@@ -1,0 +1,276 @@
+//! Agents. An agent is an external command given the request and a handle to its
+//! sandbox (`FORKD_SOCKET`, `FORKD_SANDBOX`, `FORKD_WORKDIR`, `FORKD_INSTRUCTION`: a file
+//! holding the request, `FORKD_NOTE`: a handoff note when there is one); it acts through
+//! forkd's CLI or API and its exit is its submission (0: it claims completion). Budgets:
+//! wall clock and steps (execs in its sandbox). Built-in scripted agents, for tests,
+//! demos and predecessors: `oracle`, `noop`, `patch:FILE`, `script:FILE`, `replay:FILE`.
+//! Every exec of every agent is logged by the daemon with timestamps: the trajectory.
+
+use super::session::{InfraResult, Session};
+use super::task::Task;
+use forkd_sandbox::proto::ExecRequest;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSpec {
+    /// Applies the task's reference solution.
+    Oracle,
+    /// Does nothing and submits.
+    Noop,
+    /// Applies a patch (patch -p1 in the workdir) and submits.
+    Patch(PathBuf),
+    /// Runs a shell script in the workdir; submits when it exits 0.
+    Script(PathBuf),
+    /// Replays a recorded trajectory: one command a line (plain text is a shell line;
+    /// JSON `{"shell": ...}`, `{"argv": [...]}` or `{"keys": ...}` for tmux send-keys).
+    Replay(PathBuf),
+    /// An external command run on the host.
+    External { name: String, command: String },
+}
+
+impl AgentSpec {
+    /// `oracle`, `noop`, `patch:FILE`, `script:FILE`, `replay:FILE`, `NAME=COMMAND`.
+    pub fn parse(s: &str) -> anyhow::Result<AgentSpec> {
+        let file = |p: &str| -> anyhow::Result<PathBuf> {
+            let p = PathBuf::from(p);
+            anyhow::ensure!(p.is_file(), "agent file {} does not exist", p.display());
+            Ok(std::fs::canonicalize(p)?)
+        };
+        Ok(match s.split_once(':') {
+            _ if s == "oracle" => AgentSpec::Oracle,
+            _ if s == "noop" => AgentSpec::Noop,
+            Some(("patch", f)) => AgentSpec::Patch(file(f)?),
+            Some(("script", f)) => AgentSpec::Script(file(f)?),
+            Some(("replay", f)) => AgentSpec::Replay(file(f)?),
+            _ => match s.split_once('=') {
+                Some((name, command)) if super::task::valid_name(name) && !command.is_empty() => {
+                    AgentSpec::External { name: name.into(), command: command.into() }
+                }
+                _ => anyhow::bail!(
+                    "agent {s:?}: expected oracle, noop, patch:FILE, script:FILE, replay:FILE or NAME=COMMAND"
+                ),
+            },
+        })
+    }
+
+    /// The agent's name in results.
+    pub fn name(&self) -> String {
+        let stem = |p: &Path| {
+            p.file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default()
+        };
+        match self {
+            AgentSpec::Oracle => "oracle".into(),
+            AgentSpec::Noop => "noop".into(),
+            AgentSpec::Patch(p) | AgentSpec::Script(p) | AgentSpec::Replay(p) => stem(p),
+            AgentSpec::External { name, .. } => name.clone(),
+        }
+    }
+
+    /// What fingerprints the agent: its spec and the contents of its file.
+    pub fn fingerprint(&self) -> String {
+        let file = match self {
+            AgentSpec::Patch(p) | AgentSpec::Script(p) | AgentSpec::Replay(p) => {
+                std::fs::read(p).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        use sha2::Digest;
+        let h: String = sha2::Sha256::digest(&file)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{self:?}#{h}")
+    }
+}
+
+/// How an agent's run ended.
+#[derive(Debug, Clone)]
+pub struct AgentRun {
+    pub submitted: bool,
+    pub budget_exhausted: bool,
+    pub note: String,
+}
+
+/// What the agent is given.
+pub struct Brief<'a> {
+    pub task: &'a Task,
+    pub sandbox: &'a str,
+    pub instruction: String,
+    pub note: Option<String>,
+    pub timeout: Duration,
+    pub max_steps: u64,
+    /// Where to put the instruction and note files for external agents.
+    pub scratch: &'a Path,
+}
+
+pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentRun> {
+    let wd = b.task.workdir();
+    let secs = Some(b.timeout.as_secs().max(1));
+    let done = |ok: bool, note: &str| AgentRun {
+        submitted: ok,
+        budget_exhausted: false,
+        note: note.into(),
+    };
+    match spec {
+        AgentSpec::Noop => Ok(done(true, "")),
+        AgentSpec::Oracle => {
+            let sol = b.task.dir.join("solution");
+            s.put_dir(b.sandbox, &sol, "/tmp/.solution")?;
+            let line = if sol.join("solve.sh").is_file() {
+                "sh /tmp/.solution/solve.sh"
+            } else {
+                "patch -p1 --no-backup-if-mismatch < /tmp/.solution/patch.diff"
+            };
+            let r = s.sh(b.sandbox, line, wd, secs)?;
+            s.sh(b.sandbox, "rm -rf /tmp/.solution", "/", Some(30))?;
+            Ok(AgentRun {
+                submitted: r.code == 0,
+                budget_exhausted: r.timed_out,
+                note: r.err(),
+            })
+        }
+        AgentSpec::Patch(p) | AgentSpec::Script(p) => {
+            let data = std::fs::read(p).map_err(|e| {
+                super::session::Infra(format!("read agent file {}: {e}", p.display()))
+            })?;
+            let line = if matches!(spec, AgentSpec::Patch(_)) {
+                "patch -p1 --no-backup-if-mismatch"
+            } else {
+                "sh -s"
+            };
+            let req = ExecRequest {
+                shell: Some(line.into()),
+                cwd: Some(wd.into()),
+                timeout_ms: secs.map(|s| s * 1000),
+                ..Default::default()
+            };
+            let r = s.exec(b.sandbox, &req, Some(&data))?;
+            Ok(AgentRun {
+                submitted: r.code == 0,
+                budget_exhausted: r.timed_out,
+                note: r.err(),
+            })
+        }
+        AgentSpec::Replay(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                super::session::Infra(format!("read trajectory {}: {e}", p.display()))
+            })?;
+            let start = Instant::now();
+            let mut steps = 0;
+            for line in text
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            {
+                if start.elapsed() > b.timeout || steps >= b.max_steps {
+                    return Ok(AgentRun {
+                        submitted: false,
+                        budget_exhausted: true,
+                        note: "budget".into(),
+                    });
+                }
+                steps += 1;
+                let mut req = ExecRequest {
+                    cwd: Some(wd.into()),
+                    timeout_ms: Some(60_000),
+                    ..Default::default()
+                };
+                match serde_json::from_str::<serde_json::Value>(line) {
+                    Ok(v) if v.get("keys").is_some() => {
+                        let keys = v["keys"].as_str().unwrap_or_default().to_string();
+                        req.argv = vec![
+                            "tmux".into(),
+                            "send-keys".into(),
+                            "-t".into(),
+                            "main".into(),
+                            keys,
+                            "Enter".into(),
+                        ];
+                        req.env = vec!["TERM=xterm".into()];
+                    }
+                    Ok(v) if v.get("argv").is_some() => {
+                        req.argv = serde_json::from_value(v["argv"].clone()).unwrap_or_default();
+                    }
+                    Ok(v) if v.get("shell").is_some() => {
+                        req.shell = v["shell"].as_str().map(String::from)
+                    }
+                    _ => req.shell = Some(line.to_string()),
+                }
+                s.exec(b.sandbox, &req, None)?;
+            }
+            Ok(done(true, ""))
+        }
+        AgentSpec::External { command, .. } => run_external(s, command, b),
+    }
+}
+
+fn run_external(s: &Session, command: &str, b: &Brief) -> InfraResult<AgentRun> {
+    let infra = |m: String| super::session::Infra(m);
+    std::fs::create_dir_all(b.scratch)
+        .map_err(|e| infra(format!("create {}: {e}", b.scratch.display())))?;
+    let instr = b.scratch.join("instruction.md");
+    std::fs::write(&instr, &b.instruction)
+        .map_err(|e| infra(format!("write {}: {e}", instr.display())))?;
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(command)
+        .env("FORKD_SOCKET", &s.socket)
+        .env("FORKD_SANDBOX", b.sandbox)
+        .env("FORKD_WORKDIR", b.task.workdir())
+        .env("FORKD_INSTRUCTION", &instr)
+        .env("FORKD_MAX_STEPS", b.max_steps.to_string())
+        .env("FORKD_TIMEOUT_SECS", b.timeout.as_secs().to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(
+            std::fs::File::create(b.scratch.join("agent.out")).map_err(|e| infra(e.to_string()))?,
+        )
+        .stderr(
+            std::fs::File::create(b.scratch.join("agent.err")).map_err(|e| infra(e.to_string()))?,
+        );
+    if let Some(note) = &b.note {
+        let p = b.scratch.join("note.md");
+        std::fs::write(&p, note).map_err(|e| infra(format!("write {}: {e}", p.display())))?;
+        cmd.env("FORKD_NOTE", p);
+    }
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| infra(format!("start agent {command:?}: {e}")))?;
+    let start = Instant::now();
+    let base = s.execs(b.sandbox)?.len() as u64;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| infra(e.to_string()))? {
+            return Ok(AgentRun {
+                submitted: status.success(),
+                budget_exhausted: false,
+                note: format!("exit {status}"),
+            });
+        }
+        let over_time = start.elapsed() > b.timeout;
+        let over_steps = s
+            .execs(b.sandbox)
+            .map(|e| e.len() as u64 - base > b.max_steps)
+            .unwrap_or(false);
+        if over_time || over_steps {
+            // The whole process group: agents often start helpers.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::SIGKILL,
+            );
+            let _ = child.wait();
+            let why = if over_time {
+                "wall-clock budget"
+            } else {
+                "step budget"
+            };
+            return Ok(AgentRun {
+                submitted: false,
+                budget_exhausted: true,
+                note: why.into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,229 @@
+//! Grading: a state (a checkpoint) is forked afresh, the hidden tests are copied in, and
+//! the task's verifier runs there, never in the agent's sandbox. Its output becomes
+//! per-test outcomes (pytest's `-rA` summary, a JUnit XML file, or a reward file).
+
+use super::session::{Infra, InfraResult, Session};
+use super::task::Task;
+use forkd_analysis::TestResult;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+pub struct Grade {
+    pub tests: BTreeMap<String, TestResult>,
+    /// Every fail_to_pass and pass_to_pass test passed (or reward >= 1).
+    pub passed: bool,
+    /// `git diff --binary` of the workdir against the clean state's commit, when the
+    /// workdir is a git repository.
+    pub patch: String,
+    pub verifier_output: String,
+}
+
+impl Grade {
+    pub fn failing(&self) -> Vec<String> {
+        self.tests
+            .iter()
+            .filter(|(_, r)| matches!(r, TestResult::Fail | TestResult::Error))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// Grades the state held by checkpoint `state`.
+pub fn grade(s: &Session, task: &Task, state: &str) -> InfraResult<Grade> {
+    let sb = s.fork(state)?;
+    let result = grade_in(s, task, &sb);
+    s.remove(&sb);
+    result
+}
+
+fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
+    let wd = task.workdir();
+    let v = &task.config.verifier;
+    let patch = s
+        .sh(sb, "if [ -d .git ]; then git add -A >/dev/null 2>&1 && git diff --cached --binary HEAD; fi", wd, Some(120))?
+        .out();
+    s.put_dir(sb, &task.dir.join("tests"), &v.tests_dir)?;
+    let ran = s.sh(sb, &v.command, wd, Some(v.timeout_secs))?;
+    let output = format!("{}{}", ran.out(), ran.err());
+    if ran.timed_out {
+        return Err(Infra(format!(
+            "verifier of {} timed out after {} s",
+            task.name, v.timeout_secs
+        )));
+    }
+    if ran.code == 126 || ran.code == 127 {
+        return Err(Infra(format!(
+            "verifier of {} could not run (exit {}): {}",
+            task.name,
+            ran.code,
+            tail(&output)
+        )));
+    }
+    let (tests, reward) = match v.format.as_str() {
+        "pytest" => (parse_pytest(&output), None),
+        "junit" => {
+            let path = v.junit_path.as_deref().unwrap_or_default();
+            let xml = s.sh(sb, &format!("cat '{path}'"), wd, Some(60))?;
+            if xml.code != 0 {
+                return Err(Infra(format!(
+                    "verifier of {} wrote no JUnit file {path}: {}",
+                    task.name,
+                    tail(&output)
+                )));
+            }
+            (parse_junit(&xml.out()), None)
+        }
+        _ => {
+            let path = v.reward_path.as_deref().unwrap_or_default();
+            let r = s.sh(sb, &format!("cat '{path}'"), wd, Some(60))?;
+            if r.code != 0 {
+                return Err(Infra(format!(
+                    "verifier of {} wrote no reward file {path}: {}",
+                    task.name,
+                    tail(&output)
+                )));
+            }
+            let reward: f64 = r.out().trim().parse().map_err(|_| {
+                Infra(format!(
+                    "reward file {path} of {} holds {:?}",
+                    task.name,
+                    r.out().trim()
+                ))
+            })?;
+            let mut t = BTreeMap::new();
+            t.insert(
+                "reward".to_string(),
+                if reward >= 1.0 {
+                    TestResult::Pass
+                } else {
+                    TestResult::Fail
+                },
+            );
+            (t, Some(reward))
+        }
+    };
+    let mut tests = tests;
+    // Listed tests that did not report are failures (e.g. they could not be collected).
+    for id in v.fail_to_pass.iter().chain(&v.pass_to_pass) {
+        tests.entry(id.clone()).or_insert(TestResult::Fail);
+    }
+    let passed = match reward {
+        Some(r) => r >= 1.0,
+        None => {
+            let listed: Vec<&String> = v.fail_to_pass.iter().chain(&v.pass_to_pass).collect();
+            if listed.is_empty() {
+                ran.code == 0 && !tests.is_empty()
+            } else {
+                listed
+                    .iter()
+                    .all(|id| tests.get(*id) == Some(&TestResult::Pass))
+            }
+        }
+    };
+    Ok(Grade {
+        tests,
+        passed,
+        patch,
+        verifier_output: output,
+    })
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
+/// Per-test outcomes from pytest's `-rA` short summary (`PASSED id`, `FAILED id - why`).
+pub fn parse_pytest(out: &str) -> BTreeMap<String, TestResult> {
+    let mut tests = BTreeMap::new();
+    for line in out.lines() {
+        let Some((word, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let result = match word {
+            "PASSED" | "XPASS" => TestResult::Pass,
+            "FAILED" => TestResult::Fail,
+            "ERROR" => TestResult::Error,
+            "SKIPPED" | "XFAIL" => TestResult::Skip,
+            _ => continue,
+        };
+        let id = rest.split(" - ").next().unwrap_or(rest).trim();
+        // SKIPPED lines read "[1] file:line: reason"; keep ids that look like tests.
+        if id.is_empty() || id.starts_with('[') {
+            continue;
+        }
+        tests.insert(id.to_string(), result);
+    }
+    tests
+}
+
+/// Per-test outcomes from a JUnit XML report (`classname::name`).
+pub fn parse_junit(xml: &str) -> BTreeMap<String, TestResult> {
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let key = format!("{name}=\"");
+        let i = tag.find(&key)? + key.len();
+        let j = tag[i..].find('"')? + i;
+        Some(
+            tag[i..j]
+                .replace("&quot;", "\"")
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&"),
+        )
+    };
+    let mut tests = BTreeMap::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find("<testcase") {
+        rest = &rest[i..];
+        let end = rest.find('>').unwrap_or(rest.len());
+        let tag = &rest[..end];
+        let self_closing = tag.ends_with('/');
+        let body_end = if self_closing {
+            end
+        } else {
+            rest.find("</testcase>").unwrap_or(end)
+        };
+        let body = &rest[end.min(body_end)..body_end];
+        let name = attr(tag, "name").unwrap_or_default();
+        let id = match attr(tag, "classname") {
+            Some(c) if !c.is_empty() => format!("{c}::{name}"),
+            _ => name,
+        };
+        let result = if body.contains("<failure") {
+            TestResult::Fail
+        } else if body.contains("<error") {
+            TestResult::Error
+        } else if body.contains("<skipped") {
+            TestResult::Skip
+        } else {
+            TestResult::Pass
+        };
+        tests.insert(id, result);
+        rest = &rest[end.max(1)..];
+    }
+    tests
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pytest_summary_lines_are_parsed() {
+        let out = "..F\n=== short test summary info ===\nPASSED tests/t.py::test_a\nFAILED tests/t.py::test_b - assert 1 == 2\nERROR tests/t.py::test_c - ImportError\nSKIPPED [1] tests/t.py:9: no\n=== 1 failed ===\n";
+        let t = parse_pytest(out);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t["tests/t.py::test_a"], TestResult::Pass);
+        assert_eq!(t["tests/t.py::test_b"], TestResult::Fail);
+        assert_eq!(t["tests/t.py::test_c"], TestResult::Error);
+    }
+
+    #[test]
+    fn junit_reports_are_parsed() {
+        let xml = r#"<testsuite><testcase classname="m.T" name="a"/><testcase classname="m.T" name="b"><failure message="x">boom</failure></testcase><testcase name="c"><skipped/></testcase></testsuite>"#;
+        let t = parse_junit(xml);
+        assert_eq!(t["m.T::a"], TestResult::Pass);
+        assert_eq!(t["m.T::b"], TestResult::Fail);
+        assert_eq!(t["c"], TestResult::Skip);
+    }
+}

@@ -1,0 +1,501 @@
+//! The evaluator: paired clean-start and inherited-start experiments on forkd's own
+//! checkpoint and fork API (never Docker). See `task` (the suite format), `agent`,
+//! `grade`, `run` (states, trials, the run directory) and `delta` (what a state changed).
+
+pub mod agent;
+pub mod delta;
+pub mod grade;
+pub mod run;
+pub mod session;
+pub mod task;
+
+use agent::AgentSpec;
+use forkd_analysis::{Condition, Outcome, TrialRow};
+use run::{Ctx, Manifest, RunConfig, TrialSpec};
+use session::Session;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// What to run.
+pub struct RunOptions {
+    pub suite: PathBuf,
+    pub out: PathBuf,
+    pub agents: Vec<String>,
+    pub predecessors: Vec<String>,
+    pub conditions: Vec<Condition>,
+    pub replicates: u32,
+    pub parallel: usize,
+    pub retries: u32,
+    /// Stop after the start states (clean and residual) are built.
+    pub states_only: bool,
+}
+
+pub fn parse_condition(s: &str) -> anyhow::Result<Condition> {
+    Ok(match s {
+        "clean" => Condition::Clean,
+        "residual" => Condition::Residual,
+        "rescue_notice" | "rescue-notice" => Condition::RescueNotice,
+        "rescue_note" | "rescue-note" => Condition::RescueNote,
+        "pristine_control" | "pristine-control" => Condition::PristineControl,
+        _ => anyhow::bail!("condition {s:?}: expected clean, residual, rescue_notice, rescue_note or pristine_control"),
+    })
+}
+
+/// `forkd eval validate`: the reference solution passes and the unchanged start fails.
+pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
+    let tasks = task::load_suite(suite)?;
+    let s = Session::new(socket);
+    let images = run::ensure_images(&s, &tasks)?;
+    let agents = vec![AgentSpec::Oracle];
+    let dir = std::env::temp_dir().join(format!("forkd-validate-{}", std::process::id()));
+    let ctx = Ctx {
+        socket: socket.to_path_buf(),
+        run_dir: dir.clone(),
+        run_id: "validate".into(),
+        tasks: &tasks,
+        agents: &agents,
+        retries: 1,
+        results: Mutex::new(()),
+    };
+    let mut bad = 0;
+    println!(
+        "{:<32} {:<10} {:<10} {:<10}",
+        "TASK", "START", "SOLUTION", "VERDICT"
+    );
+    for (i, t) in tasks.iter().enumerate() {
+        let clean = run::clean_state(&s, t, &images[&t.config.task.image])?;
+        let start = grade::grade(&s, t, &clean);
+        let spec = TrialSpec {
+            id: format!("validate.{}", t.name),
+            task: i,
+            condition: Condition::Clean,
+            start_state: "clean".into(),
+            start_checkpoint: clean,
+            predecessor: None,
+            agent: 0,
+            replicate: 0,
+        };
+        let (row, _) = run::run_trial(&ctx, &spec, false);
+        let start_fails = matches!(&start, Ok(g) if !g.passed);
+        let ok = start_fails && row.outcome == Outcome::Pass;
+        if !ok {
+            bad += 1;
+        }
+        let start_word = match &start {
+            Ok(g) if g.passed => "passes".to_string(),
+            Ok(_) => "fails".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        println!(
+            "{:<32} {:<10} {:<10} {}",
+            t.name,
+            start_word,
+            format!("{:?}", row.outcome).to_lowercase(),
+            if ok {
+                "valid"
+            } else {
+                "INVALID (the start must fail and the solution pass)"
+            }
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(if bad == 0 { 0 } else { 1 })
+}
+
+fn load_results(path: &Path) -> Vec<TrialRow> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `forkd eval run` (and `residualize`, with `states_only`), or `resume` of a run dir.
+pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<i32> {
+    let tasks = task::load_suite(&opts.suite)?;
+    let s = Session::new(socket);
+    eprintln!(
+        "[eval] suite {} ({} tasks)",
+        opts.suite.display(),
+        tasks.len()
+    );
+    let images = run::ensure_images(&s, &tasks)?;
+    let mut agents: Vec<AgentSpec> = opts
+        .agents
+        .iter()
+        .map(|a| AgentSpec::parse(a))
+        .collect::<anyhow::Result<_>>()?;
+    let run_agents = agents.len();
+    let config = RunConfig {
+        suite: std::fs::canonicalize(&opts.suite)?,
+        tasks: tasks
+            .iter()
+            .map(|t| (t.name.clone(), t.checksum.clone()))
+            .collect(),
+        agents: opts.agents.clone(),
+        agent_fingerprints: agents.iter().map(AgentSpec::fingerprint).collect(),
+        predecessors: opts.predecessors.clone(),
+        conditions: opts.conditions.clone(),
+        replicates: opts.replicates,
+        retries: opts.retries,
+        images: images.clone(),
+        forkd_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let fingerprint = config.fingerprint();
+    std::fs::create_dir_all(opts.out.join("trials"))?;
+    std::fs::create_dir_all(opts.out.join("tasks"))?;
+    let manifest_path = opts.out.join("manifest.json");
+    let run_id = if resume {
+        let m: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path)?)?;
+        if m.fingerprint != fingerprint {
+            anyhow::bail!(
+                "run {} was made under a different configuration (fingerprint {} here, {} in its manifest): \
+                 tasks, agents, budgets, images or forkd changed; start a new run instead",
+                opts.out.display(),
+                fingerprint,
+                m.fingerprint
+            );
+        }
+        run::decision(
+            &opts.out,
+            "resume",
+            serde_json::json!({ "fingerprint": fingerprint }),
+        )?;
+        m.run_id
+    } else {
+        anyhow::ensure!(
+            !manifest_path.exists(),
+            "{} already holds a run: resume it, or choose another --out",
+            opts.out.display()
+        );
+        let run_id = format!("run-{}", forkd_sandbox::id::random_hex(6));
+        let m = Manifest {
+            run_id: run_id.clone(),
+            fingerprint: fingerprint.clone(),
+            created: now_secs(),
+            config: config.clone(),
+        };
+        std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m)?)?;
+        run::decision(
+            &opts.out,
+            "start",
+            serde_json::json!({ "fingerprint": fingerprint, "config": config }),
+        )?;
+        run_id
+    };
+    for t in &tasks {
+        let info = serde_json::json!({
+            "task": t.name,
+            "reference_changed_files": t.reference_changed_files(),
+            "f2p": t.config.verifier.fail_to_pass,
+            "p2p": t.config.verifier.pass_to_pass,
+        });
+        std::fs::write(
+            opts.out.join("tasks").join(format!("{}.json", t.name)),
+            serde_json::to_vec_pretty(&info)?,
+        )?;
+    }
+
+    // 1. Clean start states.
+    let mut clean = BTreeMap::new();
+    for t in &tasks {
+        let t0 = std::time::Instant::now();
+        let id = run::clean_state(&s, t, &images[&t.config.task.image])?;
+        eprintln!(
+            "[eval] clean state of {}: checkpoint {id} ({:.1}s)",
+            t.name,
+            t0.elapsed().as_secs_f64()
+        );
+        clean.insert(t.name.clone(), id);
+    }
+
+    // 2. Residual start states, from the predecessors.
+    let needs_states = opts.conditions.iter().any(|c| *c != Condition::Clean) || opts.states_only;
+    let mut pred_pairs = Vec::new();
+    for (ti, t) in tasks.iter().enumerate() {
+        let specs: Vec<AgentSpec> = if opts.predecessors.is_empty() {
+            t.predecessors
+                .iter()
+                .map(|(_, p)| {
+                    if p.extension().is_some_and(|e| e == "patch") {
+                        AgentSpec::Patch(p.clone())
+                    } else {
+                        AgentSpec::Script(p.clone())
+                    }
+                })
+                .collect()
+        } else {
+            opts.predecessors
+                .iter()
+                .map(|p| AgentSpec::parse(p))
+                .collect::<anyhow::Result<_>>()?
+        };
+        for spec in specs {
+            let ai = match agents.iter().position(|a| *a == spec) {
+                Some(i) => i,
+                None => {
+                    agents.push(spec);
+                    agents.len() - 1
+                }
+            };
+            pred_pairs.push((ti, ai));
+        }
+    }
+    let ctx = Ctx {
+        socket: socket.to_path_buf(),
+        run_dir: opts.out.clone(),
+        run_id: run_id.clone(),
+        tasks: &tasks,
+        agents: &agents,
+        retries: opts.retries,
+        results: Mutex::new(()),
+    };
+    let states = if needs_states {
+        run::residualize(&ctx, &clean, &pred_pairs)?
+    } else {
+        Vec::new()
+    };
+    eprintln!("[eval] {} residual start state(s)", states.len());
+    if opts.states_only {
+        println!("{}", opts.out.display());
+        return Ok(0);
+    }
+
+    // 3. The trial matrix.
+    let mut specs = Vec::new();
+    for (ti, t) in tasks.iter().enumerate() {
+        let task_states: Vec<&run::StateRecord> =
+            states.iter().filter(|st| st.task == t.name).collect();
+        for &cond in &opts.conditions {
+            let starts: Vec<(String, String, Option<String>)> = match cond {
+                Condition::Clean => vec![("clean".into(), clean[&t.name].clone(), None)],
+                Condition::PristineControl => {
+                    let mut preds: Vec<String> = task_states
+                        .iter()
+                        .filter_map(|st| st.predecessor.clone())
+                        .collect();
+                    preds.sort();
+                    preds.dedup();
+                    preds
+                        .into_iter()
+                        .map(|p| ("clean".into(), clean[&t.name].clone(), Some(p)))
+                        .collect()
+                }
+                Condition::RescueNote => task_states
+                    .iter()
+                    .filter(|st| {
+                        st.predecessor
+                            .as_deref()
+                            .and_then(|p| t.note_of(p))
+                            .is_some()
+                    })
+                    .map(|st| {
+                        (
+                            st.state_id.clone(),
+                            st.checkpoint.clone(),
+                            st.predecessor.clone(),
+                        )
+                    })
+                    .collect(),
+                _ => task_states
+                    .iter()
+                    .map(|st| {
+                        (
+                            st.state_id.clone(),
+                            st.checkpoint.clone(),
+                            st.predecessor.clone(),
+                        )
+                    })
+                    .collect(),
+            };
+            for (state, checkpoint, pred) in starts {
+                for ai in 0..run_agents {
+                    for r in 0..opts.replicates {
+                        let cond_name = serde_json::to_value(cond)?
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
+                        let id = format!(
+                            "{}.{}.{}.{}.{}.{r}",
+                            t.name,
+                            cond_name,
+                            state.rsplit('.').next().unwrap_or(&state),
+                            pred.as_deref().unwrap_or("none"),
+                            agents[ai].name()
+                        );
+                        specs.push(TrialSpec {
+                            id,
+                            task: ti,
+                            condition: cond,
+                            start_state: state.clone(),
+                            start_checkpoint: checkpoint.clone(),
+                            predecessor: pred.clone(),
+                            agent: ai,
+                            replicate: r,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let results_path = opts.out.join("results.jsonl");
+    let done: HashSet<String> = load_results(&results_path)
+        .into_iter()
+        .map(|r| r.trial_id)
+        .collect();
+    let todo: VecDeque<TrialSpec> = specs
+        .iter()
+        .filter(|s| !done.contains(&s.id))
+        .cloned()
+        .collect();
+    let total = specs.len();
+    eprintln!(
+        "[eval] {} trials ({} already done), {} at a time",
+        total,
+        done.len(),
+        opts.parallel.max(1)
+    );
+    let queue = Mutex::new(todo);
+    let finished = Mutex::new(done.len());
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..opts.parallel.max(1) {
+            scope.spawn(|| loop {
+                let Some(spec) = queue.lock().unwrap().pop_front() else {
+                    return;
+                };
+                let (row, _) = run::run_trial(&ctx, &spec, false);
+                let _guard = ctx.results.lock().unwrap();
+                if let Err(e) = run::append_jsonl(&results_path, &row) {
+                    eprintln!("[eval] write {}: {e}", results_path.display());
+                }
+                let mut n = finished.lock().unwrap();
+                *n += 1;
+                eprintln!(
+                    "[eval] {:>4}/{total} {:<60} {:<16} {:>4} steps {:>6.1}s  (elapsed {:.0}s)",
+                    *n,
+                    row.trial_id,
+                    format!("{:?}", row.outcome).to_lowercase(),
+                    row.steps,
+                    row.wall_ms as f64 / 1000.0,
+                    started.elapsed().as_secs_f64()
+                );
+            });
+        }
+    });
+    let rows = load_results(&results_path);
+    write_csv(&opts.out.join("results.csv"), &rows)?;
+    print_summary(&rows);
+    run::decision(
+        &opts.out,
+        "finish",
+        serde_json::json!({ "trials": rows.len() }),
+    )?;
+    println!("results: {}", opts.out.display());
+    Ok(0)
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
+    let mut out = String::from(
+        "run_id,trial_id,task,condition,start_state,predecessor,agent,replicate,outcome,submitted,tests_passed,tests_failed,steps,wall_ms,infra_attempts,tests\n",
+    );
+    for r in rows {
+        let v = serde_json::to_value(r)?;
+        let passed = r
+            .tests
+            .values()
+            .filter(|t| **t == forkd_analysis::TestResult::Pass)
+            .count();
+        let fields = [
+            r.run_id.clone(),
+            r.trial_id.clone(),
+            r.task.clone(),
+            v["condition"].as_str().unwrap_or_default().to_string(),
+            r.start_state.clone(),
+            r.predecessor.clone().unwrap_or_default(),
+            r.agent.clone(),
+            r.replicate.to_string(),
+            v["outcome"].as_str().unwrap_or_default().to_string(),
+            r.submitted.to_string(),
+            passed.to_string(),
+            (r.tests.len() - passed).to_string(),
+            r.steps.to_string(),
+            r.wall_ms.to_string(),
+            r.infra_attempts.to_string(),
+            serde_json::to_string(&v["tests"])?,
+        ];
+        out.push_str(
+            &fields
+                .iter()
+                .map(|f| csv_field(f))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        out.push('\n');
+    }
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+fn print_summary(rows: &[TrialRow]) {
+    let mut cells: BTreeMap<(String, String), (u32, u32, u32)> = BTreeMap::new();
+    for r in rows {
+        let cond = serde_json::to_value(r.condition)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let e = cells.entry((cond, r.agent.clone())).or_default();
+        match r.outcome {
+            Outcome::Pass => e.0 += 1,
+            Outcome::InfraError => e.2 += 1,
+            _ => e.1 += 1,
+        }
+    }
+    println!(
+        "{:<18} {:<20} {:>6} {:>6} {:>6} {:>8}",
+        "CONDITION", "AGENT", "PASS", "FAIL", "INFRA", "SUCCESS"
+    );
+    for ((cond, agent), (p, f, i)) in cells {
+        let rate = if p + f > 0 {
+            format!("{:.0}%", 100.0 * p as f64 / (p + f) as f64)
+        } else {
+            "-".into()
+        };
+        println!("{cond:<18} {agent:<20} {p:>6} {f:>6} {i:>6} {rate:>8}");
+    }
+}
+
+/// Reconstructs the options of an existing run from its manifest (for `resume`).
+pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions> {
+    let m: Manifest = serde_json::from_slice(
+        &std::fs::read(run_dir.join("manifest.json"))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", run_dir.join("manifest.json").display()))?,
+    )?;
+    Ok(RunOptions {
+        suite: m.config.suite,
+        out: run_dir.to_path_buf(),
+        agents: m.config.agents,
+        predecessors: m.config.predecessors,
+        conditions: m.config.conditions,
+        replicates: m.config.replicates,
+        parallel,
+        retries: m.config.retries,
+        states_only: false,
+    })
+}

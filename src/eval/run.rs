@@ -1,0 +1,581 @@
+//! Evaluator runs: clean start states (cached as checkpoints), residual start states,
+//! the trial matrix, grading, infrastructure retries, and the run directory.
+//!
+//! Run directory (the analysis crate's contract, plus the evaluator's own records):
+//! ```text
+//! RUN/manifest.json        run id, fingerprint and the configuration it covers
+//! RUN/decisions.jsonl      append-only log: run start/resume, protocol decisions
+//! RUN/results.jsonl, .csv  one row per trial (its final attempt)
+//! RUN/states/<id>.json     residual start states (+ .patch, binary-safe git diff)
+//! RUN/states/candidates.jsonl   every candidate state, kept or dropped, and why
+//! RUN/tasks/<task>.json    reference changed files, FAIL_TO_PASS, PASS_TO_PASS
+//! RUN/trials/<id>/         trajectory.jsonl, final.patch, attempts.jsonl, agent logs
+//! ```
+
+use super::agent::{run_agent, AgentSpec, Brief};
+use super::delta;
+use super::grade::{grade, Grade};
+use super::session::{Infra, InfraResult, Session};
+use super::task::Task;
+use forkd_analysis::{Condition, Outcome, TestResult, TrialRow};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The fixed notice of a rescue (the pilot study's "V0" prompt).
+pub const NOTICE: &str = "A previous coding agent attempted this task but did not solve it. Independently inspect \
+the current repository state and complete the original task. Existing modifications may be correct, partially \
+correct, or wrong.";
+
+/// Everything that decides what a run measures; its hash is the run's fingerprint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub suite: PathBuf,
+    /// Task name -> checksum of the task directory.
+    pub tasks: BTreeMap<String, String>,
+    /// Agent specs as given on the command line, and their fingerprints.
+    pub agents: Vec<String>,
+    pub agent_fingerprints: Vec<String>,
+    /// Predecessor specs; empty means each task's own scripted predecessors.
+    pub predecessors: Vec<String>,
+    pub conditions: Vec<Condition>,
+    pub replicates: u32,
+    pub retries: u32,
+    /// Image name -> its layers.
+    pub images: BTreeMap<String, Vec<String>>,
+    pub forkd_version: String,
+}
+
+impl RunConfig {
+    pub fn fingerprint(&self) -> String {
+        use sha2::Digest;
+        let body = serde_json::to_vec(self).expect("json");
+        sha2::Sha256::digest(&body)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub run_id: String,
+    pub fingerprint: String,
+    pub created: u64,
+    pub config: RunConfig,
+}
+
+/// A residual start state, as written to `states/<id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StateRecord {
+    pub state_id: String,
+    pub task: String,
+    pub predecessor: Option<String>,
+    pub failing_tests: Vec<String>,
+    pub patch: String,
+    pub checkpoint: String,
+    pub tree_hash: Option<String>,
+    pub changed_files: Vec<String>,
+    pub content_key: String,
+}
+
+/// One trial to run.
+#[derive(Debug, Clone)]
+pub struct TrialSpec {
+    pub id: String,
+    pub task: usize,
+    pub condition: Condition,
+    /// "clean" or a state id.
+    pub start_state: String,
+    pub start_checkpoint: String,
+    pub predecessor: Option<String>,
+    pub agent: usize,
+    pub replicate: u32,
+}
+
+pub struct Ctx<'a> {
+    pub socket: PathBuf,
+    pub run_dir: PathBuf,
+    pub run_id: String,
+    pub tasks: &'a [Task],
+    pub agents: &'a [AgentSpec],
+    pub retries: u32,
+    pub results: Mutex<()>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub fn append_jsonl(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(f, "{}", serde_json::to_string(value)?)?;
+    f.sync_data()?;
+    Ok(())
+}
+
+pub fn decision(run_dir: &Path, event: &str, detail: serde_json::Value) -> anyhow::Result<()> {
+    append_jsonl(
+        &run_dir.join("decisions.jsonl"),
+        &serde_json::json!({ "t": now_secs(), "event": event, "detail": detail }),
+    )
+}
+
+/// Imports an image the suite needs from the fixture cache, if the daemon lacks it.
+pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let cache = std::env::var_os("FORKD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"));
+    let mut out = BTreeMap::new();
+    for name in tasks
+        .iter()
+        .map(|t| t.config.task.image.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let src = ["tar.zst", "tar.gz", "tar"]
+            .iter()
+            .map(|e| cache.join("images").join(format!("{name}.{e}")))
+            .find(|p| p.exists());
+        if let Some(src) = src {
+            s.ensure_image(&name, &src)?;
+        }
+        let info: serde_json::Value = s
+            .client
+            .call("GET", &format!("/v1/images/{name}"), None)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "image {name} is not in the daemon and not in {}: {e}",
+                    cache.join("images").display()
+                )
+            })?;
+        let layers = info["layers"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|l| l.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.insert(name, layers);
+    }
+    Ok(out)
+}
+
+/// The clean start state of a task: built once (environment copied, set-up run,
+/// background processes started) and cached as a checkpoint labelled with a key over the
+/// task's files and image.
+pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow::Result<String> {
+    use sha2::Digest;
+    let key: String = sha2::Sha256::digest(
+        format!(
+            "{}|{}|{}",
+            task.checksum,
+            task.config.task.image,
+            image_layers.join(",")
+        )
+        .as_bytes(),
+    )
+    .iter()
+    .map(|b| format!("{b:02x}"))
+    .collect();
+    for c in s.checkpoints()? {
+        if c.labels.get("forkd.eval.clean").map(String::as_str) == Some(key.as_str()) {
+            return Ok(c.id);
+        }
+    }
+    let env = &task.config.environment;
+    let wd = task.workdir();
+    let sb = s.create(&task.config.task.image, &[("forkd.eval.task", &task.name)])?;
+    let built = (|| -> anyhow::Result<String> {
+        if task.dir.join("environment").is_dir() {
+            s.put_dir(&sb, &task.dir.join("environment"), wd)?;
+        } else {
+            s.sh(&sb, &format!("mkdir -p {wd}"), "/", Some(60))?;
+        }
+        for line in &env.setup {
+            let r = s.sh(&sb, line, wd, Some(1800))?;
+            anyhow::ensure!(
+                r.code == 0,
+                "task {}: set-up step {line:?} exited {}: {}",
+                task.name,
+                r.code,
+                r.err().trim()
+            );
+        }
+        for (i, line) in env.background.iter().enumerate() {
+            let req = forkd_sandbox::proto::ExecRequest {
+                shell: Some(line.clone()),
+                cwd: Some(wd.into()),
+                detach: true,
+                log: Some(format!("background-{i}")),
+                ..Default::default()
+            };
+            s.exec(&sb, &req, None)?;
+        }
+        if !env.background.is_empty() {
+            // Give the processes a moment to reach their steady state.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let c = s.checkpoint(
+            &sb,
+            env.live,
+            &[("forkd.eval.clean", &key), ("forkd.eval.task", &task.name)],
+        )?;
+        Ok(c.id)
+    })();
+    s.remove(&sb);
+    built
+}
+
+/// The prompt an agent gets under a condition.
+pub fn instruction(task: &Task, condition: Condition, note: Option<&str>) -> String {
+    match condition {
+        Condition::RescueNotice => format!("{NOTICE}\n\n{}", task.instruction),
+        Condition::RescueNote => format!(
+            "{NOTICE}\n\n{}\n\nA note left by the previous agent (a hint to check, not to trust):\n\n{}",
+            task.instruction,
+            note.unwrap_or("")
+        ),
+        _ => task.instruction.clone(),
+    }
+}
+
+/// The result of one attempt at a trial.
+pub struct Attempt {
+    pub outcome: Outcome,
+    pub submitted: bool,
+    pub tests: BTreeMap<String, TestResult>,
+    pub steps: u64,
+    pub wall_ms: u64,
+    pub trajectory: Vec<serde_json::Value>,
+    pub grade: Grade,
+    pub note: String,
+    pub final_checkpoint: Option<String>,
+}
+
+/// Runs one attempt: fork the start state, run the agent under its budget, seal the final
+/// state, grade it on a fresh fork. `keep_final` keeps the final state as a live checkpoint.
+fn attempt(
+    s: &Session,
+    ctx: &Ctx,
+    spec: &TrialSpec,
+    keep_final: bool,
+    scratch: &Path,
+) -> InfraResult<Attempt> {
+    let task = &ctx.tasks[spec.task];
+    let agent = &ctx.agents[spec.agent];
+    let sb = s.fork(&spec.start_checkpoint)?;
+    let result = (|| {
+        let base = s.execs(&sb)?.len();
+        let note = match (spec.condition, &spec.predecessor) {
+            (Condition::RescueNote, Some(p)) => task.note_of(p),
+            _ => None,
+        };
+        let brief = Brief {
+            task,
+            sandbox: &sb,
+            instruction: instruction(task, spec.condition, note.as_deref()),
+            note,
+            timeout: Duration::from_secs(task.config.agent.timeout_secs),
+            max_steps: task.config.agent.max_steps,
+            scratch,
+        };
+        let t0 = Instant::now();
+        let run = run_agent(s, agent, &brief)?;
+        let wall_ms = t0.elapsed().as_millis() as u64;
+        let execs: Vec<serde_json::Value> = s.execs(&sb)?.into_iter().skip(base).collect();
+        let steps = execs.len() as u64;
+        let final_state = s.checkpoint(
+            &sb,
+            keep_final && task.config.environment.live,
+            &[("forkd.eval.trial", &spec.id)],
+        )?;
+        Ok((run, wall_ms, execs, steps, final_state))
+    })();
+    s.remove(&sb);
+    let (run, wall_ms, execs, steps, final_state) = result?;
+    let graded = grade(s, task, &final_state.id);
+    if !keep_final || graded.is_err() {
+        s.remove_checkpoint(&final_state.id);
+    }
+    let grade = graded?;
+    let over_budget = run.budget_exhausted || steps > task.config.agent.max_steps;
+    let outcome = if over_budget {
+        Outcome::BudgetExhausted
+    } else if !run.submitted {
+        Outcome::NoSubmit
+    } else if grade.passed {
+        Outcome::Pass
+    } else {
+        Outcome::Fail
+    };
+    let t_start = execs.first().and_then(|e| e["t_us"].as_u64()).unwrap_or(0);
+    let trajectory = execs.iter().map(|e| trajectory_line(e, t_start)).collect();
+    Ok(Attempt {
+        outcome,
+        submitted: run.submitted && !over_budget,
+        tests: grade.tests.clone(),
+        steps,
+        wall_ms,
+        trajectory,
+        grade,
+        note: run.note,
+        final_checkpoint: keep_final.then_some(final_state.id),
+    })
+}
+
+/// One exec of the daemon's log as a trajectory line of the analysis contract.
+fn trajectory_line(e: &serde_json::Value, t0: u64) -> serde_json::Value {
+    let t_ms = e["t_us"].as_u64().unwrap_or(0).saturating_sub(t0) / 1000;
+    if let Some(argv) = e["argv"].as_array() {
+        let words: Vec<String> = argv
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        if words.len() >= 4 && words[0] == "tmux" && words[1] == "send-keys" {
+            let keys: Vec<&str> = words[4..]
+                .iter()
+                .map(String::as_str)
+                .filter(|k| *k != "Enter")
+                .collect();
+            return serde_json::json!({ "t_ms": t_ms, "keys": keys.join(" ") });
+        }
+        return serde_json::json!({ "t_ms": t_ms, "argv": words });
+    }
+    serde_json::json!({ "t_ms": t_ms, "shell": e["shell"].as_str().unwrap_or_default() })
+}
+
+/// Runs a trial with bounded infrastructure retries from the identical start state;
+/// writes its artifacts and returns its row (and its final live checkpoint, if kept).
+pub fn run_trial(ctx: &Ctx, spec: &TrialSpec, keep_final: bool) -> (TrialRow, Option<Attempt>) {
+    let s = Session::new(&ctx.socket);
+    let dir = ctx.run_dir.join("trials").join(&spec.id);
+    let _ = std::fs::create_dir_all(&dir);
+    let mut infra_attempts = 0;
+    let mut last_err = String::new();
+    for n in 1..=ctx.retries + 1 {
+        match attempt(&s, ctx, spec, keep_final, &dir) {
+            Ok(a) => {
+                let _ = append_jsonl(
+                    &dir.join("attempts.jsonl"),
+                    &serde_json::json!({"attempt": n, "outcome": a.outcome, "note": a.note}),
+                );
+                let traj: String = a.trajectory.iter().map(|l| format!("{l}\n")).collect();
+                let _ = std::fs::write(dir.join("trajectory.jsonl"), traj);
+                let _ = std::fs::write(dir.join("final.patch"), &a.grade.patch);
+                let _ = std::fs::write(dir.join("verifier.log"), &a.grade.verifier_output);
+                let row = row(
+                    ctx,
+                    spec,
+                    a.outcome,
+                    a.submitted,
+                    a.tests.clone(),
+                    a.steps,
+                    a.wall_ms,
+                    infra_attempts,
+                );
+                return (row, Some(a));
+            }
+            Err(Infra(e)) => {
+                infra_attempts += 1;
+                last_err = e.clone();
+                let _ = append_jsonl(
+                    &dir.join("attempts.jsonl"),
+                    &serde_json::json!({"attempt": n, "outcome": "infra_error", "error": e}),
+                );
+            }
+        }
+    }
+    let _ = std::fs::write(dir.join("infra_error.txt"), &last_err);
+    (
+        row(
+            ctx,
+            spec,
+            Outcome::InfraError,
+            false,
+            BTreeMap::new(),
+            0,
+            0,
+            infra_attempts,
+        ),
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(
+    ctx: &Ctx,
+    spec: &TrialSpec,
+    outcome: Outcome,
+    submitted: bool,
+    tests: BTreeMap<String, TestResult>,
+    steps: u64,
+    wall_ms: u64,
+    infra_attempts: u32,
+) -> TrialRow {
+    TrialRow {
+        run_id: ctx.run_id.clone(),
+        trial_id: spec.id.clone(),
+        task: ctx.tasks[spec.task].name.clone(),
+        condition: spec.condition,
+        start_state: spec.start_state.clone(),
+        predecessor: spec.predecessor.clone(),
+        agent: ctx.agents[spec.agent].name(),
+        replicate: spec.replicate,
+        outcome,
+        submitted,
+        tests,
+        steps,
+        wall_ms,
+        infra_attempts,
+    }
+}
+
+/// Builds residual start states: each predecessor runs once from the clean state; its
+/// final state is kept only if it submitted, fails the verifier, and changed the workdir
+/// beyond the ignored byproducts; identical states are kept once. Each kept state is a
+/// live checkpoint (running processes kept) plus a binary-safe patch against the clean
+/// state; grading it (a fresh fork, the verifier re-run) is its verification.
+pub fn residualize(
+    ctx: &Ctx,
+    clean: &BTreeMap<String, String>,
+    predecessor_agents: &[(usize, usize)],
+) -> anyhow::Result<Vec<StateRecord>> {
+    let states_dir = ctx.run_dir.join("states");
+    std::fs::create_dir_all(&states_dir)?;
+    let mut kept: Vec<StateRecord> = Vec::new();
+    // Reuse states a previous (resumed) invocation kept.
+    if let Ok(rd) = std::fs::read_dir(&states_dir) {
+        for e in rd.flatten() {
+            if e.path().extension().is_some_and(|x| x == "json") {
+                if let Ok(r) = serde_json::from_slice::<StateRecord>(&std::fs::read(e.path())?) {
+                    kept.push(r);
+                }
+            }
+        }
+    }
+    let decided: HashSet<String> = std::fs::read_to_string(states_dir.join("candidates.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["candidate"].as_str().map(String::from))
+        .collect();
+    let s = Session::new(&ctx.socket);
+    for &(ti, ai) in predecessor_agents {
+        let task = &ctx.tasks[ti];
+        let pred = ctx.agents[ai].name();
+        let candidate = format!("{}.{}", task.name, pred);
+        if decided.contains(&candidate) {
+            continue;
+        }
+        let spec = TrialSpec {
+            id: format!("predecessor.{candidate}"),
+            task: ti,
+            condition: Condition::Clean,
+            start_state: "clean".into(),
+            start_checkpoint: clean[&task.name].clone(),
+            predecessor: None,
+            agent: ai,
+            replicate: 0,
+        };
+        eprintln!("[eval] predecessor {pred} on {}", task.name);
+        let (row, attempt) = run_trial(ctx, &spec, true);
+        let mut reason = None;
+        let mut record = None;
+        match attempt {
+            None => {
+                reason = Some(format!(
+                    "infrastructure failure after {} attempts",
+                    row.infra_attempts
+                ))
+            }
+            Some(a) => {
+                let cp = a.final_checkpoint.clone().unwrap_or_default();
+                let changes = s
+                    .delta(&cp)
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+                    .and_then(|tar| {
+                        delta::changes(&tar, task.workdir(), &task.config.residual.ignore)
+                    });
+                if !a.submitted {
+                    reason = Some(format!("did not submit ({:?})", a.outcome));
+                } else if a.grade.passed {
+                    reason = Some("passes the verifier".into());
+                } else {
+                    match changes {
+                        Err(e) => reason = Some(format!("could not read its changes: {e}")),
+                        Ok(c) if c.is_empty() => {
+                            reason = Some("no change beyond ignored byproducts".into())
+                        }
+                        Ok(c) => {
+                            let key = delta::content_key(&c);
+                            if let Some(dup) = kept
+                                .iter()
+                                .find(|k| k.task == task.name && k.content_key == key)
+                            {
+                                reason = Some(format!("identical to state {}", dup.state_id));
+                            } else {
+                                let tree_hash = s
+                                    .checkpoints()
+                                    .ok()
+                                    .and_then(|l| l.into_iter().find(|x| x.id == cp))
+                                    .and_then(|x| x.tree_hash);
+                                record = Some(StateRecord {
+                                    state_id: candidate.clone(),
+                                    task: task.name.clone(),
+                                    predecessor: Some(pred.clone()),
+                                    failing_tests: a.grade.failing(),
+                                    patch: format!("{candidate}.patch"),
+                                    checkpoint: cp.clone(),
+                                    tree_hash,
+                                    changed_files: c.iter().map(|c| c.path.clone()).collect(),
+                                    content_key: key,
+                                });
+                            }
+                        }
+                    }
+                }
+                match &record {
+                    Some(r) => {
+                        std::fs::write(states_dir.join(&r.patch), &a.grade.patch)?;
+                        std::fs::write(
+                            states_dir.join(format!("{candidate}.json")),
+                            serde_json::to_vec_pretty(r)?,
+                        )?;
+                    }
+                    None => s.remove_checkpoint(&cp),
+                }
+            }
+        }
+        append_jsonl(
+            &states_dir.join("candidates.jsonl"),
+            &serde_json::json!({
+                "candidate": candidate, "task": task.name, "predecessor": pred,
+                "kept": record.is_some(), "reason": reason.clone().unwrap_or_else(|| "kept: submitted, fails the verifier, changed the workdir".into()),
+                "outcome": row.outcome,
+            }),
+        )?;
+        eprintln!(
+            "[eval]   {candidate}: {}",
+            if record.is_some() {
+                "kept".to_string()
+            } else {
+                format!("dropped: {}", reason.unwrap_or_default())
+            }
+        );
+        if let Some(r) = record {
+            kept.push(r);
+        }
+    }
+    kept.sort_by(|a, b| a.state_id.cmp(&b.state_id));
+    Ok(kept)
+}

@@ -1,0 +1,243 @@
+//! The evaluator's view of forkd: a thin layer over the API client. Every failure here
+//! is an infrastructure failure (the daemon, a sandbox, a fork), never the agent's.
+
+use crate::api::{b64, CheckpointInfo, ExecResult, ForkResult, SandboxInfo};
+use crate::client::Client;
+use forkd_sandbox::proto::ExecRequest;
+use std::path::Path;
+
+/// An infrastructure failure: retried, never counted against an agent.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("infrastructure: {0}")]
+pub struct Infra(pub String);
+
+pub type InfraResult<T> = Result<T, Infra>;
+
+fn infra(step: &str) -> impl FnOnce(crate::client::ClientError) -> Infra + '_ {
+    move |e| Infra(format!("{step}: {e}"))
+}
+
+/// Output of a command run in a sandbox.
+pub struct Ran {
+    pub code: i32,
+    pub timed_out: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Ran {
+    pub fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    pub fn err(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+pub struct Session {
+    pub client: Client,
+    pub socket: std::path::PathBuf,
+}
+
+impl Session {
+    pub fn new(socket: &Path) -> Session {
+        Session {
+            client: Client::new(socket),
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    pub fn create(&self, image: &str, labels: &[(&str, &str)]) -> InfraResult<String> {
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        let body = serde_json::json!({ "image": image, "labels": labels });
+        let sb: SandboxInfo = self
+            .client
+            .call("POST", "/v1/sandboxes", Some(&body))
+            .map_err(infra("create sandbox"))?;
+        Ok(sb.id)
+    }
+
+    pub fn exec(&self, id: &str, req: &ExecRequest, stdin: Option<&[u8]>) -> InfraResult<Ran> {
+        let mut body = serde_json::to_value(req).expect("json");
+        if let Some(s) = stdin {
+            body["stdin_b64"] = b64::encode(s).into();
+        }
+        let r: ExecResult = self
+            .client
+            .call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body))
+            .map_err(infra("exec"))?;
+        Ok(Ran {
+            code: r.exit.exit_code,
+            timed_out: r.exit.timed_out,
+            stdout: b64::decode(&r.stdout_b64).unwrap_or_default(),
+            stderr: b64::decode(&r.stderr_b64).unwrap_or_default(),
+        })
+    }
+
+    /// Runs a shell line in `cwd`.
+    pub fn sh(
+        &self,
+        id: &str,
+        line: &str,
+        cwd: &str,
+        timeout_secs: Option<u64>,
+    ) -> InfraResult<Ran> {
+        let req = ExecRequest {
+            shell: Some(line.to_string()),
+            cwd: Some(cwd.to_string()),
+            timeout_ms: timeout_secs.map(|s| s * 1000),
+            ..Default::default()
+        };
+        self.exec(id, &req, None)
+    }
+
+    /// Copies the contents of a host directory into `dest` inside the sandbox.
+    pub fn put_dir(&self, id: &str, src: &Path, dest: &str) -> InfraResult<()> {
+        let r = self.sh(
+            id,
+            &format!("mkdir -p '{}'", dest.replace('\'', "'\\''")),
+            "/",
+            Some(60),
+        )?;
+        if r.code != 0 {
+            return Err(Infra(format!("mkdir {dest} in {id}: {}", r.err())));
+        }
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", src)
+            .map_err(|e| Infra(format!("pack {}: {e}", src.display())))?;
+        let body = b
+            .into_inner()
+            .map_err(|e| Infra(format!("pack {}: {e}", src.display())))?;
+        let resp = self
+            .client
+            .raw(
+                "PUT",
+                &format!(
+                    "/v1/sandboxes/{id}/files?path={}",
+                    crate::daemon::url_encode(dest)
+                ),
+                &body,
+            )
+            .map_err(infra("copy into sandbox"))?;
+        if resp.status >= 400 {
+            return Err(Infra(format!(
+                "copy {} into {id}:{dest}: {}",
+                src.display(),
+                Client::api_error(&resp)
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn checkpoint(
+        &self,
+        id: &str,
+        live: bool,
+        labels: &[(&str, &str)],
+    ) -> InfraResult<CheckpointInfo> {
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        let body = serde_json::json!({ "live": live, "labels": labels });
+        self.client
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/checkpoint"),
+                Some(&body),
+            )
+            .map_err(infra("checkpoint"))
+    }
+
+    pub fn fork(&self, checkpoint: &str) -> InfraResult<String> {
+        let body = serde_json::json!({ "count": 1 });
+        let r: ForkResult = self
+            .client
+            .call(
+                "POST",
+                &format!("/v1/checkpoints/{checkpoint}/fork"),
+                Some(&body),
+            )
+            .map_err(infra("fork"))?;
+        r.branches
+            .into_iter()
+            .next()
+            .map(|b| b.id)
+            .ok_or_else(|| Infra("fork returned no branch".into()))
+    }
+
+    pub fn remove(&self, id: &str) {
+        let _ = self.client.call::<serde_json::Value>(
+            "DELETE",
+            &format!("/v1/sandboxes/{id}?force=true"),
+            None,
+        );
+    }
+
+    pub fn remove_checkpoint(&self, id: &str) {
+        let _ = self.client.call::<serde_json::Value>(
+            "DELETE",
+            &format!("/v1/checkpoints/{id}?force=true"),
+            None,
+        );
+    }
+
+    pub fn checkpoints(&self) -> InfraResult<Vec<CheckpointInfo>> {
+        self.client
+            .call("GET", "/v1/checkpoints", None)
+            .map_err(infra("list checkpoints"))
+    }
+
+    /// The checkpoint's own layer (its change against what it was forked from), as a tar.
+    pub fn delta(&self, checkpoint: &str) -> InfraResult<Vec<u8>> {
+        let resp = self
+            .client
+            .raw("GET", &format!("/v1/checkpoints/{checkpoint}/delta"), &[])
+            .map_err(infra("delta"))?;
+        if resp.status >= 400 {
+            return Err(Infra(format!(
+                "delta of {checkpoint}: {}",
+                Client::api_error(&resp)
+            )));
+        }
+        Ok(resp.body)
+    }
+
+    /// The sandbox's execs, in order (its trajectory).
+    pub fn execs(&self, id: &str) -> InfraResult<Vec<serde_json::Value>> {
+        let resp = self
+            .client
+            .raw("GET", &format!("/v1/sandboxes/{id}/execs"), &[])
+            .map_err(infra("execs"))?;
+        if resp.status >= 400 {
+            return Err(Infra(format!(
+                "execs of {id}: {}",
+                Client::api_error(&resp)
+            )));
+        }
+        Ok(String::from_utf8_lossy(&resp.body)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect())
+    }
+
+    /// Makes sure image `name` exists, importing it from `source` if not.
+    pub fn ensure_image(&self, name: &str, source: &Path) -> InfraResult<()> {
+        if self
+            .client
+            .call::<serde_json::Value>("GET", &format!("/v1/images/{name}"), None)
+            .is_ok()
+        {
+            return Ok(());
+        }
+        let body = serde_json::json!({ "source": source, "name": name });
+        self.client
+            .call::<serde_json::Value>("POST", "/v1/images", Some(&body))
+            .map_err(infra("import image"))?;
+        Ok(())
+    }
+}

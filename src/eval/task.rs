@@ -1,0 +1,323 @@
+//! Task definitions: a suite is a directory of tasks, each laid out like Harbor's:
+//!
+//! ```text
+//! <task>/task.toml          configuration (below)
+//! <task>/instruction.md     the request shown to the agent
+//! <task>/environment/       copied into the workdir before the set-up commands run
+//! <task>/tests/             hidden tests, copied in only at grading
+//! <task>/solution/          solve.sh (run in the workdir) or patch.diff (patch -p1)
+//! <task>/predecessors/      <name>.patch | <name>.sh: scripted predecessor agents, and
+//!                           <name>.note.md: that predecessor's handoff note
+//! ```
+//!
+//! `task.toml`:
+//! ```toml
+//! [task]        kind = "swe" | "terminal", image = "debian", workdir = "/testbed"
+//! [environment] setup = ["shell line", ...], background = ["shell line", ...], live = false
+//! [verifier]    command = "...", tests_dir = "...", format = "pytest" | "junit" | "reward",
+//!               junit_path, reward_path, timeout_secs, fail_to_pass = [...], pass_to_pass = [...]
+//! [agent]       timeout_secs, max_steps
+//! [residual]    ignore = ["glob", ...]
+//! ```
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskToml {
+    pub task: TaskSection,
+    #[serde(default)]
+    pub environment: EnvSection,
+    pub verifier: VerifierSection,
+    #[serde(default)]
+    pub agent: AgentSection,
+    #[serde(default)]
+    pub residual: ResidualSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSection {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default = "default_kind")]
+    pub kind: String,
+    pub image: String,
+    #[serde(default = "default_workdir")]
+    pub workdir: String,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+fn default_kind() -> String {
+    "swe".into()
+}
+fn default_workdir() -> String {
+    "/testbed".into()
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    #[serde(default)]
+    pub setup: Vec<String>,
+    #[serde(default)]
+    pub background: Vec<String>,
+    #[serde(default)]
+    pub live: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifierSection {
+    pub command: String,
+    pub tests_dir: String,
+    #[serde(default = "default_format")]
+    pub format: String,
+    #[serde(default)]
+    pub junit_path: Option<String>,
+    #[serde(default)]
+    pub reward_path: Option<String>,
+    #[serde(default = "default_verifier_timeout")]
+    pub timeout_secs: u64,
+    #[serde(default)]
+    pub fail_to_pass: Vec<String>,
+    #[serde(default)]
+    pub pass_to_pass: Vec<String>,
+}
+
+fn default_format() -> String {
+    "pytest".into()
+}
+fn default_verifier_timeout() -> u64 {
+    600
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    #[serde(default = "default_agent_timeout")]
+    pub timeout_secs: u64,
+    #[serde(default = "default_steps")]
+    pub max_steps: u64,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        AgentSection {
+            timeout_secs: default_agent_timeout(),
+            max_steps: default_steps(),
+        }
+    }
+}
+
+fn default_agent_timeout() -> u64 {
+    1800
+}
+fn default_steps() -> u64 {
+    250
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResidualSection {
+    #[serde(default)]
+    pub ignore: Vec<String>,
+}
+
+/// A loaded task.
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub name: String,
+    pub dir: PathBuf,
+    pub config: TaskToml,
+    pub instruction: String,
+    /// SHA-256 over every file of the task directory (paths and contents).
+    pub checksum: String,
+    /// Scripted predecessors: (name, file).
+    pub predecessors: Vec<(String, PathBuf)>,
+}
+
+impl Task {
+    pub fn load(dir: &Path) -> anyhow::Result<Task> {
+        use anyhow::Context;
+        let toml_path = dir.join("task.toml");
+        let text = std::fs::read_to_string(&toml_path)
+            .with_context(|| format!("read {}", toml_path.display()))?;
+        let config: TaskToml =
+            toml::from_str(&text).with_context(|| format!("parse {}", toml_path.display()))?;
+        let name = config.task.name.clone().unwrap_or_else(|| {
+            dir.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default()
+        });
+        anyhow::ensure!(
+            valid_name(&name),
+            "{}: task name {name:?} must be [A-Za-z0-9_.-]",
+            toml_path.display()
+        );
+        anyhow::ensure!(
+            ["swe", "terminal"].contains(&config.task.kind.as_str()),
+            "{}: kind {:?} must be swe or terminal",
+            toml_path.display(),
+            config.task.kind
+        );
+        anyhow::ensure!(
+            ["pytest", "junit", "reward"].contains(&config.verifier.format.as_str()),
+            "{}: verifier format {:?} must be pytest, junit or reward",
+            toml_path.display(),
+            config.verifier.format
+        );
+        anyhow::ensure!(
+            config.task.workdir.starts_with('/'),
+            "{}: workdir must be absolute",
+            toml_path.display()
+        );
+        anyhow::ensure!(
+            config.verifier.tests_dir.starts_with('/'),
+            "{}: tests_dir must be absolute",
+            toml_path.display()
+        );
+        if config.verifier.format == "reward" {
+            anyhow::ensure!(
+                config.verifier.reward_path.is_some(),
+                "{}: format reward needs reward_path",
+                toml_path.display()
+            );
+        }
+        if config.verifier.format == "junit" {
+            anyhow::ensure!(
+                config.verifier.junit_path.is_some(),
+                "{}: format junit needs junit_path",
+                toml_path.display()
+            );
+        }
+        let instr = dir.join("instruction.md");
+        let instruction =
+            std::fs::read_to_string(&instr).with_context(|| format!("read {}", instr.display()))?;
+        for sub in ["tests", "solution"] {
+            anyhow::ensure!(dir.join(sub).is_dir(), "{}: missing {sub}/", dir.display());
+        }
+        let mut predecessors = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(dir.join("predecessors")) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
+                if ext == "patch" || ext == "sh" {
+                    let stem = p
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().to_string())
+                        .unwrap_or_default();
+                    anyhow::ensure!(
+                        valid_name(&stem),
+                        "{}: predecessor name must be [A-Za-z0-9_.-]",
+                        p.display()
+                    );
+                    predecessors.push((stem, p));
+                }
+            }
+        }
+        predecessors.sort();
+        Ok(Task {
+            checksum: dir_checksum(dir)?,
+            name,
+            dir: dir.to_path_buf(),
+            config,
+            instruction,
+            predecessors,
+        })
+    }
+
+    pub fn workdir(&self) -> &str {
+        &self.config.task.workdir
+    }
+
+    /// The handoff note of a predecessor, if it left one.
+    pub fn note_of(&self, predecessor: &str) -> Option<String> {
+        std::fs::read_to_string(
+            self.dir
+                .join("predecessors")
+                .join(format!("{predecessor}.note.md")),
+        )
+        .ok()
+    }
+
+    /// Files the reference solution changes (from patch.diff), relative to the workdir.
+    pub fn reference_changed_files(&self) -> Vec<String> {
+        let Ok(text) = std::fs::read_to_string(self.dir.join("solution/patch.diff")) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("+++ "))
+            .map(|p| p.split('\t').next().unwrap_or(p).trim())
+            .filter(|p| *p != "/dev/null")
+            .map(|p| p.strip_prefix("b/").unwrap_or(p).to_string())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 100
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// SHA-256 over a directory's files, in sorted order (paths, types and contents).
+pub fn dir_checksum(dir: &Path) -> anyhow::Result<String> {
+    fn walk(base: &Path, rel: &Path, h: &mut Sha256) -> anyhow::Result<()> {
+        let mut names: Vec<_> = std::fs::read_dir(base.join(rel))?
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let r = rel.join(&n);
+            let p = base.join(&r);
+            let m = std::fs::symlink_metadata(&p)?;
+            h.update(r.to_string_lossy().as_bytes());
+            h.update([0]);
+            if m.is_dir() {
+                h.update(b"d");
+                walk(base, &r, h)?;
+            } else if m.file_type().is_symlink() {
+                h.update(b"l");
+                h.update(std::fs::read_link(&p)?.to_string_lossy().as_bytes());
+            } else {
+                h.update(b"f");
+                h.update(std::fs::read(&p)?);
+            }
+            h.update([0]);
+        }
+        Ok(())
+    }
+    let mut h = Sha256::new();
+    walk(dir, Path::new(""), &mut h)?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Loads every task of a suite (each subdirectory with a task.toml), sorted by name.
+pub fn load_suite(dir: &Path) -> anyhow::Result<Vec<Task>> {
+    let mut tasks = Vec::new();
+    let rd =
+        std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("read suite {}: {e}", dir.display()))?;
+    for e in rd.flatten() {
+        if e.path().join("task.toml").is_file() {
+            tasks.push(Task::load(&e.path())?);
+        }
+    }
+    anyhow::ensure!(
+        !tasks.is_empty(),
+        "suite {} has no tasks (directories with a task.toml)",
+        dir.display()
+    );
+    tasks.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(tasks)
+}
