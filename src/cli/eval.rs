@@ -4,8 +4,75 @@
 use clap::{Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+#[derive(clap::Args, Clone)]
+pub struct MatrixArgs {
+    /// The suite: a directory of tasks
+    pub suite: PathBuf,
+    /// The run directory to write
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Agents: oracle, noop, patch:FILE, script:FILE, replay:FILE or NAME=COMMAND (comma-separated or repeated)
+    #[arg(long, value_delimiter = ',', default_value = "oracle,noop")]
+    pub agents: Vec<String>,
+    /// Predecessor agents for residual states (default: each task's scripted predecessors)
+    #[arg(long, value_delimiter = ',')]
+    pub predecessors: Vec<String>,
+    /// Conditions: clean, residual, rescue_notice, rescue_note, pristine_control
+    #[arg(long, value_delimiter = ',', default_value = "clean,residual")]
+    pub conditions: Vec<String>,
+    /// Replicates per cell, each forked from the identical checkpoint
+    #[arg(short = 'k', long, default_value_t = 1)]
+    pub replicates: u32,
+    /// Trials run at once
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
+    /// Retries of a trial after an infrastructure failure
+    #[arg(long, default_value_t = 2)]
+    pub retries: u32,
+}
+
+impl MatrixArgs {
+    fn options(&self, states_only: bool) -> anyhow::Result<forkd_eval_opts::RunOptions> {
+        Ok(forkd_eval_opts::RunOptions {
+            suite: self.suite.clone(),
+            out: self.out.clone(),
+            agents: self.agents.clone(),
+            predecessors: self.predecessors.clone(),
+            conditions: self
+                .conditions
+                .iter()
+                .map(|c| crate::eval::parse_condition(c))
+                .collect::<anyhow::Result<_>>()?,
+            replicates: self.replicates,
+            parallel: self.parallel,
+            retries: self.retries,
+            states_only,
+        })
+    }
+}
+
+use crate::eval as forkd_eval_opts;
+
 #[derive(Subcommand)]
 pub enum EvalCmd {
+    /// Check every task: the reference solution passes and the unchanged start fails
+    Validate { suite: PathBuf },
+    /// Build residual start states from the predecessors (clean states too)
+    Residualize(MatrixArgs),
+    /// Run the trial matrix: agents x conditions x start states x replicates
+    Run(MatrixArgs),
+    /// Continue a run that was stopped (refused if its configuration changed)
+    Resume {
+        run: PathBuf,
+        #[arg(long, default_value_t = 2)]
+        parallel: usize,
+    },
+    /// Append a protocol decision to a run's decision log
+    Decide {
+        run: PathBuf,
+        #[arg(long)]
+        note: String,
+    },
     /// Analyse one or more run directories and write a report
     Report {
         #[arg(required = true)]
@@ -32,8 +99,23 @@ pub enum ReportFormat {
     Json,
 }
 
-pub fn run(cmd: EvalCmd) -> anyhow::Result<i32> {
+pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
     match cmd {
+        EvalCmd::Validate { suite } => crate::eval::validate(socket, &suite),
+        EvalCmd::Residualize(m) => crate::eval::execute(socket, &m.options(true)?, false),
+        EvalCmd::Run(m) => crate::eval::execute(socket, &m.options(false)?, false),
+        EvalCmd::Resume { run, parallel } => {
+            crate::eval::execute(socket, &crate::eval::options_of(&run, parallel)?, true)
+        }
+        EvalCmd::Decide { run, note } => {
+            anyhow::ensure!(
+                run.join("manifest.json").exists(),
+                "{} is not a run directory",
+                run.display()
+            );
+            crate::eval::run::decision(&run, "protocol", serde_json::json!({ "note": note }))?;
+            Ok(0)
+        }
         EvalCmd::Report {
             runs,
             out,

@@ -122,7 +122,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
             let line = if sol.join("solve.sh").is_file() {
                 "sh /tmp/.solution/solve.sh"
             } else {
-                "patch -p1 --no-backup-if-mismatch < /tmp/.solution/patch.diff"
+                "patch -p1 < /tmp/.solution/patch.diff"
             };
             let r = s.sh(b.sandbox, line, wd, secs)?;
             s.sh(b.sandbox, "rm -rf /tmp/.solution", "/", Some(30))?;
@@ -137,7 +137,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
                 super::session::Infra(format!("read agent file {}: {e}", p.display()))
             })?;
             let line = if matches!(spec, AgentSpec::Patch(_)) {
-                "patch -p1 --no-backup-if-mismatch"
+                "patch -p1"
             } else {
                 "sh -s"
             };
