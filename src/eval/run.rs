@@ -294,11 +294,7 @@ fn attempt(
         let wall_ms = t0.elapsed().as_millis() as u64;
         let execs: Vec<serde_json::Value> = s.execs(&sb)?.into_iter().skip(base).collect();
         let steps = execs.len() as u64;
-        let final_state = s.checkpoint(
-            &sb,
-            keep_final && task.config.environment.live,
-            &[("forkd.eval.trial", &spec.id)],
-        )?;
+        let final_state = s.checkpoint(&sb, keep_final, &[("forkd.eval.trial", &spec.id)])?;
         Ok((run, wall_ms, execs, steps, final_state))
     })();
     s.remove(&sb);
