@@ -1,11 +1,36 @@
-//! `forkd demo`: the main job on built-in defaults. Starts a private daemon on a
-//! temporary state root, imports the fixture images, and walks through what forkd does,
-//! printing each step and its latency. Leaves nothing behind.
+//! `forkd demo`: the main job on built-in defaults. Starts a private daemon (its state root
+//! persists, so a second run reuses its images and cached clean states), shows what a
+//! sandbox, a checkpoint and a fork cost here, then runs each evaluator suite end to end
+//! (validate, residual states from the scripted predecessors, the clean and residual
+//! conditions with the scripted agents, the report) and prints where the results are.
 
-use crate::api::{ExecResult, SandboxInfo};
+use crate::api::{ExecResult, ForkResult, SandboxInfo};
 use crate::client::Client;
-use std::path::PathBuf;
+use clap::Args;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Evaluator suites to run (directories of tasks)
+    #[arg(long = "suite")]
+    pub suites: Vec<PathBuf>,
+    /// Where to write the runs and reports
+    #[arg(long, default_value = "forkd-results")]
+    pub out: PathBuf,
+    /// The private daemon's state root
+    #[arg(long, default_value = "/var/lib/forkd-demo")]
+    pub root: PathBuf,
+    /// Replicates per cell
+    #[arg(short = 'k', long, default_value_t = 2)]
+    pub replicates: u32,
+    /// Conditions to run
+    #[arg(
+        long,
+        default_value = "clean,residual,rescue_notice,rescue_note,pristine_control"
+    )]
+    pub conditions: String,
+}
 
 fn cache() -> PathBuf {
     std::env::var_os("FORKD_CACHE")
@@ -15,147 +40,204 @@ fn cache() -> PathBuf {
 
 struct PrivateDaemon {
     child: std::process::Child,
-    base: PathBuf,
+    client: Client,
 }
 
 impl Drop for PrivateDaemon {
     fn drop(&mut self) {
+        // Sandboxes are all removed by now; with none running the daemon also unmounts
+        // its volume on the way out.
+        if let Ok(list) = self
+            .client
+            .call::<Vec<SandboxInfo>>("GET", "/v1/sandboxes", None)
+        {
+            for s in list {
+                let _ = self.client.call::<serde_json::Value>(
+                    "DELETE",
+                    &format!("/v1/sandboxes/{}?force=true", s.id),
+                    None,
+                );
+            }
+        }
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::SIGTERM,
         );
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.base);
     }
 }
 
 fn step(what: &str, t: Instant) {
     println!(
-        "  {:<58} {:>9.1} ms",
+        "  {:<60} {:>9.1} ms",
         what,
         t.elapsed().as_secs_f64() * 1000.0
     );
 }
 
-pub fn run() -> anyhow::Result<i32> {
+fn tour(c: &Client) -> anyhow::Result<()> {
+    let exec = |id: &str, line: &str| -> anyhow::Result<String> {
+        let r: ExecResult = c.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&serde_json::json!({ "shell": line })),
+        )?;
+        Ok(
+            String::from_utf8_lossy(&crate::api::b64::decode(&r.stdout_b64).unwrap_or_default())
+                .into_owned(),
+        )
+    };
+    let t = Instant::now();
+    let sb: SandboxInfo = c.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&serde_json::json!({ "image": "busybox", "command": { "shell": "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done" } })),
+    )?;
+    step(&format!("create a sandbox ({})", &sb.id[..12]), t);
+    let t = Instant::now();
+    exec(&sb.id, "true")?;
+    step("exec round trip", t);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let ck: crate::api::CheckpointInfo = c.call(
+        "POST",
+        &format!("/v1/sandboxes/{}/checkpoint", sb.id),
+        Some(&serde_json::json!({ "live": true })),
+    )?;
+    step("live checkpoint (files + process tree)", t);
+    let t = Instant::now();
+    let fork: ForkResult = c.call(
+        "POST",
+        &format!("/v1/checkpoints/{}/fork", ck.id),
+        Some(&serde_json::json!({ "count": 4 })),
+    )?;
+    step("fork 4 branches (process trees restored)", t);
+    std::thread::sleep(Duration::from_millis(300));
+    let counters: Vec<String> = fork
+        .branches
+        .iter()
+        .map(|b| exec(&b.id, "cat /tmp/counter").map(|s| s.trim().to_string()))
+        .collect::<Result<_, _>>()?;
+    println!(
+        "  counters in the branches, resumed from the checkpoint: {}",
+        counters.join(", ")
+    );
+    let _ = c.call::<serde_json::Value>(
+        "DELETE",
+        &format!("/v1/checkpoints/{}?force=true", ck.id),
+        None,
+    );
+    let _ = c.call::<serde_json::Value>(
+        "DELETE",
+        &format!("/v1/sandboxes/{}?force=true", sb.id),
+        None,
+    );
+    Ok(())
+}
+
+pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     let busybox = cache().join("images/busybox.tar");
     anyhow::ensure!(
         busybox.exists(),
         "fixture {} is missing: run fixtures/setup.sh busybox",
         busybox.display()
     );
-    let base = std::env::temp_dir().join(format!("forkd-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&base)?;
-    let socket = base.join("forkd.sock");
-    let log = std::fs::File::create(base.join("daemon.log"))?;
+    std::fs::create_dir_all(&args.root)?;
+    let socket = args.root.join("forkd.sock");
+    let log = std::fs::File::create(args.root.join("daemon.log"))?;
     let child = std::process::Command::new("/proc/self/exe")
         .arg("daemon")
-        .env("FORKD_ROOT", base.join("root"))
+        .env("FORKD_ROOT", &args.root)
         .env("FORKD_SOCKET", &socket)
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()?;
-    let guard = PrivateDaemon {
+    let daemon = PrivateDaemon {
         child,
-        base: base.clone(),
+        client: Client::new(&socket),
     };
-    let c = Client::new(&socket);
+    let c = &daemon.client;
     let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+    while c
+        .call::<serde_json::Value>("GET", "/v1/version", None)
+        .is_err()
+    {
         anyhow::ensure!(
-            t.elapsed() < Duration::from_secs(30),
+            t.elapsed() < Duration::from_secs(60),
             "the daemon did not start; see {}",
-            base.join("daemon.log").display()
+            args.root.join("daemon.log").display()
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(50));
     }
-    println!("forkd demo (state root {}):", base.join("root").display());
+    println!(
+        "forkd main job (daemon state root {}):",
+        args.root.display()
+    );
     step("start a private daemon", t);
-
-    let mut images = vec![("busybox", busybox)];
-    let debian = cache().join("images/debian.tar.zst");
-    if debian.exists() {
-        images.push(("debian", debian));
-    }
-    for (name, src) in &images {
-        let t = Instant::now();
-        let _: serde_json::Value = c.call(
-            "POST",
-            "/v1/images",
-            Some(&serde_json::json!({ "source": src, "name": name })),
-        )?;
-        step(&format!("import image {name}"), t);
-    }
-
     let t = Instant::now();
-    let sb: SandboxInfo = c.call("POST", "/v1/sandboxes", Some(&serde_json::json!({ "image": "busybox", "limits": { "pids": 256, "memory_bytes": 268435456u64 } })))?;
-    step(&format!("create sandbox {}", sb.id), t);
-    let exec = |id: &str, line: &str| -> anyhow::Result<(i32, String)> {
-        let r: ExecResult = c.call(
-            "POST",
-            &format!("/v1/sandboxes/{id}/exec"),
-            Some(&serde_json::json!({ "shell": line })),
-        )?;
-        Ok((
-            r.exit.exit_code,
-            String::from_utf8_lossy(&crate::api::b64::decode(&r.stdout_b64).unwrap_or_default())
-                .into_owned(),
-        ))
-    };
-    let t = Instant::now();
-    let (_, out) = exec(&sb.id, "true")?;
-    step("first exec", t);
-    let _ = out;
-    let mut samples = Vec::new();
-    for _ in 0..50 {
-        let t = Instant::now();
-        exec(&sb.id, "true")?;
-        samples.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
-        "  {:<58} {:>9.2} ms",
-        "exec round trip, p50 of 50", samples[25]
-    );
-    let (_, ps) = exec(&sb.id, "ps -o pid,args")?;
-    println!("  processes seen inside the sandbox:");
-    for l in ps.lines() {
-        println!("      {l}");
-    }
-    let (code, _) = exec(&sb.id, "echo hi | nc -w 1 127.0.0.1 22")?;
-    println!(
-        "  host network reachable from the sandbox: {}",
-        if code == 0 { "YES (unexpected)" } else { "no" }
-    );
-    let (code, _) = exec(&sb.id, "mount -t tmpfs none /mnt 2>/dev/null")?;
-    println!(
-        "  mount allowed inside the sandbox: {}",
-        if code == 0 { "YES (unexpected)" } else { "no" }
-    );
-    if images.iter().any(|(n, _)| *n == "debian") {
-        let t = Instant::now();
-        let deb: SandboxInfo = c.call(
-            "POST",
-            "/v1/sandboxes",
-            Some(&serde_json::json!({ "image": "debian" })),
-        )?;
-        let (_, v) = exec(&deb.id, "python3 --version; git --version; tmux -V")?;
-        step("create a Debian sandbox and run python3/git/tmux", t);
-        for l in v.lines() {
-            println!("      {l}");
+    crate::eval::session::Session::new(&socket).ensure_image("busybox", &busybox)?;
+    step("import the busybox image (cached after the first run)", t);
+    tour(c)?;
+
+    std::fs::create_dir_all(&args.out)?;
+    let out = std::fs::canonicalize(&args.out)?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut runs = Vec::new();
+    for suite in &args.suites {
+        if !suite.join(".").is_dir() {
+            println!(
+                "  suite {} is missing; skipped (fixtures/setup.sh suite builds the bundled one)",
+                suite.display()
+            );
+            continue;
         }
-    }
-    let t = Instant::now();
-    let list: Vec<SandboxInfo> = c.call("GET", "/v1/sandboxes", None)?;
-    for s in &list {
-        let _: serde_json::Value = c.call(
-            "DELETE",
-            &format!("/v1/sandboxes/{}?force=true", s.id),
-            None,
+        let name = suite
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "suite".into());
+        println!("\nsuite {name} ({}):", suite.display());
+        let code = crate::eval::validate(&socket, suite)?;
+        anyhow::ensure!(code == 0, "suite {} did not validate", suite.display());
+        let run_dir = out.join(format!("{name}-{stamp}"));
+        let opts = crate::eval::RunOptions {
+            suite: suite.clone(),
+            out: run_dir.clone(),
+            agents: vec!["oracle".into(), "noop".into()],
+            predecessors: Vec::new(),
+            conditions: args
+                .conditions
+                .split(',')
+                .map(crate::eval::parse_condition)
+                .collect::<anyhow::Result<_>>()?,
+            replicates: args.replicates,
+            parallel: 2,
+            retries: 2,
+            states_only: false,
+        };
+        crate::eval::execute(&socket, &opts, false)?;
+        let ds = forkd_analysis::load_runs(std::slice::from_ref(&run_dir))?;
+        let analysis = forkd_analysis::analyze(&ds, &forkd_analysis::Options::default());
+        forkd_analysis::write_report(
+            &analysis,
+            &run_dir.join("report"),
+            forkd_analysis::Format::Report,
         )?;
+        runs.push(run_dir);
     }
-    step(&format!("remove {} sandboxes", list.len()), t);
-    drop(guard);
-    println!("done; nothing left behind.");
+    drop(daemon);
+    println!();
+    if runs.is_empty() {
+        println!("no suite ran (pass --suite DIR)");
+    }
+    for r in &runs {
+        println!("results: {}", r.display());
+        println!(
+            "report:  {}",
+            Path::new(r).join("report/report.html").display()
+        );
+    }
     Ok(0)
 }

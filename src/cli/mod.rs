@@ -98,8 +98,8 @@ enum Command {
     /// The evaluator: experiments on clean and inherited start states, and their report
     #[command(subcommand)]
     Eval(eval::EvalCmd),
-    /// Run the main job on built-in defaults (a private daemon, the fixture images)
-    Demo,
+    /// The main job on built-in defaults: a private daemon, a tour, and the evaluator suites end to end
+    Demo(demo::DemoArgs),
 }
 
 /// Runs the CLI; returns the process exit code.
@@ -173,7 +173,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Fork(args) => checkpoint::fork(&ctx, args),
-        Command::Demo => demo::run(),
+        Command::Demo(args) => demo::run(args),
         Command::Metrics => {
             let m: serde_json::Value = ctx.client.call("GET", "/v1/metrics", None)?;
             if ctx.json {
