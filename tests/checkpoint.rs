@@ -343,7 +343,7 @@ fn rewrite_archive(
     use std::io::Read;
     let mut a = tar::Archive::new(zstd::Decoder::new(std::fs::File::open(src).unwrap()).unwrap());
     let mut b = tar::Builder::new(Vec::new());
-    let mut put = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
+    let put = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
         h.set_mode(0o600);

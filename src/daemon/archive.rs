@@ -157,6 +157,15 @@ impl Daemon {
                 dest.display()
             )));
         }
+        match dest.parent() {
+            Some(p) if p.is_dir() => {}
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "export path {}: its directory does not exist",
+                    dest.display()
+                )))
+            }
+        }
         let tree_hash = self.wait_tree_hash(c)?;
         let rec = c.record.lock().unwrap().clone();
         let partial = dest.with_file_name(format!(
@@ -274,6 +283,7 @@ impl Daemon {
             }
             _ => ApiError::internal(format!("open {}: {e}", src.display())),
         })?;
+        let _store = self.store_lock.read().unwrap();
         let id = CheckpointId::random();
         let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
         let mut added_layers: Vec<LayerId> = Vec::new();
@@ -445,6 +455,12 @@ impl Daemon {
                 manifest.tree_hash
             )));
         }
+        if manifest.checkpoint.version != 1 {
+            return Err(bad(format!(
+                "checkpoint record version {} is not supported (this build reads 1)",
+                manifest.checkpoint.version
+            )));
+        }
         let mut rec = manifest.checkpoint.clone();
         rec.id = id.clone();
         rec.parent = None;
@@ -475,6 +491,7 @@ impl Daemon {
 
     /// Removes store layers that no image, sandbox or checkpoint uses.
     pub fn gc(&self) -> Result<serde_json::Value, ApiError> {
+        let _store = self.store_lock.write().unwrap();
         let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
         used.insert(self.runtime_layer.clone());
         for img in self

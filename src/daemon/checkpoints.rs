@@ -276,6 +276,7 @@ impl Daemon {
         sb: &Sandbox,
         req: &CheckpointRequest,
     ) -> Result<Arc<Checkpoint>, ApiError> {
+        let _store = self.store_lock.read().unwrap();
         let total = Instant::now();
         let rec = sb.record.lock().unwrap();
         let running = rec.status == SandboxStatus::Running;
@@ -423,10 +424,10 @@ impl Daemon {
             self.delete_checkpoint_dir(&stage);
             return Err(e);
         }
-        if req.live && req.stop {
-            // CRIU killed the tree after dumping it; tidy up like a stop.
+        if req.stop {
+            // A live dump with `stop` already ended the tree; either way, tidy up like a stop.
             drop(rec);
-            let _ = self.stop_sandbox(sb, Duration::ZERO);
+            let _ = self.stop_sandbox(sb, Duration::from_secs(10));
         }
         let c = Arc::new(Checkpoint {
             id: id.clone(),
@@ -539,7 +540,7 @@ impl Daemon {
         } else {
             None
         };
-        let mut branches = Vec::with_capacity(count);
+        let mut branches: Vec<BranchInfo> = Vec::with_capacity(count);
         for _ in 0..count {
             let started = Instant::now();
             let id = SandboxId::random();
@@ -635,7 +636,19 @@ impl Daemon {
                     .borrow_mut()
                     .insert("ready".into(), t.elapsed().as_micros() as u64);
                 Ok(())
-            })?;
+            });
+            let sb = match sb {
+                Ok(sb) => sb,
+                Err(e) => {
+                    // All or nothing: branches this request already started go too.
+                    for b in &branches {
+                        if let Ok(done) = self.sandbox(&b.id) {
+                            let _ = self.remove_sandbox(&done, true);
+                        }
+                    }
+                    return Err(e);
+                }
+            };
             if let Some(p) = prepared_at.get() {
                 phases.insert("prepare".into(), p.as_micros() as u64);
             }

@@ -61,6 +61,7 @@ impl Daemon {
                 req.name
             )));
         }
+        let _store = self.store_lock.read().unwrap();
         let name = req.name.clone();
         let mut last = std::time::Instant::now();
         let mut progress = |p: Progress| {

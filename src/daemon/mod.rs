@@ -46,6 +46,9 @@ pub struct Daemon {
     /// Execs in flight per sandbox: a live checkpoint waits for none.
     pub execs_in_flight: Mutex<HashMap<forkd_sandbox::SandboxId, usize>>,
     pub checkpoints: Mutex<HashMap<forkd_sandbox::CheckpointId, Arc<checkpoints::Checkpoint>>>,
+    /// Held for reading by whatever adds layers to the store before a record refers to
+    /// them (imports, squashes); `gc` holds it for writing.
+    pub store_lock: std::sync::RwLock<()>,
     /// The forkd executable (run as `__setup`, and copied into the runtime layer).
     pub exe: PathBuf,
     pub layers: LayerStore,
@@ -134,6 +137,7 @@ impl Daemon {
             criu,
             execs_in_flight: Mutex::new(HashMap::new()),
             checkpoints: Mutex::new(HashMap::new()),
+            store_lock: std::sync::RwLock::new(()),
             exe,
             layers,
             images,
