@@ -160,7 +160,7 @@ pub fn parse_pytest(out: &str) -> BTreeMap<String, TestResult> {
 /// Per-test outcomes from a JUnit XML report (`classname::name`).
 pub fn parse_junit(xml: &str) -> BTreeMap<String, TestResult> {
     let attr = |tag: &str, name: &str| -> Option<String> {
-        let key = format!("{name}=\"");
+        let key = format!(" {name}=\"");
         let i = tag.find(&key)? + key.len();
         let j = tag[i..].find('"')? + i;
         Some(
