@@ -16,6 +16,8 @@ pub struct Grade {
     /// workdir is a git repository.
     pub patch: String,
     pub verifier_output: String,
+    /// Milliseconds per grading phase: `fork`, `diff`, `copy_tests`, `verifier`, `remove`.
+    pub phases_ms: BTreeMap<String, f64>,
 }
 
 impl Grade {
@@ -30,20 +32,39 @@ impl Grade {
 
 /// Grades the state held by checkpoint `state`.
 pub fn grade(s: &Session, task: &Task, state: &str) -> InfraResult<Grade> {
+    let t = std::time::Instant::now();
     let sb = s.fork(state)?;
+    let fork_ms = ms(t);
     let result = grade_in(s, task, &sb);
+    let t = std::time::Instant::now();
     s.remove(&sb);
-    result
+    let remove_ms = ms(t);
+    result.map(|mut g| {
+        g.phases_ms.insert("fork".into(), fork_ms);
+        g.phases_ms.insert("remove".into(), remove_ms);
+        g
+    })
+}
+
+pub fn ms(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
 }
 
 fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
     let wd = task.workdir();
     let v = &task.config.verifier;
+    let mut phases_ms = BTreeMap::new();
+    let t = std::time::Instant::now();
     let patch = s
         .sh(sb, "if [ -d .git ]; then git add -A >/dev/null 2>&1 && git diff --cached --binary HEAD; fi", wd, Some(120))?
         .out();
+    phases_ms.insert("diff".into(), ms(t));
+    let t = std::time::Instant::now();
     s.put_dir(sb, &task.dir.join("tests"), &v.tests_dir)?;
+    phases_ms.insert("copy_tests".into(), ms(t));
+    let t = std::time::Instant::now();
     let ran = s.sh(sb, &v.command, wd, Some(v.timeout_secs))?;
+    phases_ms.insert("verifier".into(), ms(t));
     let output = format!("{}{}", ran.out(), ran.err());
     if ran.timed_out {
         return Err(Infra(format!(
@@ -125,6 +146,7 @@ fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
         passed,
         patch,
         verifier_output: output,
+        phases_ms,
     })
 }
 

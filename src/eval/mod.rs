@@ -99,6 +99,7 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
             }
         );
     }
+    session::drain();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(if bad == 0 { 0 } else { 1 })
 }
@@ -258,6 +259,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     };
     eprintln!("[eval] {} residual start state(s)", states.len());
     if opts.states_only {
+        session::drain();
         println!("{}", opts.out.display());
         return Ok(0);
     }
@@ -384,6 +386,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
             });
         }
     });
+    session::drain();
     let rows = load_results(&results_path);
     write_csv(&opts.out.join("results.csv"), &rows)?;
     print_summary(&rows);

@@ -260,6 +260,9 @@ pub struct Attempt {
     pub grade: Grade,
     pub note: String,
     pub final_checkpoint: Option<String>,
+    /// Milliseconds per phase: fork, agent, seal, remove, grade_* (fork, diff,
+    /// copy_tests, verifier, remove), remove_final.
+    pub phases_ms: BTreeMap<String, f64>,
 }
 
 /// Runs one attempt: fork the start state, run the agent under its budget, seal the final
@@ -273,7 +276,10 @@ fn attempt(
 ) -> InfraResult<Attempt> {
     let task = &ctx.tasks[spec.task];
     let agent = &ctx.agents[spec.agent];
+    let mut phases = BTreeMap::new();
+    let t = Instant::now();
     let sb = s.fork(&spec.start_checkpoint)?;
+    phases.insert("fork".to_string(), super::grade::ms(t));
     let result = (|| {
         let base = s.execs(&sb)?.len();
         let note = match (spec.condition, &spec.predecessor) {
@@ -294,16 +300,27 @@ fn attempt(
         let wall_ms = t0.elapsed().as_millis() as u64;
         let execs: Vec<serde_json::Value> = s.execs(&sb)?.into_iter().skip(base).collect();
         let steps = execs.len() as u64;
+        let t = Instant::now();
         let final_state = s.checkpoint(&sb, keep_final, &[("forkd.eval.trial", &spec.id)])?;
-        Ok((run, wall_ms, execs, steps, final_state))
+        let seal_ms = super::grade::ms(t);
+        Ok((run, wall_ms, execs, steps, final_state, seal_ms))
     })();
+    let t = Instant::now();
     s.remove(&sb);
-    let (run, wall_ms, execs, steps, final_state) = result?;
+    let (run, wall_ms, execs, steps, final_state, seal_ms) = result?;
+    phases.insert("agent".to_string(), wall_ms as f64);
+    phases.insert("seal".to_string(), seal_ms);
+    phases.insert("remove".to_string(), super::grade::ms(t));
     let graded = grade(s, task, &final_state.id);
+    let t = Instant::now();
     if !keep_final || graded.is_err() {
         s.remove_checkpoint(&final_state.id);
     }
+    phases.insert("remove_final".to_string(), super::grade::ms(t));
     let grade = graded?;
+    for (k, v) in &grade.phases_ms {
+        phases.insert(format!("grade_{k}"), *v);
+    }
     let over_budget = run.budget_exhausted || steps > task.config.agent.max_steps;
     let outcome = if over_budget {
         Outcome::BudgetExhausted
@@ -326,6 +343,7 @@ fn attempt(
         grade,
         note: run.note,
         final_checkpoint: keep_final.then_some(final_state.id),
+        phases_ms: phases,
     })
 }
 
@@ -363,7 +381,7 @@ pub fn run_trial(ctx: &Ctx, spec: &TrialSpec, keep_final: bool) -> (TrialRow, Op
             Ok(a) => {
                 let _ = append_jsonl(
                     &dir.join("attempts.jsonl"),
-                    &serde_json::json!({"attempt": n, "outcome": a.outcome, "note": a.note}),
+                    &serde_json::json!({"attempt": n, "outcome": a.outcome, "note": a.note, "phases_ms": a.phases_ms}),
                 );
                 let traj: String = a.trajectory.iter().map(|l| format!("{l}\n")).collect();
                 let _ = std::fs::write(dir.join("trajectory.jsonl"), traj);

@@ -170,20 +170,14 @@ impl Session {
             .ok_or_else(|| Infra("fork returned no branch".into()))
     }
 
+    /// Removes a sandbox in the background (off the trial's critical path); see [`drain`].
     pub fn remove(&self, id: &str) {
-        let _ = self.client.call::<serde_json::Value>(
-            "DELETE",
-            &format!("/v1/sandboxes/{id}?force=true"),
-            None,
-        );
+        cleanup(&self.socket, format!("/v1/sandboxes/{id}?force=true"));
     }
 
+    /// Removes a checkpoint (and whatever still depends on it) in the background.
     pub fn remove_checkpoint(&self, id: &str) {
-        let _ = self.client.call::<serde_json::Value>(
-            "DELETE",
-            &format!("/v1/checkpoints/{id}?force=true"),
-            None,
-        );
+        cleanup(&self.socket, format!("/v1/checkpoints/{id}?force=true"));
     }
 
     pub fn checkpoints(&self) -> InfraResult<Vec<CheckpointInfo>> {
@@ -239,5 +233,54 @@ impl Session {
             .call::<serde_json::Value>("POST", "/v1/images", Some(&body))
             .map_err(infra("import image"))?;
         Ok(())
+    }
+}
+
+/// Removals run by one background worker, in the order they were asked for.
+struct Cleaner {
+    tx: std::sync::Mutex<std::sync::mpsc::Sender<(std::path::PathBuf, String)>>,
+    pending: std::sync::Mutex<usize>,
+    done: std::sync::Condvar,
+}
+
+fn cleaner() -> &'static Cleaner {
+    static CLEANER: std::sync::OnceLock<Cleaner> = std::sync::OnceLock::new();
+    CLEANER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<(std::path::PathBuf, String)>();
+        std::thread::spawn(move || {
+            for (socket, path) in rx {
+                let _ = Client::new(&socket).call::<serde_json::Value>("DELETE", &path, None);
+                let c = cleaner();
+                *c.pending.lock().unwrap() -= 1;
+                c.done.notify_all();
+            }
+        });
+        Cleaner {
+            tx: std::sync::Mutex::new(tx),
+            pending: std::sync::Mutex::new(0),
+            done: std::sync::Condvar::new(),
+        }
+    })
+}
+
+fn cleanup(socket: &Path, path: String) {
+    let c = cleaner();
+    *c.pending.lock().unwrap() += 1;
+    if c.tx
+        .lock()
+        .unwrap()
+        .send((socket.to_path_buf(), path))
+        .is_err()
+    {
+        *c.pending.lock().unwrap() -= 1;
+    }
+}
+
+/// Waits until every background removal has been carried out.
+pub fn drain() {
+    let c = cleaner();
+    let mut n = c.pending.lock().unwrap();
+    while *n > 0 {
+        n = c.done.wait(n).unwrap();
     }
 }
