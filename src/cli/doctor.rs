@@ -112,6 +112,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_namespaces(),
         check_overlayfs(),
         check_cgroups(),
+        check_btrfs(),
         check_pidfd(),
         check_userfaultfd(),
         check_criu(opts.criu.as_deref()),
@@ -511,6 +512,33 @@ fn check_cgroups() -> Check {
 
 // ---------------------------------------------------------------------------------------
 // pidfd and userfaultfd
+
+/// The data volume is btrfs (O(1) snapshots of sandbox layers): the kernel must know
+/// btrfs and mkfs.btrfs must exist to format the volume image.
+fn check_btrfs() -> Check {
+    const NAME: &str = "btrfs";
+    let known = std::fs::read_to_string("/proc/filesystems")
+        .map(|t| {
+            t.lines()
+                .any(|l| l.split_whitespace().last() == Some("btrfs"))
+        })
+        .unwrap_or(false);
+    if !known {
+        return Check::not_ok(
+            NAME,
+            true,
+            "btrfs is not in /proc/filesystems (the data volume needs it)".to_string(),
+        );
+    }
+    match forkd_volume::require_tools() {
+        Ok(()) => Check::ok(
+            NAME,
+            true,
+            "kernel support and mkfs.btrfs present (data volume, O(1) snapshots)",
+        ),
+        Err(e) => Check::not_ok(NAME, true, format!("{e}")),
+    }
+}
 
 fn check_pidfd() -> Check {
     const NAME: &str = "pidfd";
@@ -916,6 +944,7 @@ mod tests {
                 "namespaces",
                 "overlayfs",
                 "cgroups",
+                "btrfs",
                 "pidfd",
                 "userfaultfd",
                 "criu",
