@@ -28,11 +28,10 @@ use forkd_layers::LayerId;
 use forkd_sandbox::{host, CheckpointId, SandboxId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 const RECORD_VERSION: u32 = 1;
 
@@ -131,26 +130,6 @@ impl Checkpoint {
     }
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn write_meta(dir: &Path, rec: &CheckpointRecord) -> Result<(), ApiError> {
-    let tmp = dir.join(".meta.json.tmp");
-    let path = dir.join("meta.json");
-    let body = serde_json::to_vec_pretty(rec).expect("record serialises");
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    })();
-    res.map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
-}
-
 fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -179,28 +158,7 @@ impl Daemon {
     }
 
     pub fn checkpoint(&self, id: &str) -> Result<Arc<Checkpoint>, ApiError> {
-        let table = self.checkpoints.lock().unwrap();
-        if let Ok(full) = id.parse::<CheckpointId>() {
-            if let Some(c) = table.get(&full) {
-                return Ok(c.clone());
-            }
-        }
-        let matches: Vec<_> = if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            table
-                .iter()
-                .filter(|(k, _)| k.as_str().starts_with(id))
-                .map(|(_, v)| v.clone())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        match matches.len() {
-            1 => Ok(matches.into_iter().next().unwrap()),
-            0 => Err(ApiError::not_found(format!("no such checkpoint: {id}"))),
-            n => Err(ApiError::bad_request(format!(
-                "checkpoint id prefix {id} is ambiguous ({n} checkpoints)"
-            ))),
-        }
+        super::find_by_prefix(&self.checkpoints.lock().unwrap(), id, "checkpoint")
     }
 
     /// Sandboxes whose layer stack uses checkpoint `id`.
@@ -404,7 +362,7 @@ impl Daemon {
             limits: rec.limits.clone(),
             lowers,
             live: req.live,
-            created: now_secs(),
+            created: super::now_secs(),
             labels: req.labels.clone(),
             fs_hash: None,
             tree_hash: None,
@@ -412,7 +370,7 @@ impl Daemon {
             images_bytes: dir_size(&stage.join("criu")),
         };
         let dir = self.data.join("checkpoints").join(id.as_str());
-        if let Err(e) = write_meta(&stage, &record).and_then(|()| {
+        if let Err(e) = super::write_json_atomic(&stage, "meta.json", &record).and_then(|()| {
             std::fs::rename(&stage, &dir).map_err(|e| {
                 ApiError::internal(format!(
                     "rename {} to {}: {e}",
@@ -495,7 +453,7 @@ impl Daemon {
             let mut rec = c.record.lock().unwrap();
             rec.fs_hash = Some(fs_hash);
             rec.tree_hash = Some(tree);
-            if let Err(e) = write_meta(&c.dir, &rec) {
+            if let Err(e) = super::write_json_atomic(&c.dir, "meta.json", &*rec) {
                 log::warn(&format!("checkpoint {}: {e}", c.id));
             }
         });
@@ -552,7 +510,7 @@ impl Daemon {
                 image: ck.image.clone(),
                 lowers: ck.lowers.clone(),
                 parent: Some(c.id.clone()),
-                created: now_secs(),
+                created: super::now_secs(),
                 hostname: ck.hostname.clone(),
                 limits: ck.limits.clone(),
                 labels,

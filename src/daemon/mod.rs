@@ -64,6 +64,67 @@ pub struct Daemon {
     next_request: AtomicU64,
 }
 
+/// Seconds since the Unix epoch.
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Writes `value` as JSON to `dir/name` atomically: a temporary file, fsync, rename.
+pub(crate) fn write_json_atomic<T: serde::Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+) -> Result<(), crate::api::ApiError> {
+    use std::io::Write;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let path = dir.join(name);
+    let body = serde_json::to_vec_pretty(value).expect("records serialise");
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    res.map_err(|e| crate::api::ApiError::internal(format!("write {}: {e}", path.display())))
+}
+
+/// Looks an entry up by its full id or a unique prefix of at least 4 hex characters.
+pub(crate) fn find_by_prefix<K, V>(
+    table: &HashMap<K, Arc<V>>,
+    id: &str,
+    what: &str,
+) -> Result<Arc<V>, crate::api::ApiError>
+where
+    K: std::str::FromStr + std::fmt::Display + std::hash::Hash + Eq,
+{
+    use crate::api::ApiError;
+    if let Ok(full) = id.parse::<K>() {
+        if let Some(v) = table.get(&full) {
+            return Ok(v.clone());
+        }
+    }
+    let matches: Vec<&Arc<V>> = if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        table
+            .iter()
+            .filter(|(k, _)| k.to_string().starts_with(id))
+            .map(|(_, v)| v)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(ApiError::not_found(format!("no such {what}: {id}"))),
+        many => Err(ApiError::bad_request(format!(
+            "{what} id prefix {id} is ambiguous: {} match",
+            many.len()
+        ))),
+    }
+}
+
 /// Minimal structured logging to stderr: time, level, message.
 pub mod log {
     fn emit(level: &str, msg: &str) {

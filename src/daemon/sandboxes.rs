@@ -75,26 +75,6 @@ impl Sandbox {
     }
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn write_record(dir: &Path, rec: &SandboxRecord) -> Result<(), ApiError> {
-    let tmp = dir.join(".state.json.tmp");
-    let path = dir.join("state.json");
-    let body = serde_json::to_vec_pretty(rec).expect("record serialises");
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    })();
-    res.map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
-}
-
 fn valid_hostname(h: &str) -> bool {
     !h.is_empty()
         && h.len() <= 63
@@ -109,28 +89,7 @@ impl Daemon {
 
     /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
-        let table = self.sandboxes.lock().unwrap();
-        if let Ok(full) = id.parse::<SandboxId>() {
-            if let Some(sb) = table.get(&full) {
-                return Ok(sb.clone());
-            }
-        }
-        let matches: Vec<_> = if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            table
-                .iter()
-                .filter(|(k, _)| k.as_str().starts_with(id))
-                .map(|(_, v)| v.clone())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        match matches.len() {
-            1 => Ok(matches.into_iter().next().unwrap()),
-            0 => Err(ApiError::not_found(format!("no such sandbox: {id}"))),
-            n => Err(ApiError::bad_request(format!(
-                "sandbox id prefix {id} is ambiguous ({n} sandboxes)"
-            ))),
-        }
+        super::find_by_prefix(&self.sandboxes.lock().unwrap(), id, "sandbox")
     }
 
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
@@ -200,7 +159,7 @@ impl Daemon {
             id: id.clone(),
             image: image.name.clone(),
             lowers,
-            created: now_secs(),
+            created: super::now_secs(),
             hostname,
             limits: req.limits.clone(),
             labels: req.labels.clone(),
@@ -239,7 +198,7 @@ impl Daemon {
             .and_then(|()| start(self, dir, &mut record))
             .and_then(|()| {
                 record.create_us = started.elapsed().as_micros() as u64;
-                write_record(dir, &record)
+                super::write_json_atomic(dir, "state.json", &record)
             });
         if let Err(e) = res {
             self.teardown(dir, &record.cgroup, record.init_pid);
@@ -375,7 +334,7 @@ impl Daemon {
         rec.status = SandboxStatus::Stopped;
         rec.init_pid = None;
         rec.init_start = None;
-        write_record(&sb.dir, &rec)
+        super::write_json_atomic(&sb.dir, "state.json", &*rec)
     }
 
     /// Removes a sandbox entirely. A running one needs `force` (it is stopped first).
@@ -467,7 +426,7 @@ impl Daemon {
                 rec.status = SandboxStatus::Stopped;
                 rec.init_pid = None;
                 rec.init_start = None;
-                write_record(&path, &rec)?;
+                super::write_json_atomic(&path, "state.json", &rec)?;
             }
             let sb = Arc::new(Sandbox {
                 id: id.clone(),
