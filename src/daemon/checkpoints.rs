@@ -35,6 +35,20 @@ use std::time::{Duration, Instant};
 
 const RECORD_VERSION: u32 = 1;
 
+/// How many branches of one fork request are restored at once (`FORKD_FORK_PARALLEL`,
+/// default: the number of CPUs).
+fn fork_parallelism() -> usize {
+    std::env::var("FORKD_FORK_PARALLEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+}
+
 /// The deepest layer stack a checkpoint may have before it is squashed (overlayfs takes
 /// at most 500 lower layers; `FORKD_MAX_LAYERS` lowers the bound, e.g. for tests).
 fn max_stack() -> usize {
@@ -498,8 +512,8 @@ impl Daemon {
         } else {
             None
         };
-        let mut branches: Vec<BranchInfo> = Vec::with_capacity(count);
-        for _ in 0..count {
+        // One branch; run by a few workers at once (restores are CPU-bound CRIU runs).
+        let one = || -> Result<BranchInfo, ApiError> {
             let started = Instant::now();
             let id = SandboxId::random();
             let mut labels = ck.labels.clone();
@@ -595,29 +609,56 @@ impl Daemon {
                     .insert("ready".into(), t.elapsed().as_micros() as u64);
                 Ok(())
             });
-            let sb = match sb {
-                Ok(sb) => sb,
-                Err(e) => {
-                    // All or nothing: branches this request already started go too.
-                    for b in &branches {
-                        if let Ok(done) = self.sandbox(&b.id) {
-                            let _ = self.remove_sandbox(&done, true);
-                        }
-                    }
-                    return Err(e);
-                }
-            };
+            let sb = sb?;
             if let Some(p) = prepared_at.get() {
                 phases.insert("prepare".into(), p.as_micros() as u64);
             }
             phases.insert("total".into(), started.elapsed().as_micros() as u64);
             let init_pid = sb.record.lock().unwrap().init_pid;
-            branches.push(BranchInfo {
+            Ok(BranchInfo {
                 id: sb.id.to_string(),
                 mode: mode.into(),
                 init_pid,
                 phases_us: phases,
-            });
+            })
+        };
+        let workers = fork_parallelism().min(count);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Mutex<Vec<Result<BranchInfo, ApiError>>> =
+            Mutex::new(Vec::with_capacity(count));
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+                        let r = one();
+                        let failed = r.is_err();
+                        results.lock().unwrap().push(r);
+                        if failed {
+                            // Stop handing out work; the others finish what they started.
+                            next.store(count, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        let mut branches = Vec::with_capacity(count);
+        let mut first_error = None;
+        for r in results.into_inner().unwrap() {
+            match r {
+                Ok(b) => branches.push(b),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            // All or nothing: the branches this request did start go too.
+            for b in &branches {
+                if let Ok(done) = self.sandbox(&b.id) {
+                    let _ = self.remove_sandbox(&done, true);
+                }
+            }
+            return Err(e);
         }
         Ok(ForkResult {
             checkpoint: c.id.to_string(),
