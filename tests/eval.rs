@@ -254,3 +254,109 @@ fn infrastructure_failures_are_kept_apart_and_retried() {
     assert_eq!(attempts.lines().count(), 2);
     assert!(attempts.contains("could not run"), "{attempts}");
 }
+
+#[test]
+fn external_and_replay_agents_act_through_forkd_within_budgets() {
+    if !can_run_criu("external_and_replay_agents_act_through_forkd_within_budgets") {
+        return;
+    }
+    let d = TestDaemon::start("evalagents");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(&mini().join("add"), &suite.join("add"));
+    let toml = std::fs::read_to_string(suite.join("add/task.toml")).unwrap();
+    std::fs::write(
+        suite.join("add/task.toml"),
+        toml.replace(
+            "timeout_secs = 60\nmax_steps = 20",
+            "timeout_secs = 5\nmax_steps = 4",
+        ),
+    )
+    .unwrap();
+    // An external agent: reads its request, acts with the forkd CLI on its sandbox.
+    let fixer = work.join("fixer.sh");
+    std::fs::write(
+        &fixer,
+        format!(
+            "#!/bin/sh\nset -e\ngrep -q 'sum' \"$FORKD_INSTRUCTION\"\n{bin} --socket \"$FORKD_SOCKET\" exec \"$FORKD_SANDBOX\" --sh -- \"cd $FORKD_WORKDIR && sed -i 's/\\$1 - \\$2/\\$1 + \\$2/' app/add.sh\"\n",
+            bin = BIN
+        ),
+    )
+    .unwrap();
+    // One that keeps running commands: stopped by the step budget.
+    let busy = work.join("busy.sh");
+    std::fs::write(&busy, format!("#!/bin/sh\nwhile true; do {BIN} --socket \"$FORKD_SOCKET\" exec \"$FORKD_SANDBOX\" -- true; done\n")).unwrap();
+    // One that never ends: stopped by the wall clock.
+    let slow = work.join("slow.sh");
+    std::fs::write(&slow, "#!/bin/sh\nsleep 600\n").unwrap();
+    // A replayed trajectory of shell lines.
+    let replay = work.join("fixreplay.jsonl");
+    std::fs::write(
+        &replay,
+        "cat app/add.sh\n{\"shell\": \"sed -i 's/- \\\\$2/+ \\\\$2/' app/add.sh\"}\n",
+    )
+    .unwrap();
+    let agents = format!(
+        "fixer=sh {},busy=sh {},slow=sh {},replay:{}",
+        fixer.display(),
+        busy.display(),
+        slow.display(),
+        replay.display()
+    );
+    let run = work.join("run");
+    let out = d.cli(&[
+        "--socket",
+        d.socket.to_str().unwrap(),
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        &agents,
+        "--conditions",
+        "clean",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows(&run);
+    let by = |a: &str| {
+        rows.iter()
+            .find(|r| r.agent == a)
+            .unwrap_or_else(|| panic!("no row for {a}: {rows:?}"))
+    };
+    assert_eq!(by("fixer").outcome, Outcome::Pass, "{:?}", by("fixer"));
+    assert_eq!(by("fixer").steps, 1);
+    assert_eq!(
+        by("busy").outcome,
+        Outcome::BudgetExhausted,
+        "{:?}",
+        by("busy")
+    );
+    assert_eq!(
+        by("slow").outcome,
+        Outcome::BudgetExhausted,
+        "{:?}",
+        by("slow")
+    );
+    assert_eq!(
+        by("fixreplay").outcome,
+        Outcome::Pass,
+        "{:?}",
+        by("fixreplay")
+    );
+    assert_eq!(by("fixreplay").steps, 2);
+    let traj = std::fs::read_to_string(
+        run.join("trials")
+            .join(&by("fixreplay").trial_id)
+            .join("trajectory.jsonl"),
+    )
+    .unwrap();
+    assert!(
+        traj.lines().next().unwrap().contains("cat app/add.sh"),
+        "{traj}"
+    );
+}
