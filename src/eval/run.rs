@@ -301,7 +301,11 @@ fn attempt(
         let execs: Vec<serde_json::Value> = s.execs(&sb)?.into_iter().skip(base).collect();
         let steps = execs.len() as u64;
         let t = Instant::now();
-        let final_state = s.checkpoint(&sb, keep_final, &[("forkd.eval.trial", &spec.id)])?;
+        // Terminal-style tasks are whole machines: their final state keeps its processes,
+        // so the verifier sees the services as the agent left them. A kept state is
+        // always live.
+        let live = keep_final || task.config.environment.live;
+        let final_state = s.checkpoint(&sb, live, &[("forkd.eval.trial", &spec.id)])?;
         let seal_ms = super::grade::ms(t);
         Ok((run, wall_ms, execs, steps, final_state, seal_ms))
     })();
