@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use anyhow::{anyhow, bail, Context, Result};
-use forkd::api::{SandboxInfo, VersionInfo};
+use forkd::api::{CheckpointInfo, ForkResult, ImageInfo, SandboxInfo, VersionInfo};
 use forkd::client::Client;
 use serde_json::{json, Value};
 use std::io::Read;
@@ -284,6 +284,33 @@ pub fn cgroups_left(ids: &[String]) -> Vec<String> {
     left
 }
 
+/// Host pids of the processes in cgroup `rel` (such as `forkd/<id>`): from the v2
+/// directory, or from whichever v1 hierarchy lists the most (they should all agree).
+pub fn cgroup_pids(rel: &str) -> Vec<u32> {
+    let base = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![base.join(rel)];
+    if let Ok(rd) = std::fs::read_dir(base) {
+        dirs.extend(rd.flatten().map(|e| e.path().join(rel)));
+    }
+    dirs.iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+}
+
+/// The command names (`/proc/PID/comm`) of some processes; vanished ones are left out.
+pub fn comms(pids: &[u32]) -> Vec<String> {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // The daemon under test
 
@@ -303,10 +330,15 @@ pub struct DaemonGuard {
 #[derive(Debug, Default)]
 pub struct Cleanup {
     pub sandboxes_removed: usize,
+    pub checkpoints_removed: usize,
     pub problems: Vec<String>,
+    /// The daemon's whole log, read after it stopped (the file goes with the
+    /// temporary directory).
+    pub log: String,
 }
 
-fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
+/// A new, empty directory under the system's temporary directory.
+pub fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
     let base = std::env::temp_dir();
     for attempt in 0..100u32 {
         let nanos = SystemTime::now()
@@ -454,6 +486,142 @@ impl DaemonGuard {
         Ok(())
     }
 
+    /// Imports an image from a path on this host; returns how long it took.
+    pub fn import(&self, source: &Path, name: &str) -> Result<Duration> {
+        let t = Instant::now();
+        let _: ImageInfo = self
+            .client()
+            .call(
+                "POST",
+                "/v1/images",
+                Some(&json!({ "source": source.display().to_string(), "name": name })),
+            )
+            .with_context(|| format!("import {} as {name}", source.display()))?;
+        Ok(t.elapsed())
+    }
+
+    /// Creates a sandbox from a full `POST /v1/sandboxes` body.
+    pub fn create_with(&self, body: &Value) -> Result<SandboxInfo> {
+        self.client()
+            .call("POST", "/v1/sandboxes", Some(body))
+            .with_context(|| format!("create a sandbox ({body})"))
+    }
+
+    pub fn inspect(&self, id: &str) -> Result<SandboxInfo> {
+        self.client()
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .with_context(|| format!("inspect sandbox {id}"))
+    }
+
+    /// Runs a shell line to completion in a sandbox; fails unless it exits 0. Returns
+    /// its standard output.
+    pub fn sh_ok(&self, id: &str, line: &str) -> Result<String> {
+        let r: forkd::api::ExecResult = self
+            .client()
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(&json!({ "shell": line })),
+            )
+            .with_context(|| format!("exec {line:?} in sandbox {id}"))?;
+        let text = |b: &str| {
+            String::from_utf8_lossy(&forkd::api::b64::decode(b).unwrap_or_default()).to_string()
+        };
+        if r.exit.exit_code != 0 {
+            bail!(
+                "exec {line:?} in sandbox {id} exited {}: {}",
+                r.exit.exit_code,
+                text(&r.stderr_b64).trim()
+            );
+        }
+        Ok(text(&r.stdout_b64))
+    }
+
+    /// Starts `argv` in the background in a sandbox (output in its log `log`); returns
+    /// the pid inside the sandbox.
+    pub fn exec_detached(&self, id: &str, argv: &[&str], log: &str) -> Result<i32> {
+        let r: forkd::api::ExecResult = self
+            .client()
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(&json!({ "argv": argv, "detach": true, "log": log })),
+            )
+            .with_context(|| format!("start {argv:?} detached in sandbox {id}"))?;
+        Ok(r.pid)
+    }
+
+    /// Copies host files into directory `dir` of a sandbox (a tar through the files API).
+    pub fn put_files(&self, id: &str, dir: &str, files: &[&Path]) -> Result<()> {
+        self.sh_ok(id, &format!("mkdir -p '{dir}'"))?;
+        let mut tar = tar::Builder::new(Vec::new());
+        for f in files {
+            let name = f
+                .file_name()
+                .ok_or_else(|| anyhow!("{} has no file name", f.display()))?;
+            tar.append_path_with_name(f, name)
+                .with_context(|| format!("tar {}", f.display()))?;
+        }
+        let body = tar.into_inner().context("finish tar")?;
+        let resp = self
+            .client()
+            .raw(
+                "PUT",
+                &format!("/v1/sandboxes/{id}/files?path={dir}"),
+                &body,
+            )
+            .with_context(|| format!("PUT files into {dir} of sandbox {id}"))?;
+        if resp.status != 200 {
+            bail!(
+                "PUT files into {dir} of sandbox {id}: {} {}",
+                resp.status,
+                String::from_utf8_lossy(&resp.body)
+            );
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/checkpoint`.
+    pub fn checkpoint(&self, id: &str, live: bool, stop: bool) -> Result<CheckpointInfo> {
+        self.client()
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/checkpoint"),
+                Some(&json!({ "live": live, "stop": stop })),
+            )
+            .with_context(|| {
+                format!(
+                    "{} checkpoint of sandbox {id}",
+                    if live { "live" } else { "filesystem" }
+                )
+            })
+    }
+
+    /// `POST /v1/checkpoints/{id}/fork`.
+    pub fn fork(&self, checkpoint: &str, count: usize, lazy: bool) -> Result<ForkResult> {
+        self.client()
+            .call(
+                "POST",
+                &format!("/v1/checkpoints/{checkpoint}/fork"),
+                Some(&json!({ "count": count, "lazy": lazy })),
+            )
+            .with_context(|| {
+                format!(
+                    "fork {count} {} branches of checkpoint {checkpoint}",
+                    if lazy { "lazy" } else { "eager" }
+                )
+            })
+    }
+
+    /// Removes a checkpoint and whatever still uses it (`force`).
+    pub fn remove_checkpoint(&self, id: &str) -> Result<()> {
+        let _: Value = self
+            .client()
+            .call("DELETE", &format!("/v1/checkpoints/{id}?force=true"), None)
+            .with_context(|| format!("remove checkpoint {id}"))?;
+        Ok(())
+    }
+
     /// Removes all sandboxes, stops the daemon and deletes the temporary directory.
     pub fn stop(mut self) -> Cleanup {
         self.shutdown()
@@ -485,6 +653,29 @@ impl DaemonGuard {
                     .problems
                     .push(format!("list sandboxes for clean-up: {e}")),
             }
+            // Checkpoints hold read-only snapshots on the volume; the daemon removes
+            // them properly, a recursive delete of the state root could not.
+            match self
+                .client()
+                .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
+            {
+                Ok(list) => {
+                    if !list.is_empty() {
+                        eprintln!("cleanup: removing {} checkpoints", list.len());
+                    }
+                    for c in list {
+                        match self.remove_checkpoint(&c.id) {
+                            Ok(()) => cleanup.checkpoints_removed += 1,
+                            // Removed already, with a parent removed before it.
+                            Err(e) if format!("{e:#}").contains("no such checkpoint") => {}
+                            Err(e) => cleanup.problems.push(format!("{e:#}")),
+                        }
+                    }
+                }
+                Err(e) => cleanup
+                    .problems
+                    .push(format!("list checkpoints for clean-up: {e}")),
+            }
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -504,6 +695,7 @@ impl DaemonGuard {
             ));
         }
         let _ = child.wait();
+        cleanup.log = std::fs::read_to_string(&self.log).unwrap_or_default();
         let mounts = mounts_under(&self.dir);
         if mounts.is_empty() {
             if let Err(e) = std::fs::remove_dir_all(&self.dir) {
@@ -536,12 +728,16 @@ impl Drop for DaemonGuard {
 // ---------------------------------------------------------------------------------------
 // Fixtures
 
+/// Where `fixtures/setup.sh` puts its fixtures: `$FORKD_CACHE`, or `/var/cache/forkd`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("FORKD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+}
+
 /// A fixture image built by `fixtures/setup.sh`: `$FORKD_CACHE/images/<file>`.
 pub fn fixture_image(file: &str) -> PathBuf {
-    let cache = std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"));
-    cache.join("images").join(file)
+    cache_dir().join("images").join(file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -758,11 +954,20 @@ pub struct Check {
     pub met: Option<bool>,
 }
 
+/// A free-form markdown table: a view across rows (e.g. latency against size).
+pub struct Table {
+    pub title: String,
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
 /// The benchmark's results: rows of samples, checks, and free-form sections.
 pub struct Report {
     pub benchmark: String,
     pub rows: Vec<Row>,
     pub checks: Vec<Check>,
+    /// Extra tables, printed after the checks.
+    pub tables: Vec<Table>,
     /// Extra markdown tables: (title, [(metric, value)]).
     pub sections: Vec<(String, Vec<(String, String)>)>,
     /// Everything else that goes into the JSON document.
@@ -776,6 +981,7 @@ impl Report {
             benchmark: benchmark.to_string(),
             rows: Vec::new(),
             checks: Vec::new(),
+            tables: Vec::new(),
             sections: Vec::new(),
             extra: serde_json::Map::new(),
             notes: Vec::new(),
@@ -789,6 +995,14 @@ impl Report {
             samples_us,
         });
         s
+    }
+
+    /// The summary of a row, if it exists and has samples.
+    pub fn summary(&self, name: &str) -> Option<Summary> {
+        self.rows
+            .iter()
+            .find(|r| r.name == name && !r.samples_us.is_empty())
+            .map(|r| summarize(&r.samples_us))
     }
 
     pub fn p50(&self, name: &str) -> Option<u64> {
@@ -867,6 +1081,21 @@ impl Report {
                     "| {} | {} | {} | {met} |\n",
                     c.name, c.shown, c.goal
                 ));
+            }
+        }
+        for t in &self.tables {
+            md.push_str(&format!("\n**{}**\n\n", t.title));
+            md.push_str(&format!("| {} |\n", t.header.join(" | ")));
+            md.push_str(&format!(
+                "|{}\n",
+                t.header
+                    .iter()
+                    .enumerate()
+                    .map(|(i, _)| if i == 0 { "---|" } else { "---:|" })
+                    .collect::<String>()
+            ));
+            for r in &t.rows {
+                md.push_str(&format!("| {} |\n", r.join(" | ")));
             }
         }
         for (title, items) in &self.sections {
