@@ -326,6 +326,13 @@ impl Daemon {
                 phases.insert("dump".into(), report.duration.as_micros() as u64);
                 phases.insert("snapshot".into(), report.hook.as_micros() as u64);
             } else {
+                // Write dirty data out before freezing, so the snapshot (which must flush
+                // what is still dirty) keeps the frozen window short.
+                let t = Instant::now();
+                if let Ok(f) = std::fs::File::open(&upper) {
+                    let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f));
+                }
+                phases.insert("sync".into(), t.elapsed().as_micros() as u64);
                 let t = Instant::now();
                 if running {
                     cg.set_frozen(true, Duration::from_secs(10))
@@ -465,6 +472,12 @@ impl Daemon {
                 .map(|b| format!("{b:02x}"))
                 .collect();
             let mut rec = c.record.lock().unwrap();
+            // Removed meanwhile: its directory is going or gone, write nothing there.
+            // (Removal takes this record's lock after leaving the table, so a write in
+            // progress finishes before the directory is deleted.)
+            if !d.checkpoints.lock().unwrap().contains_key(&c.id) {
+                return;
+            }
             rec.fs_hash = Some(fs_hash);
             rec.tree_hash = Some(tree);
             if let Err(e) = super::write_json_atomic(&c.dir, "meta.json", &*rec) {
@@ -696,6 +709,8 @@ impl Daemon {
             }
         }
         self.checkpoints.lock().unwrap().remove(&c.id);
+        // Wait for a background hash that may be writing meta.json (see hash_in_background).
+        drop(c.record.lock().unwrap());
         self.delete_checkpoint_dir(&c.dir);
         Ok(())
     }
