@@ -335,6 +335,10 @@ pub struct ForkRequest {
     /// Restore memory lazily (userfaultfd): branches run before all pages are loaded.
     #[serde(default)]
     pub lazy: bool,
+    /// Start each branch with a fresh init over the checkpoint's files instead of
+    /// restoring its process tree.
+    #[serde(default)]
+    pub fresh: bool,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
 }

@@ -143,6 +143,25 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
     let r2 = d.fork(&c2.id, 1, false);
     std::thread::sleep(Duration::from_millis(200));
     assert!(d.read_number(&r2.branches[0].id, "/tmp/counter") > 0);
+    // A fresh fork of a live checkpoint: its files, a new init, none of its processes.
+    let fresh: forkd::api::ForkResult = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", c.id),
+            Some(&serde_json::json!({ "fresh": true })),
+        )
+        .unwrap();
+    let f = &fresh.branches[0];
+    assert_eq!(f.mode, "fresh");
+    assert_eq!(d.sh(&f.id, "cat /tmp/secret").1, secret);
+    let n = d.read_number(&f.id, "/tmp/counter");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        d.read_number(&f.id, "/tmp/counter"),
+        n,
+        "a fresh branch runs the checkpointed counter"
+    );
 }
 
 #[test]

@@ -510,13 +510,18 @@ impl Daemon {
             )));
         }
         let ck = c.record.lock().unwrap().clone();
+        if req.lazy && req.fresh {
+            return Err(ApiError::bad_request(
+                "lazy and fresh exclude each other: a fresh branch restores no memory",
+            ));
+        }
         if req.lazy && !ck.live {
             return Err(ApiError::bad_request(format!(
                 "checkpoint {} has no processes: lazy restore needs a live checkpoint",
                 c.id
             )));
         }
-        let criu = if ck.live {
+        let criu = if ck.live && !req.fresh {
             Some(
                 self.criu
                     .as_ref()

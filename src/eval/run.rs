@@ -278,7 +278,7 @@ fn attempt(
     let agent = &ctx.agents[spec.agent];
     let mut phases = BTreeMap::new();
     let t = Instant::now();
-    let sb = s.fork(&spec.start_checkpoint)?;
+    let sb = s.fork(&spec.start_checkpoint, !task.config.environment.live)?;
     phases.insert("fork".to_string(), super::grade::ms(t));
     let result = (|| {
         let base = s.execs(&sb)?.len();

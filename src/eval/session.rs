@@ -153,8 +153,10 @@ impl Session {
             .map_err(infra("checkpoint"))
     }
 
-    pub fn fork(&self, checkpoint: &str) -> InfraResult<String> {
-        let body = serde_json::json!({ "count": 1 });
+    /// One branch of `checkpoint`; `fresh` starts a new init over its files instead of
+    /// restoring its processes (for states whose processes do not matter).
+    pub fn fork(&self, checkpoint: &str, fresh: bool) -> InfraResult<String> {
+        let body = serde_json::json!({ "count": 1, "fresh": fresh });
         let r: ForkResult = self
             .client
             .call(
