@@ -107,8 +107,8 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
                 list.iter().for_each(|c| println!("{}", c.id));
             } else {
                 println!(
-                    "{:<16}  {:<16}  {:<5} {:>6} {:>8}  {:<16}  {}",
-                    "ID", "SANDBOX", "LIVE", "LAYERS", "BRANCHES", "PARENT", "IMAGE"
+                    "{:<16}  {:<16}  {:<5} {:>6} {:>8}  {:<16}  IMAGE",
+                    "ID", "SANDBOX", "LIVE", "LAYERS", "BRANCHES", "PARENT"
                 );
                 for c in list {
                     println!(

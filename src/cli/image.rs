@@ -55,10 +55,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
             } else if quiet {
                 imgs.iter().for_each(|i| println!("{}", i.name));
             } else {
-                println!(
-                    "{:<32} {:>6} {:>9}  {}",
-                    "NAME", "LAYERS", "SANDBOXES", "SOURCE"
-                );
+                println!("{:<32} {:>6} {:>9}  SOURCE", "NAME", "LAYERS", "SANDBOXES");
                 for i in imgs {
                     println!(
                         "{:<32} {:>6} {:>9}  {}",

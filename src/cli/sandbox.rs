@@ -104,8 +104,8 @@ pub fn ps(ctx: &Ctx, quiet: bool, all: bool) -> anyhow::Result<i32> {
         list.iter().for_each(|s| println!("{}", s.id));
     } else {
         println!(
-            "{:<16}  {:<24} {:<8} {:>8} {:>10}  {}",
-            "ID", "IMAGE", "STATUS", "PID", "MEMORY", "HOSTNAME"
+            "{:<16}  {:<24} {:<8} {:>8} {:>10}  HOSTNAME",
+            "ID", "IMAGE", "STATUS", "PID", "MEMORY"
         );
         for s in list {
             let mem = s

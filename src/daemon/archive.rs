@@ -435,7 +435,7 @@ impl Daemon {
                     ))
                 })?;
             if !existed && self.layers.exists(&got) {
-                added_layers.push(got.clone());
+                added_layers.push(got);
             }
             if got != want {
                 return Err(bad(format!(
@@ -493,7 +493,7 @@ impl Daemon {
     pub fn gc(&self) -> Result<serde_json::Value, ApiError> {
         let _store = self.store_lock.write().unwrap();
         let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
-        used.insert(self.runtime_layer.clone());
+        used.insert(self.runtime_layer);
         for img in self
             .images
             .list()
@@ -504,14 +504,14 @@ impl Daemon {
         for sb in self.sandboxes.lock().unwrap().values() {
             for l in &sb.record.lock().unwrap().lowers {
                 if let Lower::Layer(id) = l {
-                    used.insert(id.clone());
+                    used.insert(*id);
                 }
             }
         }
         for c in self.checkpoints.lock().unwrap().values() {
             for l in &c.record.lock().unwrap().lowers {
                 if let Lower::Layer(id) = l {
-                    used.insert(id.clone());
+                    used.insert(*id);
                 }
             }
         }

@@ -152,7 +152,7 @@ impl Daemon {
                 "invalid hostname {hostname:?}: use letters, digits and '-', at most 63"
             )));
         }
-        let mut lowers = vec![Lower::Layer(self.runtime_layer.clone())];
+        let mut lowers = vec![Lower::Layer(self.runtime_layer)];
         lowers.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
         let record = SandboxRecord {
             version: RECORD_VERSION,
