@@ -567,7 +567,7 @@ impl Daemon {
             let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
                 prepared_at.set(Some(started.elapsed()));
                 let Some(criu) = criu else {
-                    return d.start_fresh_init(dir, rec);
+                    return d.start_init_in(dir, rec);
                 };
                 let work = dir.join("criu");
                 std::fs::create_dir_all(&work)
@@ -791,10 +791,5 @@ impl Daemon {
         let _ = host::unmount(&mnt);
         let _ = std::fs::remove_dir(&mnt);
         res
-    }
-
-    /// Starts a fresh init in a branch of a filesystem checkpoint.
-    fn start_fresh_init(&self, dir: &Path, rec: &mut SandboxRecord) -> Result<(), ApiError> {
-        self.start_init_in(dir, rec)
     }
 }

@@ -231,7 +231,7 @@ impl Daemon {
         if running || self.volume.loop_image().is_none() {
             return;
         }
-        if let Err(e) = forkd_volume::Volume::open(&self.root).and_then(|v| v.unmount()) {
+        if let Err(e) = self.volume.clone().unmount() {
             log::warn(&format!("unmount {}: {e}", self.data.display()));
         }
     }

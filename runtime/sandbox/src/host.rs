@@ -1,11 +1,12 @@
-//! Host-side mechanism for one sandbox: its overlay root, starting its init through the
-//! set-up helper, talking to the init, and tearing it all down.
+//! Host-side mechanism for one sandbox: starting its init through the set-up helper,
+//! talking to the init, and unmounting its root. (The overlay itself is mounted with
+//! `forkd_sys::mount::mount_overlay`.)
 //!
 //! All functions here block; the daemon calls them off its async threads.
 
 use crate::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
 use crate::setup::{SetupReply, SetupSpec, CONTROL_SOCKET};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{umount2, MntFlags};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -40,39 +41,6 @@ fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> H
     }
 }
 
-/// Mounts an overlay at `target` with `lowers` (topmost first), `upper` and `work`.
-pub fn mount_overlay(
-    lowers: &[PathBuf],
-    upper: &Path,
-    work: &Path,
-    target: &Path,
-) -> Result<(), HostError> {
-    let lower: Vec<String> = lowers.iter().map(|p| escape_overlay_path(p)).collect();
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.join(":"),
-        escape_overlay_path(upper),
-        escape_overlay_path(work)
-    );
-    mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(opts.as_str()),
-    )
-    .map_err(|e| io_err("mount overlay on", target)(e.into()))
-}
-
-/// Overlay separates paths with ':' and ','; escape them.
-fn escape_overlay_path(p: &Path) -> String {
-    p.display()
-        .to_string()
-        .replace('\\', "\\\\")
-        .replace(':', "\\:")
-        .replace(',', "\\,")
-}
-
 /// Detaches the mount at `target`; a path that is not mounted is fine (idempotent).
 pub fn unmount(target: &Path) -> Result<(), HostError> {
     match umount2(target, MntFlags::MNT_DETACH) {
@@ -80,28 +48,6 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
         Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => Ok(()),
         Err(e) => Err(io_err("unmount", target)(e.into())),
     }
-}
-
-/// Is `path` a mount point right now?
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else {
-        return false;
-    };
-    let want = canon.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| {
-            t.lines().any(|l| {
-                l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(want.as_str())
-            })
-        })
-        .unwrap_or(false)
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
 }
 
 /// Starts the sandbox's init by running `exe __setup`; returns the init's host pid.

@@ -122,7 +122,7 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|e| spawn_error(&req, e))?;
     let pid = child.id() as i32;
-    let mut stdin: Option<OwnedFd> = child.stdin.take().map(OwnedFd::from);
+    let mut stdin: Option<File> = child.stdin.take().map(|p| File::from(OwnedFd::from(p)));
     let mut out: Option<OwnedFd> = match &pty_master {
         Some(m) => Some(m.try_clone().map_err(|e| e.to_string())?),
         None => child.stdout.take().map(OwnedFd::from),
@@ -131,7 +131,7 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
     if req.tty {
         stdin = pty_master
             .as_ref()
-            .map(|m| m.try_clone())
+            .map(|m| m.try_clone().map(File::from))
             .transpose()
             .map_err(|e| e.to_string())?;
     }
@@ -207,16 +207,14 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
             match proto::read_frame(conn) {
                 Ok(Some((Kind::Stdin, data))) => {
                     if let Some(fd) = &stdin {
-                        let _ =
-                            File::from(fd.try_clone().map_err(|e| e.to_string())?).write_all(&data);
+                        let _ = (&*fd).write_all(&data);
                     }
                 }
                 Ok(Some((Kind::StdinEof, _))) => {
                     if req.tty {
                         // EOF on a terminal is the EOF character.
                         if let Some(fd) = &stdin {
-                            let _ = File::from(fd.try_clone().map_err(|e| e.to_string())?)
-                                .write_all(&[4]);
+                            let _ = (&*fd).write_all(&[4]);
                         }
                     } else {
                         stdin = None;

@@ -45,41 +45,6 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Resu
     Ok(())
 }
 
-/// Reaps the exited child behind `pidfd` without blocking. Returns its wait status (as
-/// `waitpid` would encode it) or `None` when it has not exited yet.
-pub fn pidfd_try_wait(pidfd: BorrowedFd<'_>) -> io::Result<Option<i32>> {
-    // SAFETY: siginfo_t is plain old data; all-zero is a valid value for it.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `info` is a valid, writable siginfo_t for the duration of the call.
-    check(unsafe {
-        libc::waitid(
-            libc::P_PIDFD,
-            pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG,
-        )
-    } as libc::c_long)?;
-    // SAFETY: after a successful waitid the pid and status fields are initialised.
-    let (pid, status, code) = unsafe { (info.si_pid(), info.si_status(), info.si_code) };
-    if pid == 0 {
-        return Ok(None);
-    }
-    Ok(Some(if code == libc::CLD_EXITED {
-        (status & 0xff) << 8
-    } else {
-        status & 0x7f
-    }))
-}
-
-/// Closes every descriptor numbered `first` and above, so nothing from the host leaks
-/// into a sandbox.
-pub fn close_fds_from(first: libc::c_uint) -> io::Result<()> {
-    // SAFETY: close_range only closes descriptors; callers use it right before exec, when
-    // no Rust object still owns one of them.
-    check(unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) })?;
-    Ok(())
-}
-
 /// Marks every descriptor numbered `first` and above close-on-exec.
 pub fn cloexec_fds_from(first: libc::c_uint) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
@@ -128,20 +93,6 @@ pub fn interface_up(name: &CStr) -> io::Result<()> {
     Ok(())
 }
 
-/// Raw `fork(2)` for single-threaded processes (the sandbox set-up helper and the init).
-///
-/// Returns 0 in the child and the child's pid in the parent.
-///
-/// # Safety
-/// The caller must be single-threaded, or restrict the child to async-signal-safe work
-/// until it calls exec.
-pub unsafe fn fork() -> io::Result<libc::pid_t> {
-    // SAFETY: forwarded to the caller's contract.
-    let pid = unsafe { libc::fork() };
-    check(pid as libc::c_long)?;
-    Ok(pid)
-}
-
 /// Takes ownership of a raw descriptor that a `nix` call just returned.
 pub fn own_fd(fd: RawFd) -> OwnedFd {
     assert!(fd >= 0, "own_fd called with an invalid descriptor");
@@ -163,7 +114,9 @@ pub fn exit_immediately(code: i32) -> ! {
 pub fn fork_single_threaded() -> io::Result<libc::pid_t> {
     // SAFETY: callers are single-threaded processes (the init and its relays, the set-up
     // helper), so the child inherits no lock held by another thread.
-    unsafe { fork() }
+    let pid = unsafe { libc::fork() };
+    check(pid as libc::c_long)?;
+    Ok(pid)
 }
 
 /// Prepares `cmd` to run as the leader of a new session with a clean signal mask and,

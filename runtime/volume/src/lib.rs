@@ -61,7 +61,7 @@ const SIGNATURE: &[u8; 8] = b"_BHRfS_M";
 const SBIN_DIRS: [&str; 4] = ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin"];
 
 /// The btrfs filesystem under a state root.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Volume {
     /// Where the btrfs filesystem is: `<state root>/vol`, or the state root itself.
     root: PathBuf,
