@@ -481,6 +481,7 @@ impl Daemon {
             id: id.clone(),
             dir,
             record: Mutex::new(rec),
+            removed: Default::default(),
         });
         self.checkpoints
             .lock()

@@ -132,6 +132,8 @@ pub struct Checkpoint {
     pub id: CheckpointId,
     pub dir: PathBuf,
     pub record: Mutex<CheckpointRecord>,
+    /// Set (under the record's lock) when the checkpoint is being removed.
+    pub removed: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpoint {
@@ -412,6 +414,7 @@ impl Daemon {
             id: id.clone(),
             dir,
             record: Mutex::new(record),
+            removed: Default::default(),
         });
         self.checkpoints.lock().unwrap().insert(id, c.clone());
         self.hash_in_background(c.clone());
@@ -473,9 +476,10 @@ impl Daemon {
                 .collect();
             let mut rec = c.record.lock().unwrap();
             // Removed meanwhile: its directory is going or gone, write nothing there.
-            // (Removal takes this record's lock after leaving the table, so a write in
-            // progress finishes before the directory is deleted.)
-            if !d.checkpoints.lock().unwrap().contains_key(&c.id) {
+            // The flag is set under this record's lock, so a write in progress finishes
+            // before the directory is deleted. (Only the record lock is taken here: the
+            // table is locked before records elsewhere.)
+            if c.removed.load(std::sync::atomic::Ordering::SeqCst) {
                 return;
             }
             rec.fs_hash = Some(fs_hash);
@@ -714,8 +718,11 @@ impl Daemon {
             }
         }
         self.checkpoints.lock().unwrap().remove(&c.id);
-        // Wait for a background hash that may be writing meta.json (see hash_in_background).
-        drop(c.record.lock().unwrap());
+        // Stop a background hash from writing meta.json (see hash_in_background).
+        {
+            let _rec = c.record.lock().unwrap();
+            c.removed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         self.delete_checkpoint_dir(&c.dir);
         Ok(())
     }
@@ -752,6 +759,7 @@ impl Daemon {
                 id: id.clone(),
                 dir: path,
                 record: Mutex::new(rec),
+                removed: Default::default(),
             });
             self.checkpoints.lock().unwrap().insert(id, c.clone());
             if missing_hash {
