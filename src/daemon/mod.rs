@@ -186,7 +186,15 @@ impl Daemon {
         let images = ImageStore::open(&data.join("images")).context("open image store")?;
         let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
         let runtime_layer = ensure_runtime_layer(&data, &layers, &exe)?;
-        let criu = forkd_criu::Criu::locate(None).map_err(|e| e.to_string());
+        let criu = forkd_criu::Criu::locate(None)
+            .map(|mut c| {
+                // Without it CRIU works, just some 40 ms slower per call.
+                if let Err(e) = c.use_private_run(&cfg.root.join("criu-run")) {
+                    log::warn(&format!("CRIU will probe the kernel on every call: {e}"));
+                }
+                c
+            })
+            .map_err(|e| e.to_string());
         if let Err(e) = &criu {
             log::warn(&format!("live checkpoints are unavailable: {e}"));
         }
@@ -219,9 +227,13 @@ impl Daemon {
         Ok(daemon)
     }
 
-    /// On shutdown with nothing running, unmount the loop-mounted volume so that no
-    /// mount outlives the daemon; the next start mounts it again.
+    /// On shutdown, unmount CRIU's private `/run` and, with nothing running, the
+    /// loop-mounted volume, so that no mount outlives the daemon; the next start mounts
+    /// them again.
     fn release_volume_if_idle(&self) {
+        if let Some(dir) = self.criu.as_ref().ok().and_then(|c| c.run_dir()) {
+            let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+        }
         let running = self
             .sandboxes
             .lock()

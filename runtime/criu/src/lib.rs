@@ -56,6 +56,9 @@ fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> CriuError {
 pub struct Criu {
     pub path: PathBuf,
     pub version: String,
+    /// A tmpfs directory every CRIU started here sees as its `/run`, with the cgroup
+    /// yard in it; see [`Criu::use_private_run`].
+    run_dir: Option<PathBuf>,
 }
 
 /// What to dump.
@@ -151,7 +154,61 @@ impl Criu {
         Ok(Criu {
             path,
             version: format!("{major}.{minor}"),
+            run_dir: None,
         })
+    }
+
+    /// Makes every CRIU started from now on run in a mount namespace of its own whose
+    /// `/run` is the tmpfs `dir` (mounted here if it is not one yet), and hands restores
+    /// a ready cgroup yard in it.
+    ///
+    /// Why: CRIU probes the kernel on every start (some 40 ms) unless it finds the facts
+    /// it saved last time in `/run/criu.kdat`, and it saves them only on a tmpfs, which
+    /// `/run` is not on every host. The namespace is a slave of the caller's: mounts made
+    /// later by the caller (a branch's root) appear in it, and nothing mounted in it
+    /// leaks out. A restore mounts every cgroup hierarchy in a "yard" unless given one;
+    /// in its own namespace it could not mount into its work directory (reached through
+    /// the caller's descriptor, so in the caller's namespace), and the mounts cost time
+    /// (16 ms for cgroup2 here). So `dir/cgyard/<name>` holds a bind of every hierarchy
+    /// this process belongs to, named as CRIU names them.
+    pub fn use_private_run(&mut self, dir: &Path) -> Result<(), CriuError> {
+        let fail = |step: &'static str, path: &Path, e: std::io::Error| CriuError::Io {
+            step,
+            source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        };
+        forkd_sys::ensure_tmpfs(dir, "4m")
+            .map_err(|e| fail("mount CRIU's private /run", dir, e))?;
+        let yard = dir.join("cgyard");
+        let hierarchies = cgroup_hierarchies()
+            .map_err(|e| fail("list cgroup hierarchies", Path::new("/proc/self/cgroup"), e))?;
+        for (name, mountpoint) in hierarchies {
+            let at = yard.join(&name);
+            std::fs::create_dir_all(&at).map_err(|e| fail("make the cgroup yard", &at, e))?;
+            if at.join("cgroup.procs").exists() {
+                continue; // bound by an earlier start
+            }
+            forkd_sys::bind_mount(&mountpoint, &at)
+                .map_err(|e| fail("bind a cgroup hierarchy into the yard", &at, e))?;
+        }
+        self.run_dir = Some(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// The private `/run` set by [`Criu::use_private_run`], if any.
+    pub fn run_dir(&self) -> Option<&Path> {
+        self.run_dir.as_deref()
+    }
+
+    fn cgroup_yard(&self) -> Option<PathBuf> {
+        self.run_dir.as_ref().map(|d| d.join("cgyard"))
+    }
+
+    fn command(&self) -> Result<Command, CriuError> {
+        let mut cmd = Command::new(&self.path);
+        if let Some(dir) = &self.run_dir {
+            forkd_sys::with_own_run(&mut cmd, dir).map_err(io("prepare CRIU's /run"))?;
+        }
+        Ok(cmd)
     }
 
     /// Dumps a process tree. `post_dump` runs while the tree is still frozen, after its
@@ -217,6 +274,9 @@ impl Criu {
         // move such threads on cgroup v1.
         o.set_manage_cgroups(true);
         o.set_manage_cgroups_mode(rpc::Criu_cg_mode::SOFT);
+        if let Some(yard) = self.cgroup_yard() {
+            o.set_cgroup_yard(yard.display().to_string());
+        }
         for (ctrl, path) in &opts.cgroup_roots {
             let mut r = rpc::Cgroup_root::new();
             if !ctrl.is_empty() {
@@ -251,7 +311,8 @@ impl Criu {
         work_dir: &Path,
     ) -> Result<std::process::Child, CriuError> {
         let log = work_dir.join("lazy-pages.log");
-        let child = Command::new(&self.path)
+        let child = self
+            .command()?
             .arg("lazy-pages")
             .arg("--images-dir")
             .arg(images_dir)
@@ -296,7 +357,7 @@ impl Criu {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| io("socketpair")(e.into()))?;
-        let mut cmd = Command::new(&self.path);
+        let mut cmd = self.command()?;
         cmd.arg("swrk")
             .arg("3")
             .stdin(Stdio::null())
@@ -488,5 +549,121 @@ mod tests {
         assert!(log_tail(&log).contains("Can't dump fd 5"));
         assert!(!log_tail(&log).contains("RLIMIT"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Every cgroup hierarchy this process belongs to, as (the directory name CRIU gives it
+/// in a cgroup yard, where it is mounted here): `cpu,cpuacct` for a v1 hierarchy of
+/// those controllers, `systemd` for a named one (`name=systemd`), `unified` for v2.
+fn cgroup_hierarchies() -> std::io::Result<Vec<(String, PathBuf)>> {
+    let own = std::fs::read_to_string("/proc/self/cgroup")?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    parse_hierarchies(&own, &mounts)
+}
+
+fn parse_hierarchies(own: &str, mountinfo: &str) -> std::io::Result<Vec<(String, PathBuf)>> {
+    // (fstype, super options, mount point) of every cgroup mount.
+    let mounts: Vec<(&str, Vec<&str>, &str)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let point = left.split(' ').nth(4)?;
+            let mut r = right.split(' ');
+            let fstype = r.next()?;
+            let opts = r.nth(1)?.split(',').collect();
+            matches!(fstype, "cgroup" | "cgroup2").then_some((fstype, opts, point))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for line in own.lines().filter(|l| !l.is_empty()) {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrls) = (f.next(), f.next().unwrap_or(""));
+        let found = if ctrls.is_empty() {
+            mounts
+                .iter()
+                .find(|m| m.0 == "cgroup2")
+                .map(|m| ("unified".to_string(), m.2))
+        } else {
+            let want: Vec<&str> = ctrls.split(',').collect();
+            mounts
+                .iter()
+                .find(|m| m.0 == "cgroup" && want.iter().all(|c| m.1.contains(c)))
+                .map(|m| (ctrls.trim_start_matches("name=").to_string(), m.2))
+        };
+        let (name, point) = found.ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("cgroup hierarchy {ctrls:?} is not mounted"),
+            )
+        })?;
+        // Mount points are octal-escaped in mountinfo (a space is \040).
+        out.push((name, PathBuf::from(unescape_mountinfo(point))));
+    }
+    Ok(out)
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod yard_tests {
+    use super::*;
+
+    #[test]
+    fn hierarchies_of_a_hybrid_v1_host() {
+        let own = "12:pids:/a\n5:cpu,cpuacct:/a\n1:name=systemd:/a\n0::/a\n";
+        let mi = "\
+30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate
+32 30 0:28 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
+33 30 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+34 30 0:30 / /sys/fs/cgroup/my\\040pids rw - cgroup cgroup rw,pids
+";
+        let h = parse_hierarchies(own, mi).unwrap();
+        assert_eq!(
+            h,
+            vec![
+                ("pids".to_string(), PathBuf::from("/sys/fs/cgroup/my pids")),
+                (
+                    "cpu,cpuacct".to_string(),
+                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+                ),
+                (
+                    "systemd".to_string(),
+                    PathBuf::from("/sys/fs/cgroup/systemd")
+                ),
+                (
+                    "unified".to_string(),
+                    PathBuf::from("/sys/fs/cgroup/unified")
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn hierarchies_of_a_v2_host_and_a_missing_mount() {
+        let mi = "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            parse_hierarchies("0::/x\n", mi).unwrap(),
+            vec![("unified".to_string(), PathBuf::from("/sys/fs/cgroup"))]
+        );
+        let err = parse_hierarchies("3:memory:/x\n", mi).unwrap_err();
+        assert!(err.to_string().contains("\"memory\""), "{err}");
     }
 }

@@ -197,3 +197,82 @@ pub fn inherit_fds(cmd: &mut std::process::Command, fds: Vec<(RawFd, RawFd)>) {
         });
     }
 }
+
+/// Makes `cmd` run in a mount namespace of its own: a copy of the caller's, turned into a
+/// slave of it (mounts made by the caller later still appear in it, none made in it ever
+/// leak back), with `dir` bind-mounted over `/run`.
+///
+/// CRIU keeps what it learns about the kernel (`/run/criu.kdat`, some 40 ms of probing
+/// per invocation) only when `/run` is a tmpfs; handing every CRIU the same tmpfs
+/// directory as its `/run` lets all of them share that cache, whatever the host's `/run`.
+pub fn with_own_run(cmd: &mut std::process::Command, dir: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let src = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    // SAFETY: the hook runs between fork and exec in the single-threaded child and makes
+    // only system calls (unshare, mount) on C strings allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let none = std::ptr::null::<libc::c_char>();
+            if libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            let bind = libc::MS_BIND | libc::MS_REC;
+            if libc::mount(src.as_ptr(), c"/run".as_ptr(), none, bind, std::ptr::null()) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// Mounts a small private tmpfs (mode 0700) on `dir` unless one is already there.
+pub fn ensure_tmpfs(dir: &std::path::Path, size: &str) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if btrfs::filesystem_type(dir)? == libc::TMPFS_MAGIC as i64 {
+        return Ok(());
+    }
+    let target = mount::c_path(dir)?;
+    let opts = std::ffi::CString::new(format!("size={size},mode=0700"))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in size"))?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    check(unsafe {
+        libc::mount(
+            c"forkd-run".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            opts.as_ptr().cast(),
+        )
+    } as libc::c_long)?;
+    Ok(())
+}
+
+/// Bind-mounts `src` on `dst` (both must exist).
+pub fn bind_mount(src: &std::path::Path, dst: &std::path::Path) -> io::Result<()> {
+    let (src, dst) = (mount::c_path(src)?, mount::c_path(dst)?);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call; the other
+    // pointers may be null for a bind mount.
+    check(unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    } as libc::c_long)?;
+    Ok(())
+}
