@@ -306,6 +306,9 @@ impl Daemon {
                             leave_running: !req.stop,
                             freeze_cgroup: cg.freezer_dir(),
                             log_file: "dump.log".into(),
+                            // A sandbox cannot change its network namespace (see
+                            // forkd_sandbox::setup): a branch gets a new one like it.
+                            external_net: true,
                         },
                         &mut || {
                             volume.snapshot_readonly(&upper, &fs).map_err(|e| {

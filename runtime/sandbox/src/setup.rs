@@ -194,6 +194,27 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
         std::fs::create_dir_all(root.join(d)).map_err(|e| ("mount", format!("mkdir {d}: {e}")))?;
     }
     mnt("proc", &root.join("proc"), "proc", nosuid, None)?;
+    // Parts of /proc that act on the whole host rather than on the sandbox: writable, a
+    // sandbox's root could change global sysctls or IRQ affinities, or crash the host
+    // through sysrq. Read-only binds; this also leaves a branch's new network namespace
+    // identical to the checkpointed one (net sysctls cannot have been changed).
+    for p in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
+        let path = root.join("proc").join(p);
+        if !path.exists() {
+            continue;
+        }
+        mount(
+            Some(&path),
+            &path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| ("mount", format!("bind /proc/{p}: {e}")))?;
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid;
+        mount(None::<&str>, &path, None::<&str>, ro, None::<&str>)
+            .map_err(|e| ("mount", format!("make /proc/{p} read-only: {e}")))?;
+    }
     mnt(
         "sysfs",
         &root.join("sys"),

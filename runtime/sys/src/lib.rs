@@ -276,3 +276,41 @@ pub fn bind_mount(src: &std::path::Path, dst: &std::path::Path) -> io::Result<()
     } as libc::c_long)?;
     Ok(())
 }
+
+/// Makes `cmd` start with descriptor `child_fd` open on a new network namespace whose
+/// loopback is up, while the child itself stays in the caller's namespace. A sandbox
+/// gets exactly such a namespace when it is created; CRIU restores a branch into this
+/// one instead of rebuilding the checkpointed namespace with `ip` and `iptables`.
+pub fn fresh_netns_fd(cmd: &mut std::process::Command, child_fd: RawFd) {
+    use std::os::unix::process::CommandExt;
+    const NS: &CStr = c"/proc/thread-self/ns/net";
+    // SAFETY: the hook runs between fork and exec in the single-threaded child and makes
+    // only system calls (open, unshare, socket, ioctl, dup2, setns, close); nothing is
+    // allocated on the paths taken for "lo".
+    unsafe {
+        cmd.pre_exec(move || {
+            let own = libc::open(NS.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if own < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut result = Ok(());
+            if libc::unshare(libc::CLONE_NEWNET) < 0 {
+                result = Err(io::Error::last_os_error());
+            } else {
+                result = result.and(interface_up(c"lo"));
+                let fresh = libc::open(NS.as_ptr(), libc::O_RDONLY);
+                if fresh < 0 || libc::dup2(fresh, child_fd) < 0 {
+                    result = result.and(Err(io::Error::last_os_error()));
+                }
+                if fresh >= 0 && fresh != child_fd {
+                    libc::close(fresh);
+                }
+                if libc::setns(own, libc::CLONE_NEWNET) < 0 {
+                    result = result.and(Err(io::Error::last_os_error()));
+                }
+            }
+            libc::close(own);
+            result
+        });
+    }
+}
