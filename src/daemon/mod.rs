@@ -178,6 +178,13 @@ impl Daemon {
         nix::sys::prctl::set_child_subreaper(true).context("become a child subreaper")?;
         let volume = forkd_volume::Volume::open(&cfg.root).context("open the data volume")?;
         let data = volume.path().to_path_buf();
+        match volume.tune() {
+            Ok(done) if !done.is_empty() => log::info(&format!("volume: {}", done.join("; "))),
+            Ok(_) => {}
+            Err(e) => log::warn(&format!(
+                "volume left untuned (checkpoints after large writes will be slower): {e}"
+            )),
+        }
         for sub in ["sandboxes", "runtime", "checkpoints", "logs"] {
             let d = data.join(sub);
             std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;

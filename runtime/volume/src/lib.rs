@@ -49,6 +49,10 @@ pub use error::VolumeError;
 pub const SIZE_ENV: &str = "FORKD_VOLUME_SIZE";
 /// Size of a new volume image when [`SIZE_ENV`] is not set.
 pub const DEFAULT_SIZE: &str = "256G";
+/// Environment variable bounding the volume's dirty data (see [`Volume::tune`]).
+pub const DIRTY_ENV: &str = "FORKD_DIRTY_LIMIT";
+/// The bound when [`DIRTY_ENV`] is not set.
+pub const DEFAULT_DIRTY: &str = "32M";
 
 const IMAGE_NAME: &str = "volume.img";
 const MOUNT_DIR: &str = "vol";
@@ -125,6 +129,64 @@ impl Volume {
             root: mount_dir,
             loop_image: Some(image),
         })
+    }
+
+    /// Bounds what a checkpoint costs, whatever was just written, on a volume forkd
+    /// loop-mounted (a volume that is the state root's own filesystem is left alone):
+    ///
+    /// - the loop device does direct I/O, so data is cached once (in the volume, not
+    ///   again in the image file's page cache) and the flush a btrfs commit ends with
+    ///   does not have to push out everything written since the last one;
+    /// - the volume may hold at most [`DIRTY_ENV`] (default [`DEFAULT_DIRTY`]) of dirty
+    ///   data, enforced even while the machine as a whole is below its dirty limits
+    ///   (`strict_limit`). A snapshot must write out the subvolume's dirty data first,
+    ///   so without a bound a checkpoint right after a 1 GiB write waits for 1 GiB;
+    ///   with it, writers are paced at the disk's speed instead. `0` turns this off.
+    ///
+    /// Idempotent. Returns what it set, for the daemon's log.
+    pub fn tune(&self) -> Result<Vec<String>, VolumeError> {
+        let Some(image) = &self.loop_image else {
+            return Ok(Vec::new());
+        };
+        let mut done = Vec::new();
+        let devices = loop_devices_of(image);
+        for device in &devices {
+            let name = device.trim_start_matches("/dev/");
+            let dio = fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap_or_default();
+            if dio.trim() != "1" {
+                run(
+                    Path::new("losetup"),
+                    &["--direct-io=on".as_ref(), device.as_ref()],
+                )?;
+            }
+            done.push(format!("direct I/O on {device}"));
+        }
+        let value = std::env::var(DIRTY_ENV).unwrap_or_else(|_| DEFAULT_DIRTY.to_owned());
+        let limit = match value.trim() {
+            "0" => 0,
+            v => parse_size(v).ok_or(VolumeError::BadSize {
+                value: value.clone(),
+            })?,
+        };
+        let Some(bdi) = devices.iter().find_map(|d| bdi_of_device(d)) else {
+            return Ok(done);
+        };
+        let write = |file: &str, value: String| {
+            let path = bdi.join(file);
+            fs::write(&path, &value).map_err(VolumeError::io("write", &path))
+        };
+        if limit == 0 {
+            write("strict_limit", "0".into())?;
+            return Ok(done);
+        }
+        write("max_bytes", limit.to_string())?;
+        write("strict_limit", "1".into())?;
+        done.push(format!(
+            "dirty data limited to {} MiB ({})",
+            limit >> 20,
+            bdi.display()
+        ));
+        Ok(done)
     }
 
     /// Where the btrfs filesystem is; subvolumes are made below this path.
@@ -393,6 +455,18 @@ fn open_dir(path: &Path) -> Result<File, VolumeError> {
         )));
     }
     Ok(file)
+}
+
+/// The writeback device (`/sys/class/bdi/...`) of the btrfs filesystem on `device`:
+/// each btrfs filesystem lists its devices and links its bdi under `/sys/fs/btrfs/<uuid>`.
+fn bdi_of_device(device: &str) -> Option<PathBuf> {
+    let name = device.strip_prefix("/dev/")?;
+    fs::read_dir("/sys/fs/btrfs")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|fs_dir| fs_dir.join("devices").join(name).exists())
+        .and_then(|fs_dir| fs::canonicalize(fs_dir.join("bdi")).ok())
 }
 
 /// The file behind the loop device `device` (`/dev/loopN`), if it is one.
