@@ -666,6 +666,7 @@ fn fs_checkpoints(ctx: &Ctx, out: &mut Out) -> Result<()> {
     out.report
         .extra
         .insert("fs_checkpoint_archives".into(), Value::Array(archives));
+    dirty_bound_tradeoff(ctx, out)?;
     out.report.notes.push(
         "part 1: `synced` checkpoints a layer whose data is on disk; `unsynced` rewrites the \
          blob (not synced) right before each sample, so the btrfs snapshot has to write the \
@@ -673,6 +674,101 @@ fn fs_checkpoints(ctx: &Ctx, out: &mut Out) -> Result<()> {
          its background tree hash appears (the next sample waits for it)"
             .into(),
     );
+    Ok(())
+}
+
+/// What the volume's dirty bound (`FORKD_DIRTY_LIMIT`) costs writers and saves
+/// checkpoints: the largest size written (from a copy in the page cache, so the source
+/// is not what is measured) and then checkpointed, with the bound on and, by turning
+/// off its `strict_limit` for the sample, off; interleaved, same sandbox.
+fn dirty_bound_tradeoff(ctx: &Ctx, out: &mut Out) -> Result<()> {
+    let Some(&size) = ctx.cfg.sizes.iter().max() else {
+        return Ok(());
+    };
+    let Some(bdi) = forkd_volume::bdi_of_mount(&ctx.data) else {
+        out.report
+            .notes
+            .push("part 1b skipped: the volume is not a loop mount made by forkd".into());
+        return Ok(());
+    };
+    let strict = bdi.join("strict_limit");
+    let bound = std::fs::read_to_string(bdi.join("max_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if std::fs::read_to_string(&strict).unwrap_or_default().trim() != "1" {
+        out.report
+            .notes
+            .push("part 1b skipped: the daemon set no dirty bound (FORKD_DIRTY_LIMIT=0)".into());
+        return Ok(());
+    }
+    let d = ctx.d;
+    let label = size_label(size);
+    let sb = d.create(BUSYBOX)?;
+    out.created.push(sb.id.clone());
+    d.sh_ok(
+        &sb.id,
+        &format!("mkdir -p /data && head -c {size} /dev/urandom > /data/src && sync"),
+    )?;
+    let samples = ctx.cfg.samples.clamp(1, 3);
+    let mut rows: BTreeMap<(bool, &str), Vec<u64>> = BTreeMap::new();
+    for i in 0..samples * 2 {
+        common::check_interrupted()?;
+        let on = i % 2 == 0;
+        std::fs::write(&strict, if on { "1" } else { "0" })
+            .with_context(|| format!("write {}", strict.display()))?;
+        let t = Instant::now();
+        let r = d.sh_ok(&sb.id, "cat /data/src > /data/blob");
+        let write_us = t.elapsed().as_micros() as u64;
+        let t = Instant::now();
+        let c = r.and_then(|_| d.checkpoint(&sb.id, false, false));
+        let ck_us = t.elapsed().as_micros() as u64;
+        std::fs::write(&strict, "1").with_context(|| format!("write {}", strict.display()))?;
+        let c = c?;
+        d.remove_checkpoint(&c.id)?;
+        d.sh_ok(&sb.id, "rm /data/blob && sync")?;
+        rows.entry((on, "write")).or_default().push(write_us);
+        rows.entry((on, "checkpoint")).or_default().push(ck_us);
+        rows.entry((on, "total"))
+            .or_default()
+            .push(write_us + ck_us);
+        eprintln!(
+            "  write {label} then checkpoint, bound {}: write {}, checkpoint {}",
+            if on { "on" } else { "off" },
+            fmt_us(write_us),
+            fmt_us(ck_us)
+        );
+    }
+    d.remove(&sb.id)?;
+    let mut table = Table {
+        title: format!(
+            "Writing {label} then checkpointing: the dirty bound ({} MiB) on and off",
+            bound >> 20
+        ),
+        header: [
+            "bound",
+            "write p50",
+            "checkpoint p50",
+            "write + checkpoint p50",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    for on in [true, false] {
+        let name = if on { "on" } else { "off" };
+        let mut cells = vec![name.to_string()];
+        for part in ["write", "checkpoint", "total"] {
+            let v = rows.remove(&(on, part)).unwrap_or_default();
+            let s = out.report.row(
+                &format!("write {label} then checkpoint, bound {name}: {part}"),
+                v,
+            );
+            cells.push(fmt_ms(s.p50 as f64));
+        }
+        table.rows.push(cells);
+    }
+    out.report.tables.push(table);
     Ok(())
 }
 
@@ -1453,6 +1549,8 @@ struct RawCriuPeer<'a> {
     base: PathBuf,
     copies: usize,
     with_tree: usize,
+    /// The daemon's private `/run` for CRIU (its kernel-facts cache), if it has one.
+    run_dir: Option<PathBuf>,
 }
 
 impl<'a> RawCriuPeer<'a> {
@@ -1473,6 +1571,7 @@ impl<'a> RawCriuPeer<'a> {
             base,
             copies: 0,
             with_tree: 0,
+            run_dir: Some(ctx.d.root.join("criu-run")).filter(|d| d.join("criu.kdat").exists()),
         })
     }
 
@@ -1507,6 +1606,10 @@ impl<'a> RawCriuPeer<'a> {
             .arg(&log_dir)
             .arg("--pidfile")
             .arg(&pidfile)
+            // The images mark the sandbox's network namespace as external: like forkd,
+            // hand the tree a new one with loopback up.
+            .arg("--inherit-fd")
+            .arg(format!("fd[3]:{}", forkd_criu::NETNS_KEY))
             .stdin(Stdio::null())
             // Files, not pipes: the restored tree must not hold our end of anything.
             .stdout(File::create(log_dir.join("stdout"))?)
@@ -1514,6 +1617,12 @@ impl<'a> RawCriuPeer<'a> {
         // `criu restore -d` exits after the restore and the tree's root is reparented:
         // to us while we are a subreaper, so that we can reap it after killing it. Only
         // for this copy: podman's monitors must not end up here.
+        forkd_sys::fresh_netns_fd(&mut cmd, 3);
+        // Like forkd's, with CRIU's kernel facts cached on a tmpfs `/run` (this host's
+        // `/run` is not one; without it every CRIU start probes the kernel, ~40 ms).
+        if let Some(dir) = &self.run_dir {
+            forkd_sys::with_own_run(&mut cmd, dir)?;
+        }
         let reaper = Subreaper::on()?;
         let t_restore = Instant::now();
         let status = cmd

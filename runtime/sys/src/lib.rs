@@ -241,6 +241,7 @@ pub fn with_own_run(cmd: &mut std::process::Command, dir: &std::path::Path) -> i
 /// Mounts a small private tmpfs (mode 0700) on `dir` unless one is already there.
 pub fn ensure_tmpfs(dir: &std::path::Path, size: &str) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
+    #[allow(clippy::unnecessary_cast)] // the constant's width differs between architectures
     if btrfs::filesystem_type(dir)? == libc::TMPFS_MAGIC as i64 {
         return Ok(());
     }

@@ -457,6 +457,13 @@ fn open_dir(path: &Path) -> Result<File, VolumeError> {
     Ok(file)
 }
 
+/// The writeback device directory in sysfs (where [`Volume::tune`] sets the dirty
+/// bound) of the btrfs filesystem mounted at `mount_dir` from a loop device.
+pub fn bdi_of_mount(mount_dir: &Path) -> Option<PathBuf> {
+    let mount = mountinfo::mount_at(mount_dir).ok()??;
+    bdi_of_device(&mount.source)
+}
+
 /// The writeback device (`/sys/class/bdi/...`) of the btrfs filesystem on `device`:
 /// each btrfs filesystem lists its devices and links its bdi under `/sys/fs/btrfs/<uuid>`.
 fn bdi_of_device(device: &str) -> Option<PathBuf> {
