@@ -120,7 +120,7 @@ impl Volume {
                 "-t".as_ref(),
                 "btrfs".as_ref(),
                 "-o".as_ref(),
-                "loop,discard,noatime".as_ref(),
+                "loop,discard=async,noatime".as_ref(),
                 image.as_os_str(),
                 mount_dir.as_os_str(),
             ],
@@ -137,6 +137,9 @@ impl Volume {
     /// - the loop device does direct I/O, so data is cached once (in the volume, not
     ///   again in the image file's page cache) and the flush a btrfs commit ends with
     ///   does not have to push out everything written since the last one;
+    /// - freed space goes back to the sparse image asynchronously (`discard=async`):
+    ///   synchronous discards in a commit made some checkpoints after a large rewrite
+    ///   take hundreds of milliseconds;
     /// - the volume may hold at most [`DIRTY_ENV`] (default [`DEFAULT_DIRTY`]) of dirty
     ///   data, enforced even while the machine as a whole is below its dirty limits
     ///   (`strict_limit`). A snapshot must write out the subvolume's dirty data first,
@@ -149,6 +152,15 @@ impl Volume {
             return Ok(Vec::new());
         };
         let mut done = Vec::new();
+        // Volumes mounted by older builds had synchronous discards.
+        run(
+            Path::new("mount"),
+            &[
+                "-o".as_ref(),
+                "remount,discard=async".as_ref(),
+                self.root.as_os_str(),
+            ],
+        )?;
         let devices = loop_devices_of(image);
         for device in &devices {
             let name = device.trim_start_matches("/dev/");
