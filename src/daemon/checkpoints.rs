@@ -396,15 +396,18 @@ impl Daemon {
             images_bytes: dir_size(&stage.join("criu")),
         };
         let dir = self.data.join("checkpoints").join(id.as_str());
-        if let Err(e) = super::write_json_atomic(&stage, "meta.json", &record).and_then(|()| {
-            std::fs::rename(&stage, &dir).map_err(|e| {
-                ApiError::internal(format!(
-                    "rename {} to {}: {e}",
-                    stage.display(),
-                    dir.display()
-                ))
-            })
-        }) {
+        if let Err(e) =
+            super::write_json_atomic(&stage, "meta.json", &record, super::Survive::HostCrash)
+                .and_then(|()| {
+                    std::fs::rename(&stage, &dir).map_err(|e| {
+                        ApiError::internal(format!(
+                            "rename {} to {}: {e}",
+                            stage.display(),
+                            dir.display()
+                        ))
+                    })
+                })
+        {
             self.delete_checkpoint_dir(&stage);
             return Err(e);
         }
@@ -487,7 +490,9 @@ impl Daemon {
             }
             rec.fs_hash = Some(fs_hash);
             rec.tree_hash = Some(tree);
-            if let Err(e) = super::write_json_atomic(&c.dir, "meta.json", &*rec) {
+            if let Err(e) =
+                super::write_json_atomic(&c.dir, "meta.json", &*rec, super::Survive::HostCrash)
+            {
                 log::warn(&format!("checkpoint {}: {e}", c.id));
             }
         });

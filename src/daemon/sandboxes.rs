@@ -198,7 +198,7 @@ impl Daemon {
             .and_then(|()| start(self, dir, &mut record))
             .and_then(|()| {
                 record.create_us = started.elapsed().as_micros() as u64;
-                super::write_json_atomic(dir, "state.json", &record)
+                super::write_json_atomic(dir, "state.json", &record, super::Survive::DaemonCrash)
             });
         if let Err(e) = res {
             self.teardown(dir, &record.cgroup, record.init_pid);
@@ -334,7 +334,7 @@ impl Daemon {
         rec.status = SandboxStatus::Stopped;
         rec.init_pid = None;
         rec.init_start = None;
-        super::write_json_atomic(&sb.dir, "state.json", &*rec)
+        super::write_json_atomic(&sb.dir, "state.json", &*rec, super::Survive::DaemonCrash)
     }
 
     /// Removes a sandbox entirely. A running one needs `force` (it is stopped first).
@@ -426,7 +426,7 @@ impl Daemon {
                 rec.status = SandboxStatus::Stopped;
                 rec.init_pid = None;
                 rec.init_start = None;
-                super::write_json_atomic(&path, "state.json", &rec)?;
+                super::write_json_atomic(&path, "state.json", &rec, super::Survive::DaemonCrash)?;
             }
             let sb = Arc::new(Sandbox {
                 id: id.clone(),

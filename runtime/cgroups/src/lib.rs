@@ -129,6 +129,51 @@ impl Hierarchy {
     }
 }
 
+/// Makes task migrations between cgroups cheap: sets `favordynmods` on the machine's
+/// cgroup2 mount (the pure v2 hierarchy, or the `unified` one beside v1 controllers).
+///
+/// Every move of a process into a cgroup (a sandbox's set-up helper joining its cgroup,
+/// CRIU placing a restored tree) takes the kernel's global threadgroup lock for writing,
+/// which by default waits for an RCU grace period: 7 to 19 ms per branch measured here.
+/// With `favordynmods` (Linux 6.0+) it does not, at the documented price of slightly
+/// slower forks and exits machine-wide. The setting is global, and it is the only
+/// cgroup setting forkd changes outside its own cgroups, so the daemon logs it and
+/// `FORKD_CGROUP_FAVOR_DYNMODS=0` leaves the machine as it is.
+///
+/// Returns the cgroup2 mount point when the option is set (already, or now), `None`
+/// when the machine has no cgroup2 mount.
+pub fn favor_dynamic_changes() -> Result<Option<PathBuf>, CgroupError> {
+    let mountinfo = Path::new("/proc/self/mountinfo");
+    let text = fs::read_to_string(mountinfo).map_err(io_err(mountinfo, "read"))?;
+    let Some((point, opts)) = text.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = left.split(' ').nth(4)?;
+        let mut r = right.split(' ');
+        (r.next()? == "cgroup2").then(|| (point.to_string(), r.nth(1).unwrap_or("").to_string()))
+    }) else {
+        return Ok(None);
+    };
+    let point = PathBuf::from(point);
+    if opts.split(',').any(|o| o == "favordynmods") {
+        return Ok(Some(point));
+    }
+    // mount(8) keeps the mount's other options; a bare mount(2) remount would drop them.
+    let out = std::process::Command::new("mount")
+        .args(["-o", "remount,favordynmods"])
+        .arg(&point)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(io_err(&point, "run mount -o remount,favordynmods"))?;
+    if !out.status.success() {
+        return Err(CgroupError::Io {
+            path: point,
+            step: "mount -o remount,favordynmods",
+            source: io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        });
+    }
+    Ok(Some(point))
+}
+
 /// One sandbox's cgroup.
 #[derive(Debug, Clone)]
 pub struct Cgroup {
