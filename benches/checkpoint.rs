@@ -1996,6 +1996,26 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
         .collect();
     out.report
         .row("QEMU 256 MiB guest: live checkpoint, daemon dump", dump);
+    // The same with the volume's dirty bound lifted for the sample: CRIU writes the
+    // guest's memory into the volume, so the bound paces it (see part 1b).
+    if let Some(strict) = forkd_volume::bdi_of_mount(&ctx.data)
+        .map(|b| b.join("strict_limit"))
+        .filter(|f| std::fs::read_to_string(f).is_ok_and(|v| v.trim() == "1"))
+    {
+        let row = "QEMU 256 MiB guest: live checkpoint with the dirty bound off, API";
+        let unbounded = sample(row, 0, q, || {
+            std::fs::write(&strict, "0")?;
+            let t = Instant::now();
+            let c = d.checkpoint(&sb.id, true, false);
+            let us = t.elapsed().as_micros() as u64;
+            std::fs::write(&strict, "1")?;
+            let c = c?;
+            wait_tree_hash(d, &c.id, Instant::now())?;
+            d.remove_checkpoint(&c.id)?;
+            Ok(us)
+        })?;
+        out.report.row(row, unbounded);
+    }
     // The checkpoint to fork; the source stops with it, so that the branches measured
     // next do not share the 2 CPUs with a running source guest.
     let ck = d.checkpoint(&sb.id, true, true)?;
