@@ -1595,10 +1595,9 @@ impl<'a> RawCriuPeer<'a> {
                 "-d",
                 "--network-lock",
                 "skip",
-                // As forkd asks over RPC: file locks, cgroups left alone, log level 4.
+                // As forkd asks over RPC: file locks, cgroups left alone.
                 "--file-locks",
                 "--manage-cgroups=ignore",
-                "-v4",
                 "-o",
                 "restore.log",
                 "-W",
@@ -1606,6 +1605,8 @@ impl<'a> RawCriuPeer<'a> {
             .arg(&log_dir)
             .arg("--pidfile")
             .arg(&pidfile)
+            // forkd's log level.
+            .arg(format!("-v{}", forkd_criu::log_level()))
             // The images mark the sandbox's network namespace as external: like forkd,
             // hand the tree a new one with loopback up.
             .arg("--inherit-fd")
@@ -1621,7 +1622,7 @@ impl<'a> RawCriuPeer<'a> {
         // Like forkd's, with CRIU's kernel facts cached on a tmpfs `/run` (this host's
         // `/run` is not one; without it every CRIU start probes the kernel, ~40 ms).
         if let Some(dir) = &self.run_dir {
-            forkd_sys::with_own_run(&mut cmd, dir)?;
+            forkd_sys::with_own_run(&mut cmd, dir, &[])?;
         }
         let reaper = Subreaper::on()?;
         let t_restore = Instant::now();
@@ -1866,7 +1867,11 @@ fn fork_checks(report: &mut Report, cfg: &Config, debian: bool) {
     report.notes.push(
         "part 2: the raw CRIU peer restores the very images of forkd's checkpoint with \
          `criu restore -d --root <overlay> --network-lock skip --file-locks \
-         --manage-cgroups=ignore -v4` (the options forkd sends over RPC); its row is the \
+         --manage-cgroups=ignore -v<forkd's level, 2 unless FORKD_CRIU_LOG_LEVEL> \
+         --inherit-fd fd[3]:forkd-netns` (the options forkd sends over RPC, a new network \
+         namespace with loopback up on fd 3, and CRIU's kernel facts cached as forkd \
+         keeps them: this host's /run is not a tmpfs, without which every CRIU start \
+         probes the kernel for some 40 ms); its row is the \
          command's wall time, process start included; the `overlay mount +` row adds \
          mounting the root. A forkd branch's total also covers its writable subvolume, \
          overlay, cgroup and the wait for its init's control socket. The peers' restores \

@@ -56,9 +56,12 @@ fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> CriuError {
 pub struct Criu {
     pub path: PathBuf,
     pub version: String,
-    /// A tmpfs directory every CRIU started here sees as its `/run`, with the cgroup
-    /// yard in it; see [`Criu::use_private_run`].
+    /// A tmpfs directory every CRIU started here sees as its `/run`; see
+    /// [`Criu::use_private_run`].
     run_dir: Option<PathBuf>,
+    /// The cgroup yard handed to restores, and the binds that make it up in CRIU's own
+    /// namespace (none when the host's cgroup root is laid out as a yard already).
+    yard: Option<(PathBuf, Vec<(PathBuf, PathBuf)>)>,
     /// How CRIU is started: a program and the arguments that precede CRIU's own.
     launch: (PathBuf, Vec<std::ffi::OsString>),
 }
@@ -171,13 +174,14 @@ impl Criu {
             path,
             version: format!("{major}.{minor}"),
             run_dir: None,
+            yard: None,
             launch,
         })
     }
 
     /// Makes every CRIU started from now on run in a mount namespace of its own whose
     /// `/run` is the tmpfs `dir` (mounted here if it is not one yet), and hands restores
-    /// a ready cgroup yard in it.
+    /// a ready cgroup yard.
     ///
     /// Why: CRIU probes the kernel on every start (some 40 ms) unless it finds the facts
     /// it saved last time in `/run/criu.kdat`, and it saves them only on a tmpfs, which
@@ -186,8 +190,11 @@ impl Criu {
     /// leaks out. A restore mounts every cgroup hierarchy in a "yard" unless given one;
     /// in its own namespace it could not mount into its work directory (reached through
     /// the caller's descriptor, so in the caller's namespace), and the mounts cost time
-    /// (16 ms for cgroup2 here). So `dir/cgyard/<name>` holds a bind of every hierarchy
-    /// this process belongs to, named as CRIU names them.
+    /// (16 ms for cgroup2 here). The yard is the host's cgroup root when every hierarchy
+    /// is mounted there under the name CRIU gives it (`cpu,cpuacct`, `systemd`,
+    /// `unified`), as on hybrid hosts; otherwise (a pure v2 host) each CRIU binds the
+    /// hierarchies into `/run/cgyard/<name>` inside its own namespace, so that no
+    /// cgroup filesystem is ever reachable below `dir` on the host.
     pub fn use_private_run(&mut self, dir: &Path) -> Result<(), CriuError> {
         let fail = |step: &'static str, path: &Path, e: std::io::Error| CriuError::Io {
             step,
@@ -195,19 +202,23 @@ impl Criu {
         };
         forkd_sys::ensure_tmpfs(dir, "4m")
             .map_err(|e| fail("mount CRIU's private /run", dir, e))?;
-        let yard = dir.join("cgyard");
         let hierarchies = cgroup_hierarchies()
             .map_err(|e| fail("list cgroup hierarchies", Path::new("/proc/self/cgroup"), e))?;
-        for (name, mountpoint) in hierarchies {
-            let at = yard.join(&name);
-            std::fs::create_dir_all(&at).map_err(|e| fail("make the cgroup yard", &at, e))?;
-            if at.join("cgroup.procs").exists() {
-                continue; // bound by an earlier start
+        let yard = match host_yard(&hierarchies) {
+            Some(root) => (root, Vec::new()),
+            None => {
+                let mut binds = Vec::new();
+                for (name, mountpoint) in hierarchies {
+                    let at = dir.join("cgyard").join(&name);
+                    std::fs::create_dir_all(&at)
+                        .map_err(|e| fail("make the cgroup yard", &at, e))?;
+                    binds.push((mountpoint, Path::new("/run/cgyard").join(&name)));
+                }
+                (PathBuf::from("/run/cgyard"), binds)
             }
-            forkd_sys::bind_mount(&mountpoint, &at)
-                .map_err(|e| fail("bind a cgroup hierarchy into the yard", &at, e))?;
-        }
+        };
         self.run_dir = Some(dir.to_path_buf());
+        self.yard = Some(yard);
         Ok(())
     }
 
@@ -216,15 +227,16 @@ impl Criu {
         self.run_dir.as_deref()
     }
 
-    fn cgroup_yard(&self) -> Option<PathBuf> {
-        self.run_dir.as_ref().map(|d| d.join("cgyard"))
+    fn cgroup_yard(&self) -> Option<&Path> {
+        self.yard.as_ref().map(|(y, _)| y.as_path())
     }
 
     fn command(&self) -> Result<Command, CriuError> {
         let mut cmd = Command::new(&self.launch.0);
         cmd.args(&self.launch.1);
         if let Some(dir) = &self.run_dir {
-            forkd_sys::with_own_run(&mut cmd, dir).map_err(io("prepare CRIU's /run"))?;
+            let binds = self.yard.as_ref().map(|(_, b)| b.as_slice()).unwrap_or(&[]);
+            forkd_sys::with_own_run(&mut cmd, dir, binds).map_err(io("prepare CRIU's /run"))?;
         }
         Ok(cmd)
     }
@@ -475,11 +487,22 @@ fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
     let mut o = rpc::Criu_opts::new();
     o.set_images_dir_fd(images.as_raw_fd());
     o.set_log_file(log_file.to_string());
-    o.set_log_level(4);
+    o.set_log_level(log_level());
     // Sandboxes have no outside network: nothing to lock, and no iptables dependency.
     o.set_network_lock(rpc::Criu_network_lock_method::SKIP);
     o.set_file_locks(true);
     o
+}
+
+/// CRIU's log level: `FORKD_CRIU_LOG_LEVEL` (0 to 4), default 2: errors and warnings,
+/// which is what a failure report needs. Level 4 (debug) logs every step and costs
+/// some 7 ms of a 35 ms restore.
+pub fn log_level() -> i32 {
+    std::env::var("FORKD_CRIU_LOG_LEVEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|l| (0..=4).contains(l))
+        .unwrap_or(2)
 }
 
 fn open_dir(path: &Path) -> Result<OwnedFd, CriuError> {
@@ -588,6 +611,15 @@ mod tests {
     }
 }
 
+/// The directory where every hierarchy is mounted under its CRIU name, if there is one.
+fn host_yard(hierarchies: &[(String, PathBuf)]) -> Option<PathBuf> {
+    let root = hierarchies.first()?.1.parent()?.to_path_buf();
+    hierarchies
+        .iter()
+        .all(|(name, point)| *point == root.join(name))
+        .then_some(root)
+}
+
 /// Every cgroup hierarchy this process belongs to, as (the directory name CRIU gives it
 /// in a cgroup yard, where it is mounted here): `cpu,cpuacct` for a v1 hierarchy of
 /// those controllers, `systemd` for a named one (`name=systemd`), `unified` for v2.
@@ -690,6 +722,27 @@ mod yard_tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn the_host_cgroup_root_is_a_yard_only_when_named_as_criu_names() {
+        let hybrid = vec![
+            ("pids".to_string(), PathBuf::from("/sys/fs/cgroup/pids")),
+            (
+                "systemd".to_string(),
+                PathBuf::from("/sys/fs/cgroup/systemd"),
+            ),
+            (
+                "unified".to_string(),
+                PathBuf::from("/sys/fs/cgroup/unified"),
+            ),
+        ];
+        assert_eq!(host_yard(&hybrid), Some(PathBuf::from("/sys/fs/cgroup")));
+        let v2 = vec![("unified".to_string(), PathBuf::from("/sys/fs/cgroup"))];
+        assert_eq!(host_yard(&v2), None);
+        let mut odd = hybrid.clone();
+        odd[0].1 = PathBuf::from("/cgroups/pids");
+        assert_eq!(host_yard(&odd), None);
     }
 
     #[test]

@@ -200,18 +200,26 @@ pub fn inherit_fds(cmd: &mut std::process::Command, fds: Vec<(RawFd, RawFd)>) {
 
 /// Makes `cmd` run in a mount namespace of its own: a copy of the caller's, turned into a
 /// slave of it (mounts made by the caller later still appear in it, none made in it ever
-/// leak back), with `dir` bind-mounted over `/run`.
+/// leak back), with `dir` bind-mounted over `/run`, then each `(source, target)` of
+/// `binds` bind-mounted (targets must exist; they are seen in that namespace only).
 ///
 /// CRIU keeps what it learns about the kernel (`/run/criu.kdat`, some 40 ms of probing
 /// per invocation) only when `/run` is a tmpfs; handing every CRIU the same tmpfs
 /// directory as its `/run` lets all of them share that cache, whatever the host's `/run`.
-pub fn with_own_run(cmd: &mut std::process::Command, dir: &std::path::Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
+pub fn with_own_run(
+    cmd: &mut std::process::Command,
+    dir: &std::path::Path,
+    binds: &[(std::path::PathBuf, std::path::PathBuf)],
+) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let src = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let src = mount::c_path(dir)?;
+    let binds = binds
+        .iter()
+        .map(|(s, t)| Ok((mount::c_path(s)?, mount::c_path(t)?)))
+        .collect::<io::Result<Vec<_>>>()?;
     // SAFETY: the hook runs between fork and exec in the single-threaded child and makes
-    // only system calls (unshare, mount) on C strings allocated before the fork.
+    // only system calls (unshare, mount) on C strings allocated before the fork; it
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::unshare(libc::CLONE_NEWNS) < 0 {
@@ -231,6 +239,18 @@ pub fn with_own_run(cmd: &mut std::process::Command, dir: &std::path::Path) -> i
             let bind = libc::MS_BIND | libc::MS_REC;
             if libc::mount(src.as_ptr(), c"/run".as_ptr(), none, bind, std::ptr::null()) < 0 {
                 return Err(io::Error::last_os_error());
+            }
+            for (s, t) in &binds {
+                if libc::mount(
+                    s.as_ptr(),
+                    t.as_ptr(),
+                    none,
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -256,23 +276,6 @@ pub fn ensure_tmpfs(dir: &std::path::Path, size: &str) -> io::Result<()> {
             c"tmpfs".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             opts.as_ptr().cast(),
-        )
-    } as libc::c_long)?;
-    Ok(())
-}
-
-/// Bind-mounts `src` on `dst` (both must exist).
-pub fn bind_mount(src: &std::path::Path, dst: &std::path::Path) -> io::Result<()> {
-    let (src, dst) = (mount::c_path(src)?, mount::c_path(dst)?);
-    // SAFETY: both paths are NUL-terminated strings that outlive the call; the other
-    // pointers may be null for a bind mount.
-    check(unsafe {
-        libc::mount(
-            src.as_ptr(),
-            dst.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
         )
     } as libc::c_long)?;
     Ok(())
