@@ -144,16 +144,11 @@ impl Hierarchy {
 /// when the machine has no cgroup2 mount.
 pub fn favor_dynamic_changes() -> Result<Option<PathBuf>, CgroupError> {
     let mountinfo = Path::new("/proc/self/mountinfo");
-    let text = fs::read_to_string(mountinfo).map_err(io_err(mountinfo, "read"))?;
-    let Some((point, opts)) = text.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let point = left.split(' ').nth(4)?;
-        let mut r = right.split(' ');
-        (r.next()? == "cgroup2").then(|| (point.to_string(), r.nth(1).unwrap_or("").to_string()))
-    }) else {
+    let mounts = forkd_sys::mountinfo::mounts().map_err(io_err(mountinfo, "read"))?;
+    let Some(cgroup2) = mounts.into_iter().find(|m| m.fstype == "cgroup2") else {
         return Ok(None);
     };
-    let point = PathBuf::from(point);
+    let (point, opts) = (cgroup2.mount_point, cgroup2.super_options);
     if opts.split(',').any(|o| o == "favordynmods") {
         return Ok(Some(point));
     }

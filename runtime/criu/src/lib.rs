@@ -630,63 +630,38 @@ fn cgroup_hierarchies() -> std::io::Result<Vec<(String, PathBuf)>> {
 }
 
 fn parse_hierarchies(own: &str, mountinfo: &str) -> std::io::Result<Vec<(String, PathBuf)>> {
-    // (fstype, super options, mount point) of every cgroup mount.
-    let mounts: Vec<(&str, Vec<&str>, &str)> = mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let point = left.split(' ').nth(4)?;
-            let mut r = right.split(' ');
-            let fstype = r.next()?;
-            let opts = r.nth(1)?.split(',').collect();
-            matches!(fstype, "cgroup" | "cgroup2").then_some((fstype, opts, point))
-        })
+    let mounts: Vec<_> = forkd_sys::mountinfo::parse(mountinfo)
+        .into_iter()
+        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
         .collect();
     let mut out = Vec::new();
     for line in own.lines().filter(|l| !l.is_empty()) {
-        let mut f = line.splitn(3, ':');
-        let (_, ctrls) = (f.next(), f.next().unwrap_or(""));
+        let ctrls = line.split(':').nth(1).unwrap_or("");
         let found = if ctrls.is_empty() {
             mounts
                 .iter()
-                .find(|m| m.0 == "cgroup2")
-                .map(|m| ("unified".to_string(), m.2))
+                .find(|m| m.fstype == "cgroup2")
+                .map(|m| ("unified".to_string(), m))
         } else {
-            let want: Vec<&str> = ctrls.split(',').collect();
             mounts
                 .iter()
-                .find(|m| m.0 == "cgroup" && want.iter().all(|c| m.1.contains(c)))
-                .map(|m| (ctrls.trim_start_matches("name=").to_string(), m.2))
+                .find(|m| {
+                    m.fstype == "cgroup"
+                        && ctrls
+                            .split(',')
+                            .all(|c| m.super_options.split(',').any(|o| o == c))
+                })
+                .map(|m| (ctrls.trim_start_matches("name=").to_string(), m))
         };
-        let (name, point) = found.ok_or_else(|| {
+        let (name, mount) = found.ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 format!("cgroup hierarchy {ctrls:?} is not mounted"),
             )
         })?;
-        // Mount points are octal-escaped in mountinfo (a space is \040).
-        out.push((name, PathBuf::from(unescape_mountinfo(point))));
+        out.push((name, mount.mount_point.clone()));
     }
     Ok(out)
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Thin, documented wrappers around the few system calls forkd needs that `nix` does not
-//! offer (pidfds, `close_range`, bringing up loopback in a fresh network namespace).
+//! offer (pidfds, `close_range`, bringing up loopback in a fresh network namespace, btrfs
+//! ioctls, the new mount API, the private mount and network namespaces CRIU runs with),
+//! and the mountinfo parser every crate that looks at mounts shares.
 //!
 //! This is the only crate in the workspace that contains `unsafe`. Every block says why it
 //! is sound; every raw return code goes through [`check`].
@@ -10,6 +12,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod btrfs;
 pub mod mount;
+pub mod mountinfo;
 
 /// Turns a raw `-1`-on-error return code into an `io::Result`.
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {

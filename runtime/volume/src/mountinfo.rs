@@ -1,100 +1,27 @@
-//! Reading `/proc/self/mountinfo`: which mounts exist in this process's mount namespace.
-//!
-//! Each line is `id parent major:minor root mount-point options [optional...] - fstype
-//! source super-options`; paths escape space, tab, newline and backslash as `\ooo`.
+//! Which mounts exist in this process's mount namespace: [`forkd_sys::mountinfo`], with
+//! this crate's errors.
 
 use std::path::{Path, PathBuf};
 
+pub use forkd_sys::mountinfo::Mount;
+
 use crate::VolumeError;
 
-const MOUNTINFO: &str = "/proc/self/mountinfo";
-
-/// One mount.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mount {
-    pub mount_point: PathBuf,
-    pub fstype: String,
-    pub source: String,
+fn err(e: std::io::Error) -> VolumeError {
+    VolumeError::io("read", "/proc/self/mountinfo")(e)
 }
 
 /// Every mount of this mount namespace, in mount order.
 pub fn mounts() -> Result<Vec<Mount>, VolumeError> {
-    let text = std::fs::read_to_string(MOUNTINFO).map_err(VolumeError::io("read", MOUNTINFO))?;
-    Ok(parse(&text))
+    forkd_sys::mountinfo::mounts().map_err(err)
 }
 
 /// The topmost mount at exactly `path` (which must be canonical), if any.
 pub fn mount_at(path: &Path) -> Result<Option<Mount>, VolumeError> {
-    Ok(mounts()?.into_iter().rev().find(|m| m.mount_point == path))
+    forkd_sys::mountinfo::mount_at(path).map_err(err)
 }
 
 /// Mount points strictly below `path` (which must be canonical).
 pub fn mounts_below(path: &Path) -> Result<Vec<PathBuf>, VolumeError> {
-    Ok(mounts()?
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p != path && p.starts_with(path))
-        .collect())
-}
-
-fn parse(text: &str) -> Vec<Mount> {
-    text.lines()
-        .filter_map(|line| {
-            let (head, tail) = line.split_once(" - ")?;
-            let mount_point = head.split(' ').nth(4)?;
-            let mut tail = tail.split(' ');
-            let fstype = tail.next()?;
-            let source = tail.next()?;
-            Some(Mount {
-                mount_point: PathBuf::from(unescape(mount_point)),
-                fstype: unescape(fstype),
-                source: unescape(source),
-            })
-        })
-        .collect()
-}
-
-/// Undoes the kernel's `\ooo` octal escapes.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() {
-            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
-            if let Ok(b) = u8::from_str_radix(digits, 8) {
-                out.push(b);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_lines_with_optional_fields_and_escapes() {
-        let text = "\
-22 1 0:21 / /proc rw,nosuid shared:5 - proc proc rw
-36 35 98:0 / /srv/forkd\\040state/vol rw,noatime master:1 shared:2 - btrfs /dev/loop3 rw,discard
-";
-        let mounts = parse(text);
-        assert_eq!(mounts.len(), 2);
-        assert_eq!(mounts[1].mount_point, Path::new("/srv/forkd state/vol"));
-        assert_eq!(mounts[1].fstype, "btrfs");
-        assert_eq!(mounts[1].source, "/dev/loop3");
-    }
-
-    #[test]
-    fn unescape_leaves_stray_backslashes() {
-        assert_eq!(unescape("a\\134b"), "a\\b");
-        assert_eq!(unescape("a\\9"), "a\\9");
-        assert_eq!(unescape("end\\"), "end\\");
-    }
+    forkd_sys::mountinfo::mounts_below(path).map_err(err)
 }
