@@ -120,7 +120,7 @@ impl Volume {
                 "-t".as_ref(),
                 "btrfs".as_ref(),
                 "-o".as_ref(),
-                "loop,discard=async,noatime".as_ref(),
+                "loop,discard=async,noatime,commit=5".as_ref(),
                 image.as_os_str(),
                 mount_dir.as_os_str(),
             ],
@@ -137,6 +137,8 @@ impl Volume {
     /// - the loop device does direct I/O, so data is cached once (in the volume, not
     ///   again in the image file's page cache) and the flush a btrfs commit ends with
     ///   does not have to push out everything written since the last one;
+    /// - btrfs commits every 5 s, not 30: a snapshot commits the running transaction,
+    ///   whose metadata grows with all that was written since the last commit;
     /// - freed space goes back to the sparse image asynchronously (`discard=async`):
     ///   synchronous discards in a commit made some checkpoints after a large rewrite
     ///   take hundreds of milliseconds;
@@ -152,12 +154,12 @@ impl Volume {
             return Ok(Vec::new());
         };
         let mut done = Vec::new();
-        // Volumes mounted by older builds had synchronous discards.
+        // Volumes mounted by older builds: synchronous discards, 30 s commits.
         run(
             Path::new("mount"),
             &[
                 "-o".as_ref(),
-                "remount,discard=async".as_ref(),
+                "remount,discard=async,commit=5".as_ref(),
                 self.root.as_os_str(),
             ],
         )?;
