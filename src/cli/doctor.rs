@@ -502,6 +502,23 @@ fn check_cgroups() -> Check {
             warnings.push("no freezer controller: live checkpoints need it on cgroup v1");
         }
     }
+    let cgroup2 = forkd_sys::mountinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2");
+    match cgroup2 {
+        Some(m) if m.super_options.split(',').any(|o| o == "favordynmods") => {
+            detail.push_str(&format!(
+                "; favordynmods on {} (cheap migrations)",
+                m.mount_point.display()
+            ))
+        }
+        Some(m) => detail.push_str(&format!(
+            "; favordynmods off on {} (the daemon sets it unless FORKD_CGROUP_FAVOR_DYNMODS=0)",
+            m.mount_point.display()
+        )),
+        None => {}
+    }
     if warnings.is_empty() {
         Check::ok(NAME, true, detail)
     } else {

@@ -62,6 +62,10 @@ pub struct Daemon {
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
     next_request: AtomicU64,
+    /// Keep `favordynmods` on the cgroup2 mount (unless `FORKD_CGROUP_FAVOR_DYNMODS=0`).
+    favor_dynmods: bool,
+    /// Whether the last attempt to set it failed (so a failure is logged once).
+    favor_dynmods_failed: std::sync::atomic::AtomicBool,
 }
 
 /// Seconds since the Unix epoch.
@@ -222,24 +226,6 @@ impl Daemon {
             log::warn(&format!("live checkpoints are unavailable: {e}"));
         }
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
-        if std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0") {
-            match forkd_cgroups::favor_dynamic_changes() {
-                Ok(Some(at)) => log::info(&format!(
-                    "cgroup: favordynmods on {} (task migrations do not wait for RCU; \
-                     FORKD_CGROUP_FAVOR_DYNMODS=0 to leave it)",
-                    at.display()
-                )),
-                Ok(None) => {}
-                Err(e) => log::warn(&format!(
-                    "cgroup: favordynmods not set, every branch pays 7-19 ms of migration: {}",
-                    anyhow::Error::from(e)
-                        .chain()
-                        .map(|c| c.to_string())
-                        .collect::<Vec<_>>()
-                        .join(": ")
-                )),
-            }
-        }
         let daemon = Arc::new(Daemon {
             root: cfg.root.clone(),
             data,
@@ -258,7 +244,10 @@ impl Daemon {
             runtime,
             _lock: lock,
             next_request: AtomicU64::new(1),
+            favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),
+            favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
         });
+        daemon.keep_migrations_cheap();
         daemon
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;
@@ -266,6 +255,39 @@ impl Daemon {
             .recover_checkpoints()
             .map_err(|e| anyhow::anyhow!("recover checkpoints: {e}"))?;
         Ok(daemon)
+    }
+
+    /// Keeps `favordynmods` set on the cgroup2 mount, so that moving a process into a
+    /// cgroup does not wait for an RCU grace period (see
+    /// [`forkd_cgroups::favor_dynamic_changes`]). Called at start-up and before each
+    /// create and fork: another program's mount of cgroup2 clears the flag.
+    pub(crate) fn keep_migrations_cheap(&self) {
+        if !self.favor_dynmods {
+            return;
+        }
+        match forkd_cgroups::favor_dynamic_changes() {
+            Ok(Some((at, true))) => {
+                self.favor_dynmods_failed.store(false, Ordering::Relaxed);
+                log::info(&format!(
+                    "cgroup: set favordynmods on {} (task migrations do not wait for RCU; \
+                     FORKD_CGROUP_FAVOR_DYNMODS=0 leaves it alone)",
+                    at.display()
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
+                    let why = anyhow::Error::from(e)
+                        .chain()
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>()
+                        .join(": ");
+                    log::warn(&format!(
+                        "cgroup: favordynmods not set, each migration may wait 7-19 ms: {why}"
+                    ));
+                }
+            }
+        }
     }
 
     /// On shutdown, unmount CRIU's private `/run` and, with nothing running, the

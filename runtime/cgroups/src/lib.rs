@@ -136,37 +136,38 @@ impl Hierarchy {
 /// CRIU placing a restored tree) takes the kernel's global threadgroup lock for writing,
 /// which by default waits for an RCU grace period: 7 to 19 ms per branch measured here.
 /// With `favordynmods` (Linux 6.0+) it does not, at the documented price of slightly
-/// slower forks and exits machine-wide. The setting is global, and it is the only
-/// cgroup setting forkd changes outside its own cgroups, so the daemon logs it and
-/// `FORKD_CGROUP_FAVOR_DYNMODS=0` leaves the machine as it is.
+/// slower forks and exits machine-wide. The flag is global, and any later mount of
+/// cgroup2 without it (CRIU mounting its own cgroup yard, as other runtimes' restores
+/// do) clears it again, so callers re-assert it where it matters; this costs a read of
+/// mountinfo when it is still set.
 ///
-/// Returns the cgroup2 mount point when the option is set (already, or now), `None`
-/// when the machine has no cgroup2 mount.
-pub fn favor_dynamic_changes() -> Result<Option<PathBuf>, CgroupError> {
+/// Returns the cgroup2 mount point and whether this call set the flag; `None` when the
+/// machine has no cgroup2 mount.
+pub fn favor_dynamic_changes() -> Result<Option<(PathBuf, bool)>, CgroupError> {
     let mountinfo = Path::new("/proc/self/mountinfo");
     let mounts = forkd_sys::mountinfo::mounts().map_err(io_err(mountinfo, "read"))?;
     let Some(cgroup2) = mounts.into_iter().find(|m| m.fstype == "cgroup2") else {
         return Ok(None);
     };
-    let (point, opts) = (cgroup2.mount_point, cgroup2.super_options);
-    if opts.split(',').any(|o| o == "favordynmods") {
-        return Ok(Some(point));
+    let point = cgroup2.mount_point;
+    if cgroup2
+        .super_options
+        .split(',')
+        .any(|o| o == "favordynmods")
+    {
+        return Ok(Some((point, false)));
     }
-    // mount(8) keeps the mount's other options; a bare mount(2) remount would drop them.
-    let out = std::process::Command::new("mount")
-        .args(["-o", "remount,favordynmods"])
-        .arg(&point)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(io_err(&point, "run mount -o remount,favordynmods"))?;
-    if !out.status.success() {
-        return Err(CgroupError::Io {
-            path: point,
-            step: "mount -o remount,favordynmods",
-            source: io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        });
-    }
-    Ok(Some(point))
+    // The other cgroup2 options (nsdelegate, memory_recursiveprot, ...) are set by the
+    // same call, so they go along.
+    let mut data: Vec<&str> = cgroup2
+        .super_options
+        .split(',')
+        .filter(|o| !o.is_empty() && *o != "rw" && *o != "ro")
+        .collect();
+    data.push("favordynmods");
+    forkd_sys::remount(&point, &cgroup2.mount_options, &data.join(","))
+        .map_err(io_err(&point, "remount with favordynmods"))?;
+    Ok(Some((point, true)))
 }
 
 /// One sandbox's cgroup.

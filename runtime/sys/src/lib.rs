@@ -321,3 +321,38 @@ pub fn fresh_netns_fd(cmd: &mut std::process::Command, child_fd: RawFd) {
         });
     }
 }
+
+/// Remounts the filesystem mounted at `target` with the filesystem options `data`,
+/// keeping the mount's own flags, given as mountinfo lists them (`rw,nosuid,relatime`):
+/// a remount replaces those flags with the ones it is passed.
+pub fn remount(target: &std::path::Path, mount_options: &str, data: &str) -> io::Result<()> {
+    let mut flags = libc::MS_REMOUNT;
+    for option in mount_options.split(',') {
+        flags |= match option {
+            "ro" => libc::MS_RDONLY,
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "nodiratime" => libc::MS_NODIRATIME,
+            "relatime" => libc::MS_RELATIME,
+            "strictatime" => libc::MS_STRICTATIME,
+            _ => 0,
+        };
+    }
+    let target = mount::c_path(target)?;
+    let data = std::ffi::CString::new(data)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in mount data"))?;
+    // SAFETY: the strings are NUL-terminated and outlive the call; the source and type
+    // may be null for a remount.
+    check(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    } as libc::c_long)?;
+    Ok(())
+}

@@ -12,6 +12,8 @@ const MOUNTINFO: &str = "/proc/self/mountinfo";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
     pub mount_point: PathBuf,
+    /// The mount's own options (`rw,nosuid,relatime`).
+    pub mount_options: String,
     pub fstype: String,
     pub source: String,
     /// The filesystem's own options (`rw,cpu,cpuacct` for a cgroup hierarchy).
@@ -44,13 +46,16 @@ pub fn parse(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
             let (head, tail) = line.split_once(" - ")?;
-            let mount_point = head.split(' ').nth(4)?;
+            let mut head = head.split(' ').skip(4);
+            let mount_point = head.next()?;
+            let mount_options = head.next().unwrap_or("");
             let mut tail = tail.split(' ');
             let fstype = tail.next()?;
             let source = tail.next()?;
             let super_options = tail.next().unwrap_or("");
             Some(Mount {
                 mount_point: PathBuf::from(unescape(mount_point)),
+                mount_options: mount_options.to_string(),
                 fstype: unescape(fstype),
                 source: unescape(source),
                 super_options: unescape(super_options),
@@ -95,6 +100,7 @@ mod tests {
         assert_eq!(mounts[1].fstype, "btrfs");
         assert_eq!(mounts[1].source, "/dev/loop3");
         assert_eq!(mounts[1].super_options, "rw,discard");
+        assert_eq!(mounts[1].mount_options, "rw,noatime");
     }
 
     #[test]
