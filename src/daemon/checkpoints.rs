@@ -515,7 +515,6 @@ impl Daemon {
         c: &Arc<Checkpoint>,
         req: &ForkRequest,
     ) -> Result<ForkResult, ApiError> {
-        self.keep_migrations_cheap();
         let count = req.count.unwrap_or(1);
         if count == 0 || count > 10_000 {
             return Err(ApiError::bad_request(format!(

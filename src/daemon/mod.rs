@@ -248,6 +248,21 @@ impl Daemon {
             favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
         });
         daemon.keep_migrations_cheap();
+        if daemon.favor_dynmods {
+            // Another program's mount of cgroup2 clears the flag; set it again within a
+            // second, off the request path (setting it waits for an RCU grace period).
+            let weak = Arc::downgrade(&daemon);
+            std::thread::Builder::new()
+                .name("favordynmods".into())
+                .spawn(move || loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    match weak.upgrade() {
+                        Some(d) => d.keep_migrations_cheap(),
+                        None => break,
+                    }
+                })
+                .context("start the favordynmods watcher")?;
+        }
         daemon
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;
@@ -259,8 +274,8 @@ impl Daemon {
 
     /// Keeps `favordynmods` set on the cgroup2 mount, so that moving a process into a
     /// cgroup does not wait for an RCU grace period (see
-    /// [`forkd_cgroups::favor_dynamic_changes`]). Called at start-up and before each
-    /// create and fork: another program's mount of cgroup2 clears the flag.
+    /// [`forkd_cgroups::favor_dynamic_changes`]). Called at start-up and then once a
+    /// second by a watcher thread: another program's mount of cgroup2 clears the flag.
     pub(crate) fn keep_migrations_cheap(&self) {
         if !self.favor_dynmods {
             return;
