@@ -10,26 +10,20 @@ fn favordynmods_on() -> Option<bool> {
         .map(|m| m.super_options.split(',').any(|o| o == "favordynmods"))
 }
 
+/// Prints `SKIP <name>: <why>`, or fails under `CI=true`, where nothing may be skipped.
+fn skip(name: &str, why: &str) {
+    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{name}: {why}");
+    println!("SKIP {name}: {why}");
+}
+
 #[test]
 fn favordynmods_is_set_again_after_another_cgroup2_mount_clears_it() {
     let name = "favordynmods_is_set_again_after_another_cgroup2_mount_clears_it";
     if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "{name}: needs root"
-        );
-        println!("SKIP {name}: needs root");
-        return;
+        return skip(name, "needs root");
     }
     let Some((point, _)) = forkd_cgroups::favor_dynamic_changes().unwrap() else {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "{name}: no cgroup2 mount"
-        );
-        println!("SKIP {name}: this machine has no cgroup2 mount");
-        return;
+        return skip(name, "this machine has no cgroup2 mount");
     };
     assert_eq!(
         favordynmods_on(),
