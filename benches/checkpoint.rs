@@ -394,45 +394,29 @@ fn run() -> Result<()> {
             .insert(0, format!("**the run failed, results are partial**: {e:#}"));
     }
 
-    let (rev, dirty) = common::git_revision();
-    let load_end = common::load_average();
-    let machine = common::machine();
-    let header = json!({
-        "git_revision": rev,
-        "git_dirty": dirty,
-        "date": date,
-        "machine": machine,
-        "load_average": { "start": load_start, "end": load_end },
-        "config": {
+    let run = common::RunInfo::at_end(&date, &load_start);
+    let header = run.header(
+        json!({
             "samples": cfg.samples,
             "branch_counts": cfg.branch_counts,
             "sizes_bytes": cfg.sizes,
             "qemu": cfg.qemu,
-        },
-        "peers": {
-            "podman": podman.as_ref().map(|p| json!({
-                "version": p.version, "runtime": p.runtime,
-                "image": PODMAN_IMAGE, "flags": PODMAN_RUN_FLAGS,
-            })),
-            "criu": criu.as_ref().map(|c| json!({
-                "path": c.path, "version": c.version,
-            })),
-        },
-    });
-    let title = format!(
-        "revision `{}`{}, {date}; {} CPUs ({}), kernel {}, load average {load_start} at start, \
-         {load_end} at end; peers: {}, {}",
-        rev.as_deref()
-            .map(|r| &r[..r.len().min(12)])
-            .unwrap_or("unknown"),
-        if dirty == Some(true) {
-            " (with uncommitted changes)"
-        } else {
-            ""
-        },
-        machine["nproc"],
-        machine["cpu"].as_str().unwrap_or("unknown cpu"),
-        machine["kernel"].as_str().unwrap_or("?"),
+        }),
+        (
+            "peers",
+            json!({
+                "podman": podman.as_ref().map(|p| json!({
+                    "version": p.version, "runtime": p.runtime,
+                    "image": PODMAN_IMAGE, "flags": PODMAN_RUN_FLAGS,
+                })),
+                "criu": criu.as_ref().map(|c| json!({
+                    "path": c.path, "version": c.version,
+                })),
+            }),
+        ),
+    );
+    let title = run.title(&format!(
+        "peers: {}, {}",
         podman
             .as_ref()
             .map(|p| format!("podman {} with {}", p.version, p.runtime))
@@ -440,7 +424,7 @@ fn run() -> Result<()> {
         criu.as_ref()
             .map(|c| format!("CRIU {} command line", c.version))
             .unwrap_or_else(|| "CRIU missing".into()),
-    );
+    ));
     let (json_path, md_path, md) = out.report.write(&header, &title)?;
     println!("{md}");
     eprintln!("wrote {} and {}", json_path.display(), md_path.display());
@@ -677,6 +661,39 @@ fn fs_checkpoints(ctx: &Ctx, out: &mut Out) -> Result<()> {
     Ok(())
 }
 
+/// The volume's dirty bound (`FORKD_DIRTY_LIMIT`), which a sample can lift: the
+/// sysfs directory of the volume's writeback device, when the daemon set a bound.
+struct DirtyBound {
+    bdi: PathBuf,
+}
+
+impl DirtyBound {
+    fn of(ctx: &Ctx) -> Option<DirtyBound> {
+        let bdi = forkd_volume::bdi_of_mount(&ctx.data)?;
+        let strict = std::fs::read_to_string(bdi.join("strict_limit")).ok()?;
+        (strict.trim() == "1").then_some(DirtyBound { bdi })
+    }
+
+    fn bytes(&self) -> u64 {
+        std::fs::read_to_string(self.bdi.join("max_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Runs `f` with the bound lifted (`strict_limit` 0), then sets it again.
+    fn lifted<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let strict = self.bdi.join("strict_limit");
+        let set = |v: &str| {
+            std::fs::write(&strict, v).with_context(|| format!("write {}", strict.display()))
+        };
+        set("0")?;
+        let r = f();
+        set("1")?;
+        r
+    }
+}
+
 /// What the volume's dirty bound (`FORKD_DIRTY_LIMIT`) costs writers and saves
 /// checkpoints: the largest size written (from a copy in the page cache, so the source
 /// is not what is measured) and then checkpointed, with the bound on and, by turning
@@ -685,23 +702,14 @@ fn dirty_bound_tradeoff(ctx: &Ctx, out: &mut Out) -> Result<()> {
     let Some(&size) = ctx.cfg.sizes.iter().max() else {
         return Ok(());
     };
-    let Some(bdi) = forkd_volume::bdi_of_mount(&ctx.data) else {
-        out.report
-            .notes
-            .push("part 1b skipped: the volume is not a loop mount made by forkd".into());
+    let Some(bound) = DirtyBound::of(ctx) else {
+        out.report.notes.push(
+            "part 1b skipped: the volume has no dirty bound (not a loop mount made by forkd, \
+             or FORKD_DIRTY_LIMIT=0)"
+                .into(),
+        );
         return Ok(());
     };
-    let strict = bdi.join("strict_limit");
-    let bound = std::fs::read_to_string(bdi.join("max_bytes"))
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    if std::fs::read_to_string(&strict).unwrap_or_default().trim() != "1" {
-        out.report
-            .notes
-            .push("part 1b skipped: the daemon set no dirty bound (FORKD_DIRTY_LIMIT=0)".into());
-        return Ok(());
-    }
     let d = ctx.d;
     let label = size_label(size);
     let sb = d.create(BUSYBOX)?;
@@ -715,16 +723,19 @@ fn dirty_bound_tradeoff(ctx: &Ctx, out: &mut Out) -> Result<()> {
     for i in 0..samples * 2 {
         common::check_interrupted()?;
         let on = i % 2 == 0;
-        std::fs::write(&strict, if on { "1" } else { "0" })
-            .with_context(|| format!("write {}", strict.display()))?;
-        let t = Instant::now();
-        let r = d.sh_ok(&sb.id, "cat /data/src > /data/blob");
-        let write_us = t.elapsed().as_micros() as u64;
-        let t = Instant::now();
-        let c = r.and_then(|_| d.checkpoint(&sb.id, false, false));
-        let ck_us = t.elapsed().as_micros() as u64;
-        std::fs::write(&strict, "1").with_context(|| format!("write {}", strict.display()))?;
-        let c = c?;
+        let write_then_checkpoint = || {
+            let t = Instant::now();
+            d.sh_ok(&sb.id, "cat /data/src > /data/blob")?;
+            let write_us = t.elapsed().as_micros() as u64;
+            let t = Instant::now();
+            let c = d.checkpoint(&sb.id, false, false)?;
+            Ok((write_us, t.elapsed().as_micros() as u64, c))
+        };
+        let (write_us, ck_us, c) = if on {
+            write_then_checkpoint()?
+        } else {
+            bound.lifted(write_then_checkpoint)?
+        };
         d.remove_checkpoint(&c.id)?;
         d.sh_ok(&sb.id, "rm /data/blob && sync")?;
         rows.entry((on, "write")).or_default().push(write_us);
@@ -743,7 +754,7 @@ fn dirty_bound_tradeoff(ctx: &Ctx, out: &mut Out) -> Result<()> {
     let mut table = Table {
         title: format!(
             "Writing {label} then checkpointing: the dirty bound ({} MiB) on and off",
-            bound >> 20
+            bound.bytes() >> 20
         ),
         header: [
             "bound",
@@ -2003,18 +2014,14 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
         .row("QEMU 256 MiB guest: live checkpoint, daemon dump", dump);
     // The same with the volume's dirty bound lifted for the sample: CRIU writes the
     // guest's memory into the volume, so the bound paces it (see part 1b).
-    if let Some(strict) = forkd_volume::bdi_of_mount(&ctx.data)
-        .map(|b| b.join("strict_limit"))
-        .filter(|f| std::fs::read_to_string(f).is_ok_and(|v| v.trim() == "1"))
-    {
+    if let Some(bound) = DirtyBound::of(ctx) {
         let row = "QEMU 256 MiB guest: live checkpoint with the dirty bound off, API";
         let unbounded = sample(row, 0, q, || {
-            std::fs::write(&strict, "0")?;
-            let t = Instant::now();
-            let c = d.checkpoint(&sb.id, true, false);
-            let us = t.elapsed().as_micros() as u64;
-            std::fs::write(&strict, "1")?;
-            let c = c?;
+            let (us, c) = bound.lifted(|| {
+                let t = Instant::now();
+                let c = d.checkpoint(&sb.id, true, false)?;
+                Ok((t.elapsed().as_micros() as u64, c))
+            })?;
             wait_tree_hash(d, &c.id, Instant::now())?;
             d.remove_checkpoint(&c.id)?;
             Ok(us)

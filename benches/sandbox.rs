@@ -150,40 +150,24 @@ fn run() -> Result<()> {
         ],
     ));
 
-    let (rev, dirty) = common::git_revision();
-    let load_end = common::load_average();
-    let machine = common::machine();
-    let header = json!({
-        "git_revision": rev,
-        "git_dirty": dirty,
-        "date": date,
-        "machine": machine,
-        "load_average": { "start": load_start, "end": load_end },
-        "config": { "samples": cfg.samples, "density": cfg.density, "image": IMAGE },
-        "peer": podman.as_ref().map(|p| json!({
-            "engine": "podman", "version": p.version, "runtime": p.runtime,
-            "image": PODMAN_IMAGE, "flags": PODMAN_RUN_FLAGS,
-        })),
-    });
-    let title = format!(
-        "revision `{}`{}, {date}; {} CPUs ({}), kernel {}, load average {load_start} at start, \
-         {load_end} at end; peer: {}",
-        rev.as_deref()
-            .map(|r| &r[..r.len().min(12)])
-            .unwrap_or("unknown"),
-        if dirty == Some(true) {
-            " (with uncommitted changes)"
-        } else {
-            ""
-        },
-        machine["nproc"],
-        machine["cpu"].as_str().unwrap_or("unknown cpu"),
-        machine["kernel"].as_str().unwrap_or("?"),
+    let run = common::RunInfo::at_end(&date, &load_start);
+    let header = run.header(
+        json!({ "samples": cfg.samples, "density": cfg.density, "image": IMAGE }),
+        (
+            "peer",
+            json!(podman.as_ref().map(|p| json!({
+                "engine": "podman", "version": p.version, "runtime": p.runtime,
+                "image": PODMAN_IMAGE, "flags": PODMAN_RUN_FLAGS,
+            }))),
+        ),
+    );
+    let title = run.title(&format!(
+        "peer: {}",
         podman
             .as_ref()
             .map(|p| format!("podman {} with {}", p.version, p.runtime))
             .unwrap_or_else(|| "skipped".into()),
-    );
+    ));
     let (json_path, md_path, md) = report.write(&header, &title)?;
     println!("{md}");
     eprintln!("wrote {} and {}", json_path.display(), md_path.display());

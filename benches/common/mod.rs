@@ -887,6 +887,70 @@ pub fn git_revision() -> (Option<String>, Option<bool>) {
     (rev, dirty)
 }
 
+/// What a report's header and title say about the run: the revision, the machine and
+/// its load at the start and the end.
+pub struct RunInfo {
+    rev: Option<String>,
+    dirty: Option<bool>,
+    date: String,
+    machine: Value,
+    load_start: String,
+    load_end: String,
+}
+
+impl RunInfo {
+    /// Taken at the end of a run that started at `date` with load `load_start`.
+    pub fn at_end(date: &str, load_start: &str) -> RunInfo {
+        let (rev, dirty) = git_revision();
+        RunInfo {
+            rev,
+            dirty,
+            date: date.to_string(),
+            machine: machine(),
+            load_start: load_start.to_string(),
+            load_end: load_average(),
+        }
+    }
+
+    /// The JSON header: run facts, the benchmark's `config`, and its peers under `peers.0`.
+    pub fn header(&self, config: Value, peers: (&str, Value)) -> Value {
+        let mut header = json!({
+            "git_revision": self.rev,
+            "git_dirty": self.dirty,
+            "date": self.date,
+            "machine": self.machine,
+            "load_average": { "start": self.load_start, "end": self.load_end },
+            "config": config,
+        });
+        header[peers.0] = peers.1;
+        header
+    }
+
+    /// The one-line title under the report's heading; `peers` names the peers measured.
+    pub fn title(&self, peers: &str) -> String {
+        let m = &self.machine;
+        format!(
+            "revision `{}`{}, {}; {} CPUs ({}), kernel {}, load average {} at start, {} at \
+             end; {peers}",
+            self.rev
+                .as_deref()
+                .map(|r| &r[..r.len().min(12)])
+                .unwrap_or("unknown"),
+            if self.dirty == Some(true) {
+                " (with uncommitted changes)"
+            } else {
+                ""
+            },
+            self.date,
+            m["nproc"],
+            m["cpu"].as_str().unwrap_or("unknown cpu"),
+            m["kernel"].as_str().unwrap_or("?"),
+            self.load_start,
+            self.load_end,
+        )
+    }
+}
+
 /// Now as an RFC 3339 UTC timestamp.
 pub fn utc_now() -> String {
     let secs = SystemTime::now()

@@ -56,14 +56,20 @@ fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> CriuError {
 pub struct Criu {
     pub path: PathBuf,
     pub version: String,
-    /// A tmpfs directory every CRIU started here sees as its `/run`; see
-    /// [`Criu::use_private_run`].
-    run_dir: Option<PathBuf>,
-    /// The cgroup yard handed to restores, and the binds that make it up in CRIU's own
-    /// namespace (none when the host's cgroup root is laid out as a yard already).
-    yard: Option<(PathBuf, Vec<(PathBuf, PathBuf)>)>,
+    /// The private `/run` and cgroup yard; see [`Criu::use_private_run`].
+    private_run: Option<PrivateRun>,
     /// How CRIU is started: a program and the arguments that precede CRIU's own.
     launch: (PathBuf, Vec<std::ffi::OsString>),
+}
+
+/// The tmpfs every CRIU sees as its `/run`, and the cgroup yard restores are given.
+#[derive(Debug, Clone)]
+struct PrivateRun {
+    dir: PathBuf,
+    yard: PathBuf,
+    /// (hierarchy, place in the yard) bound inside CRIU's namespace; none when the
+    /// host's cgroup root is laid out as a yard already.
+    binds: Vec<(PathBuf, PathBuf)>,
 }
 
 /// What to dump.
@@ -113,6 +119,15 @@ pub struct RestoreOpts {
     /// (controller, path) roots for the restored tree's cgroups (`--cgroup-root`); an
     /// empty controller means every controller (cgroup v2).
     pub cgroup_roots: Vec<(String, String)>,
+}
+
+/// What the CRIU process of one exchange gets besides its request.
+#[derive(Default)]
+struct Child<'a> {
+    /// `cgroup.procs` files it is moved into before the request is sent.
+    join_cgroup_procs: &'a [PathBuf],
+    /// A descriptor number at which it finds a new network namespace.
+    netns_fd: Option<i32>,
 }
 
 /// The outcome of a dump.
@@ -173,8 +188,7 @@ impl Criu {
         Ok(Criu {
             path,
             version: format!("{major}.{minor}"),
-            run_dir: None,
-            yard: None,
+            private_run: None,
             launch,
         })
     }
@@ -204,7 +218,7 @@ impl Criu {
             .map_err(|e| fail("mount CRIU's private /run", dir, e))?;
         let hierarchies = cgroup_hierarchies()
             .map_err(|e| fail("list cgroup hierarchies", Path::new("/proc/self/cgroup"), e))?;
-        let yard = match host_yard(&hierarchies) {
+        let (yard, binds) = match host_yard(&hierarchies) {
             Some(root) => (root, Vec::new()),
             None => {
                 let mut binds = Vec::new();
@@ -217,26 +231,29 @@ impl Criu {
                 (PathBuf::from("/run/cgyard"), binds)
             }
         };
-        self.run_dir = Some(dir.to_path_buf());
-        self.yard = Some(yard);
+        self.private_run = Some(PrivateRun {
+            dir: dir.to_path_buf(),
+            yard,
+            binds,
+        });
         Ok(())
     }
 
     /// The private `/run` set by [`Criu::use_private_run`], if any.
     pub fn run_dir(&self) -> Option<&Path> {
-        self.run_dir.as_deref()
+        self.private_run.as_ref().map(|p| p.dir.as_path())
     }
 
     fn cgroup_yard(&self) -> Option<&Path> {
-        self.yard.as_ref().map(|(y, _)| y.as_path())
+        self.private_run.as_ref().map(|p| p.yard.as_path())
     }
 
     fn command(&self) -> Result<Command, CriuError> {
         let mut cmd = Command::new(&self.launch.0);
         cmd.args(&self.launch.1);
-        if let Some(dir) = &self.run_dir {
-            let binds = self.yard.as_ref().map(|(_, b)| b.as_slice()).unwrap_or(&[]);
-            forkd_sys::with_own_run(&mut cmd, dir, binds).map_err(io("prepare CRIU's /run"))?;
+        if let Some(p) = &self.private_run {
+            forkd_sys::with_own_run(&mut cmd, &p.dir, &p.binds)
+                .map_err(io("prepare CRIU's /run"))?;
         }
         Ok(cmd)
     }
@@ -271,18 +288,23 @@ impl Criu {
         let log = opts.images_dir.join(&opts.log_file);
         let mut hook = Duration::ZERO;
         let mut hook_error = None;
-        let resp = self.call(rpc::Criu_req_type::DUMP, o, None, &mut |script| {
-            if script == "post-dump" {
-                let t = Instant::now();
-                let r = post_dump();
-                hook = t.elapsed();
-                if let Err(e) = r {
-                    hook_error = Some(e);
-                    return false;
+        let resp = self.call(
+            rpc::Criu_req_type::DUMP,
+            o,
+            &Child::default(),
+            &mut |script| {
+                if script == "post-dump" {
+                    let t = Instant::now();
+                    let r = post_dump();
+                    hook = t.elapsed();
+                    if let Err(e) = r {
+                        hook_error = Some(e);
+                        return false;
+                    }
                 }
-            }
-            true
-        });
+                true
+            },
+        );
         if let Some(e) = hook_error {
             return Err(CriuError::Failed {
                 action: "dump",
@@ -331,12 +353,11 @@ impl Criu {
         fd.set_key(NETNS_KEY.to_string());
         fd.set_fd(NETNS_FD);
         o.inherit_fd.push(fd);
-        let resp = self.call(
-            rpc::Criu_req_type::RESTORE,
-            o,
-            Some(&opts.join_cgroup_procs),
-            &mut |_| true,
-        )?;
+        let child = Child {
+            join_cgroup_procs: &opts.join_cgroup_procs,
+            netns_fd: Some(NETNS_FD),
+        };
+        let resp = self.call(rpc::Criu_req_type::RESTORE, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;
         let pid = resp.restore.as_ref().map(|r| r.pid()).unwrap_or(0);
         if pid <= 0 {
@@ -391,7 +412,7 @@ impl Criu {
         &self,
         kind: rpc::Criu_req_type,
         opts: rpc::Criu_opts,
-        join_cgroup_procs: Option<&[PathBuf]>,
+        child_setup: &Child<'_>,
         notify: &mut dyn FnMut(&str) -> bool,
     ) -> Result<rpc::Criu_resp, CriuError> {
         // CRIU expects SOCK_SEQPACKET: one message per read.
@@ -409,14 +430,14 @@ impl Criu {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         forkd_sys::inherit_fds(&mut cmd, vec![(theirs.as_raw_fd(), 3)]);
-        if kind == rpc::Criu_req_type::RESTORE {
-            forkd_sys::fresh_netns_fd(&mut cmd, NETNS_FD);
+        if let Some(fd) = child_setup.netns_fd {
+            forkd_sys::fresh_netns_fd(&mut cmd, fd);
         }
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
         drop(theirs);
-        for procs in join_cgroup_procs.unwrap_or(&[]) {
+        for procs in child_setup.join_cgroup_procs {
             std::fs::write(procs, child.id().to_string())
                 .map_err(io("move criu into the branch cgroup"))?;
         }
@@ -583,34 +604,6 @@ pub fn parse_version(text: &str) -> Option<(u32, u32)> {
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_parse() {
-        assert_eq!(parse_version("Version: 4.1.1\n"), Some((4, 1)));
-        assert_eq!(
-            parse_version("Version: 3.17.1\nGitID: v3.17\n"),
-            Some((3, 17))
-        );
-        assert_eq!(parse_version("Version: 4.0\n"), Some((4, 0)));
-        assert_eq!(parse_version("garbage"), None);
-    }
-
-    #[test]
-    fn log_tail_prefers_error_lines() {
-        let dir = std::env::temp_dir().join(format!("forkd-criu-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("dump.log");
-        std::fs::write(&log, "(00.0) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.1) a\n(00.2) Error (criu/files.c:1): Can't dump fd 5\n(00.3) b\n").unwrap();
-        assert_eq!(log_errors(&log), vec!["Can't dump fd 5".to_string()]);
-        assert!(log_tail(&log).contains("Can't dump fd 5"));
-        assert!(!log_tail(&log).contains("RLIMIT"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
 /// The directory where every hierarchy is mounted under its CRIU name, if there is one.
 fn host_yard(hierarchies: &[(String, PathBuf)]) -> Option<PathBuf> {
     let root = hierarchies.first()?.1.parent()?.to_path_buf();
@@ -664,9 +657,55 @@ fn parse_hierarchies(own: &str, mountinfo: &str) -> std::io::Result<Vec<(String,
     Ok(out)
 }
 
+/// For a private bundle as `fixtures/setup.sh criu` installs it (`<prefix>/bin/criu`, a
+/// shell wrapper that runs `<prefix>/usr/sbin/criu` through the prefix's own loader and
+/// libraries), the same launch without the shell: a couple of milliseconds per call.
+fn bundle_launch(wrapper: &Path) -> Option<(PathBuf, Vec<std::ffi::OsString>)> {
+    let prefix = wrapper.parent()?.parent()?;
+    let triplet = format!("{}-linux-gnu", std::env::consts::ARCH);
+    let loader_name = match std::env::consts::ARCH {
+        "x86_64" => "ld-linux-x86-64.so.2",
+        "aarch64" => "ld-linux-aarch64.so.1",
+        _ => return None,
+    };
+    let libs = prefix.join("usr/lib").join(&triplet);
+    let loader = libs.join(loader_name);
+    let criu = prefix.join("usr/sbin/criu");
+    if wrapper.file_name()? != "criu" || !loader.is_file() || !criu.is_file() {
+        return None;
+    }
+    let mut path = std::ffi::OsString::from(libs.as_os_str());
+    path.push(":");
+    path.push(prefix.join("lib").join(&triplet));
+    Some((loader, vec!["--library-path".into(), path, criu.into()]))
+}
+
 #[cfg(test)]
-mod yard_tests {
+mod tests {
     use super::*;
+
+    #[test]
+    fn versions_parse() {
+        assert_eq!(parse_version("Version: 4.1.1\n"), Some((4, 1)));
+        assert_eq!(
+            parse_version("Version: 3.17.1\nGitID: v3.17\n"),
+            Some((3, 17))
+        );
+        assert_eq!(parse_version("Version: 4.0\n"), Some((4, 0)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn log_tail_prefers_error_lines() {
+        let dir = std::env::temp_dir().join(format!("forkd-criu-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("dump.log");
+        std::fs::write(&log, "(00.0) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.1) a\n(00.2) Error (criu/files.c:1): Can't dump fd 5\n(00.3) b\n").unwrap();
+        assert_eq!(log_errors(&log), vec!["Can't dump fd 5".to_string()]);
+        assert!(log_tail(&log).contains("Can't dump fd 5"));
+        assert!(!log_tail(&log).contains("RLIMIT"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn hierarchies_of_a_hybrid_v1_host() {
@@ -730,27 +769,4 @@ mod yard_tests {
         let err = parse_hierarchies("3:memory:/x\n", mi).unwrap_err();
         assert!(err.to_string().contains("\"memory\""), "{err}");
     }
-}
-
-/// For a private bundle as `fixtures/setup.sh criu` installs it (`<prefix>/bin/criu`, a
-/// shell wrapper that runs `<prefix>/usr/sbin/criu` through the prefix's own loader and
-/// libraries), the same launch without the shell: a couple of milliseconds per call.
-fn bundle_launch(wrapper: &Path) -> Option<(PathBuf, Vec<std::ffi::OsString>)> {
-    let prefix = wrapper.parent()?.parent()?;
-    let triplet = format!("{}-linux-gnu", std::env::consts::ARCH);
-    let loader_name = match std::env::consts::ARCH {
-        "x86_64" => "ld-linux-x86-64.so.2",
-        "aarch64" => "ld-linux-aarch64.so.1",
-        _ => return None,
-    };
-    let libs = prefix.join("usr/lib").join(&triplet);
-    let loader = libs.join(loader_name);
-    let criu = prefix.join("usr/sbin/criu");
-    if wrapper.file_name()? != "criu" || !loader.is_file() || !criu.is_file() {
-        return None;
-    }
-    let mut path = std::ffi::OsString::from(libs.as_os_str());
-    path.push(":");
-    path.push(prefix.join("lib").join(&triplet));
-    Some((loader, vec!["--library-path".into(), path, criu.into()]))
 }
