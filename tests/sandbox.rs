@@ -168,7 +168,8 @@ fn sandbox_is_isolated_from_the_host() {
         .filter(|p| std::path::Path::new("/proc").join(p).exists())
         .map(|p| format!("/proc/{p}"))
         .collect();
-    let mut expected: Vec<&str> = vec!["/", "/dev", "/dev/pts", "/proc", "/sys"];
+    // /dev is a directory of the root filesystem, not a mount (only its devpts is).
+    let mut expected: Vec<&str> = vec!["/", "/dev/pts", "/proc", "/sys"];
     expected.extend(host_wide.iter().map(String::as_str));
     expected.sort();
     assert_eq!(points, expected, "unexpected mounts:\n{mounts}");
@@ -462,4 +463,66 @@ fn malicious_image_archive_is_rejected_and_leaves_nothing() {
         .is_none());
     let out = d.cli(&["image", "ls", "-q"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "busybox");
+}
+
+/// `/dev` is made in the root filesystem by the sandbox's set-up, so an image's own `dev`
+/// entries must not be able to redirect it: a `dev` symlink to a host directory, a
+/// regular file at `dev/null`, a `dev/shm` symlink. Each sandbox gets the real nodes and
+/// nothing is written on the host.
+#[test]
+fn hostile_dev_entries_in_an_image_stay_inside() {
+    if !can_run("hostile_dev_entries_in_an_image_stay_inside") {
+        return;
+    }
+    let d = TestDaemon::start("hostiledev");
+    let work = d.root.parent().unwrap().join("hostile-dev");
+    let host_dir = work.join("host-dir");
+    std::fs::create_dir_all(&host_dir).unwrap();
+    let rootfs = |name: &str| {
+        let dir = work.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(busybox_tar())
+            .arg("-C")
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "extract {}", busybox_tar().display());
+        dir
+    };
+    let linked = rootfs("dev-symlink");
+    let _ = std::fs::remove_dir_all(linked.join("dev"));
+    std::os::unix::fs::symlink(&host_dir, linked.join("dev")).unwrap();
+    let files = rootfs("dev-files");
+    std::fs::create_dir_all(files.join("dev")).unwrap();
+    std::fs::write(files.join("dev/null"), "not a device").unwrap();
+    let _ = std::fs::remove_dir_all(files.join("dev/shm"));
+    std::os::unix::fs::symlink(&host_dir, files.join("dev/shm")).unwrap();
+
+    for (name, dir) in [("dev-symlink", &linked), ("dev-files", &files)] {
+        let out = d.cli(&["image", "import", dir.to_str().unwrap(), "--name", name]);
+        assert!(out.status.success(), "import {name}: {out:?}");
+        let sb = d.create(serde_json::json!({ "image": name }));
+        let (code, out, err) = d.sh(
+            &sb.id,
+            "stat -c '%n %F %t:%T' /dev/null /dev/zero /dev/urandom; \
+             stat -c '%n %F' /dev /dev/shm; echo data > /dev/shm/f && cat /dev/shm/f",
+        );
+        assert_eq!(code, 0, "{name}: {err}");
+        let expected = "/dev/null character special file 1:3\n\
+                        /dev/zero character special file 1:5\n\
+                        /dev/urandom character special file 1:9\n\
+                        /dev directory\n\
+                        /dev/shm directory\n\
+                        data\n";
+        assert_eq!(out, expected, "{name}");
+        d.remove(&sb.id);
+    }
+    let left: Vec<_> = std::fs::read_dir(&host_dir).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "the sandbox set-up wrote on the host: {left:?}"
+    );
 }

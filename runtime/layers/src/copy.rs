@@ -6,8 +6,8 @@
 //! followed, even if the source changes during the copy. File contents go
 //! through `std::io::copy`, which uses `copy_file_range` between files.
 //!
-//! Device nodes under `dev/` are skipped (the sandbox mounts its own /dev)
-//! and rejected anywhere else; sockets are skipped. Extended attributes of
+//! Device nodes: the standard ones at `dev/NAME` ([`crate::devices`]) are
+//! copied, any other under `dev/` is skipped and one anywhere else rejected; sockets are skipped. Extended attributes of
 //! symlinks are not copied (none of the hashed ones apply to symlinks).
 
 use std::collections::HashMap;
@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid};
 use rustix::io::Errno;
 
+use crate::devices;
 use crate::error::LayerError;
 use crate::fsx::{self, XattrOf};
 use crate::progress::Counter;
@@ -202,6 +203,20 @@ impl Copier<'_, '_> {
             FileType::Fifo => {
                 rfs::mknodat(dst, name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
                     .map_err(|e| self.dst_err("creating fifo", rel, e))?;
+                self.meta_at(dst, name, &st, rel, true)?;
+                self.progress.entry(0);
+            }
+            FileType::CharacterDevice
+                if devices::is_standard(rel, rfs::major(st.st_rdev), rfs::minor(st.st_rdev)) =>
+            {
+                rfs::mknodat(
+                    dst,
+                    name,
+                    FileType::CharacterDevice,
+                    Mode::from_raw_mode(0o600),
+                    st.st_rdev,
+                )
+                .map_err(|e| self.dst_err("creating device node", rel, e))?;
                 self.meta_at(dst, name, &st, rel, true)?;
                 self.progress.entry(0);
             }

@@ -11,9 +11,10 @@
 //!   Symlinks themselves are created as data: their targets are never read.
 //! - A hard link must name an entry already extracted (a regular file,
 //!   symlink or fifo) by a path that passes the same rules.
-//! - Device nodes under `dev/` are skipped (the sandbox mounts its own /dev)
-//!   and rejected anywhere else, except the overlay whiteouts this module
-//!   makes itself. Fifos are kept, sockets cannot appear in tar.
+//! - Device nodes: the standard ones at `dev/NAME` ([`crate::devices`]) are
+//!   kept, any other under `dev/` is skipped and one anywhere else rejects the
+//!   archive, except the overlay whiteouts this module makes itself. Fifos are
+//!   kept, sockets cannot appear in tar.
 //! - Owner, mode (including setuid/setgid/sticky), mtime and a safe subset
 //!   of xattrs from PAX `SCHILY.xattr.*` records are applied.
 //! - A later entry replaces an earlier one with the same path, as tar does.
@@ -34,6 +35,7 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Timespec, Ti
 use rustix::io::Errno;
 use tar::EntryType;
 
+use crate::devices;
 use crate::error::LayerError;
 use crate::fsx::{self, XattrOf};
 use crate::progress::Counter;
@@ -338,23 +340,7 @@ impl Extractor {
                 self.hardlink(parent_comps, &name, &rel, &target_raw, raw)?;
                 Ok(0)
             }
-            EntryType::Fifo => {
-                let dir = self.parent(parent_comps, true, raw)?;
-                self.prepare(&dir, &name, &rel, false)?;
-                rfs::mknodat(&*dir, &name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
-                    .map_err(|e| self.io("creating fifo", &rel, e))?;
-                self.chown_at(&dir, &name, &rel, &meta)?;
-                rfs::chmodat(
-                    &*dir,
-                    &name,
-                    Mode::from_raw_mode(meta.mode),
-                    AtFlags::empty(),
-                )
-                .map_err(|e| self.io("setting mode of", &rel, e))?;
-                set_times_at(&dir, &name, meta.mtime)
-                    .map_err(|e| self.io("setting times of", &rel, e))?;
-                Ok(0)
-            }
+            EntryType::Fifo => self.node(parent_comps, &name, &rel, raw, &meta, FileType::Fifo, 0),
             EntryType::Char | EntryType::Block => {
                 let major = entry.header().device_major().ok().flatten().unwrap_or(0);
                 let minor = entry.header().device_minor().ok().flatten().unwrap_or(0);
@@ -365,13 +351,25 @@ impl Extractor {
                 {
                     return self.whiteout(&comps, raw, Some(&meta)).map(|_| 0);
                 }
+                if kind == EntryType::Char && devices::is_standard(&rel, major, minor) {
+                    let dev = rfs::makedev(major, minor);
+                    return self.node(
+                        parent_comps,
+                        &name,
+                        &rel,
+                        raw,
+                        &meta,
+                        FileType::CharacterDevice,
+                        dev,
+                    );
+                }
                 if comps[0] == b"dev" {
                     self.summary.skipped_devices += 1;
                     return Ok(0);
                 }
                 Err(LayerError::entry(
                     raw,
-                    "device nodes are only accepted under dev/ (where they are skipped)",
+                    "device nodes are only accepted under dev/ (where only the standard ones are kept)",
                 ))
             }
             other => Err(LayerError::entry(
@@ -379,6 +377,34 @@ impl Extractor {
                 format!("unsupported entry type {other:?}"),
             )),
         }
+    }
+
+    /// A fifo or a device node, with the entry's owner, mode and mtime.
+    #[allow(clippy::too_many_arguments)]
+    fn node(
+        &mut self,
+        parent_comps: &[&[u8]],
+        name: &CString,
+        rel: &[u8],
+        raw: &[u8],
+        meta: &Meta,
+        kind: FileType,
+        dev: rfs::Dev,
+    ) -> Result<u64, LayerError> {
+        let dir = self.parent(parent_comps, true, raw)?;
+        self.prepare(&dir, name, rel, false)?;
+        rfs::mknodat(&*dir, name, kind, Mode::from_raw_mode(0o600), dev)
+            .map_err(|e| self.io("creating node", rel, e))?;
+        self.chown_at(&dir, name, rel, meta)?;
+        rfs::chmodat(
+            &*dir,
+            name,
+            Mode::from_raw_mode(meta.mode),
+            AtFlags::empty(),
+        )
+        .map_err(|e| self.io("setting mode of", rel, e))?;
+        set_times_at(&dir, name, meta.mtime).map_err(|e| self.io("setting times of", rel, e))?;
+        Ok(0)
     }
 
     fn meta<R: Read>(

@@ -6,6 +6,7 @@
 //!   usable as an overlayfs lowerdir; imports from directories and tar
 //!   streams, and adoption of a sandbox's upper directory by rename.
 //! - [`extract`]: tar extraction that never writes outside its target.
+//! - [`devices`]: the device nodes a sandbox root carries under `dev/`.
 //! - [`ImageStore`] and [`import_image`]: named layer stacks from a rootfs
 //!   directory, a tarball, an OCI image layout or a `docker save` archive.
 //!
@@ -15,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod copy;
+pub mod devices;
 pub mod error;
 pub mod export;
 pub mod extract;

@@ -357,7 +357,7 @@ impl LayerStore {
         };
         if copied.skipped_devices > 0 {
             counter.note(format!(
-                "skipped {} device nodes under dev/ (sandboxes get their own /dev)",
+                "skipped {} device nodes under dev/ (a sandbox has only the standard ones)",
                 copied.skipped_devices
             ));
         }
@@ -386,7 +386,7 @@ impl LayerStore {
             Ok(x) => {
                 if x.skipped_devices > 0 {
                     counter.note(format!(
-                        "skipped {} device nodes under dev/ (sandboxes get their own /dev)",
+                        "skipped {} device nodes under dev/ (a sandbox has only the standard ones)",
                         x.skipped_devices
                     ));
                 }

@@ -104,24 +104,27 @@ fn import_dir_preserves_everything_hashed() {
 }
 
 #[test]
-fn import_dir_skips_dev_nodes_and_refuses_others() {
-    if !root_or_skip("import_dir_skips_dev_nodes_and_refuses_others") {
+fn import_dir_keeps_standard_dev_nodes_skips_and_refuses_others() {
+    if !root_or_skip("import_dir_keeps_standard_dev_nodes_skips_and_refuses_others") {
         return;
     }
     let st = State::new();
     let src = tempfile::tempdir().unwrap();
     fs::create_dir(src.path().join("dev")).unwrap();
-    let mknod = |p: &Path| {
+    let mknod_dev = |p: &Path, minor: u32| {
         rustix::fs::mknodat(
             rustix::fs::CWD,
             p,
             rustix::fs::FileType::CharacterDevice,
             rustix::fs::Mode::from_raw_mode(0o666),
-            rustix::fs::makedev(1, 3),
+            rustix::fs::makedev(1, minor),
         )
         .unwrap()
     };
+    let mknod = |p: &Path| mknod_dev(p, 3);
+    // A standard node is kept; another under dev/ (here /dev/mem's numbers) is not.
     mknod(&src.path().join("dev/null"));
+    mknod_dev(&src.path().join("dev/mem"), 1);
     let mut notes = Vec::new();
     let id = st
         .layers
@@ -132,7 +135,10 @@ fn import_dir_skips_dev_nodes_and_refuses_others() {
         })
         .unwrap();
     assert!(st.layers.path(&id).join("dev").is_dir());
-    assert!(!st.layers.path(&id).join("dev/null").exists());
+    let null = fs::symlink_metadata(st.layers.path(&id).join("dev/null")).unwrap();
+    assert!(null.file_type().is_char_device());
+    assert_eq!(null.rdev(), rustix::fs::makedev(1, 3));
+    assert!(!st.layers.path(&id).join("dev/mem").exists());
     assert_eq!(
         notes.iter().filter(|n| n.contains("device")).count(),
         1,
@@ -229,6 +235,8 @@ fn tar_entries_keep_owner_mode_fifo_and_safe_xattrs() {
             ],
         )
         .device(tar::EntryType::Char, "dev/null", 1, 3)
+        .device(tar::EntryType::Char, "dev/mem", 1, 1)
+        .device(tar::EntryType::Char, "dev/zero", 1, 9)
         // A later entry replaces an earlier one.
         .file("etc/motd", b"old", 0o644)
         .file("etc/motd", b"new", 0o600);
@@ -260,7 +268,13 @@ fn tar_entries_keep_owner_mode_fifo_and_safe_xattrs() {
         None,
         "overlay xattrs from a rootfs tar are ignored"
     );
-    assert!(!t.join("dev/null").exists());
+    // The standard node is kept; /dev/mem's numbers, and urandom's under zero's name,
+    // are not.
+    let null = fs::symlink_metadata(t.join("dev/null")).unwrap();
+    assert!(null.file_type().is_char_device());
+    assert_eq!(null.rdev(), rustix::fs::makedev(1, 3));
+    assert!(!t.join("dev/mem").exists());
+    assert!(!t.join("dev/zero").exists());
     assert_eq!(fs::read(t.join("etc/motd")).unwrap(), b"new");
     assert_eq!(
         fs::metadata(t.join("etc/motd")).unwrap().mode() & 0o7777,

@@ -5,8 +5,9 @@
 //! 1. joins the sandbox's cgroup, so everything after it is accounted and limited;
 //! 2. unshares mount, UTS, IPC, network, cgroup and pid namespaces;
 //! 3. forks: the child is PID 1 of the new pid namespace. It makes every mount private,
-//!    mounts `/proc`, a minimal `/dev` (device nodes made with mknod on a tmpfs, and a
-//!    private devpts instance), a read-only `/sys`, pivots into the overlay root and
+//!    mounts `/proc`, makes a minimal `/dev` in the root filesystem (the standard device
+//!    nodes, and a private devpts instance), a read-only `/sys`, pivots into the overlay
+//!    root and
 //!    detaches the old root completely, sets the hostname, brings up loopback, becomes
 //!    a session leader, gives itself stdio inside the sandbox, closes every other
 //!    descriptor, shrinks the capability bounding set, sets no_new_privs, and execs
@@ -23,7 +24,7 @@ use forkd_cgroups::{Cgroup, Hierarchy};
 use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+use nix::sys::stat::{makedev, Mode, SFlag};
 use nix::unistd::{chdir, pivot_root, sethostname, setsid};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
@@ -193,7 +194,7 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
     )
     .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?;
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    for d in ["proc", "dev", "sys", "tmp", ".forkd/run", ".forkd/logs"] {
+    for d in ["proc", "sys", "tmp", ".forkd/run", ".forkd/logs"] {
         std::fs::create_dir_all(root.join(d)).map_err(|e| ("mount", format!("mkdir {d}: {e}")))?;
     }
     mnt("proc", &root.join("proc"), "proc", nosuid, None)?;
@@ -225,16 +226,14 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
         nosuid | MsFlags::MS_RDONLY,
         None,
     )?;
-    let dev = root.join("dev");
-    // Not noexec: it holds /dev/shm, which programs may map executable.
+    make_dev(root)?;
     mnt(
-        "tmpfs",
-        &dev,
-        "tmpfs",
-        MsFlags::MS_NOSUID,
-        Some("mode=755,size=65536k"),
+        "devpts",
+        &root.join("dev/pts"),
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=620,gid=5"),
     )?;
-    make_devices(&dev)?;
     chmod(&root.join(".forkd/run"), 0o700)
         .map_err(|e| ("mount", format!("chmod .forkd/run: {e}")))?;
 
@@ -292,48 +291,135 @@ fn open_fd(path: &str, flags: OFlag) -> StepResult<OwnedFd> {
     .map_err(|e| ("stdio", format!("open {path}: {e}")))
 }
 
-fn make_devices(dev: &Path) -> StepResult<()> {
-    let chr = |name: &str, major: u64, minor: u64, mode: u32| -> StepResult<()> {
-        let p = dev.join(name);
-        mknod(
-            &p,
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(mode),
-            makedev(major, minor),
-        )
-        .map_err(|e| ("devices", format!("mknod {}: {e}", p.display())))?;
-        // mknod honours the umask; set the mode exactly.
-        chmod(&p, mode).map_err(|e| ("devices", format!("chmod {}: {e}", p.display())))
+/// What the root's own `dev/` directory must hold besides the device nodes.
+enum DevEntry {
+    Dir(u32),
+    Symlink(&'static str),
+}
+
+const DEV_ENTRIES: &[(&str, DevEntry)] = &[
+    ("pts", DevEntry::Dir(0o755)),
+    // POSIX shared memory: a directory of the root filesystem, so it is part of the
+    // writable layer and of checkpoints like any other file.
+    ("shm", DevEntry::Dir(0o1777)),
+    ("ptmx", DevEntry::Symlink("pts/ptmx")),
+    ("fd", DevEntry::Symlink("/proc/self/fd")),
+    ("stdin", DevEntry::Symlink("/proc/self/fd/0")),
+    ("stdout", DevEntry::Symlink("/proc/self/fd/1")),
+    ("stderr", DevEntry::Symlink("/proc/self/fd/2")),
+];
+
+/// Makes the root's `dev/` what a sandbox needs: the standard device nodes
+/// ([`forkd_layers::devices::DEVICES`]), `pts/` (for a devpts instance), `shm/` and the
+/// usual symlinks. `/dev` is not a mount: CRIU would save and restore a tmpfs there
+/// with an external tar on every live checkpoint and fork (about 4 ms each way), while
+/// the root filesystem is forkd's own to snapshot. Entries already right are left
+/// alone, so a sandbox made from a checkpoint (which has them in its layers) writes
+/// nothing. Everything is done through a descriptor of `dev/` opened without following
+/// symlinks, and no entry is ever followed: an image whose `dev` or `dev/null` is a
+/// symlink cannot make this write outside the root.
+fn make_dev(root: &Path) -> StepResult<()> {
+    use nix::errno::Errno;
+    use nix::sys::stat::{fchmodat, fstatat, mkdirat, mknodat, FchmodatFlags};
+    use nix::unistd::{symlinkat, unlinkat, UnlinkatFlags};
+    let fail = |what: String, e: Errno| ("devices", format!("{what}: {e}"));
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let root_fd = nix::fcntl::open(root, dir_flags, Mode::empty())
+        .map(forkd_sys::own_fd)
+        .map_err(|e| fail(format!("open {}", root.display()), e))?;
+    let rfd = root_fd.as_raw_fd();
+    // Removes what is in the way of an entry (an empty directory included).
+    let remove = |dir: i32, name: &str, st: &nix::sys::stat::FileStat| -> StepResult<()> {
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let how = if is_dir {
+            UnlinkatFlags::RemoveDir
+        } else {
+            UnlinkatFlags::NoRemoveDir
+        };
+        unlinkat(Some(dir), name, how).map_err(|e| fail(format!("replace dev/{name}"), e))
     };
-    chr("null", 1, 3, 0o666)?;
-    chr("zero", 1, 5, 0o666)?;
-    chr("full", 1, 7, 0o666)?;
-    chr("random", 1, 8, 0o666)?;
-    chr("urandom", 1, 9, 0o666)?;
-    chr("tty", 5, 0, 0o666)?;
-    std::fs::create_dir_all(dev.join("pts"))
-        .map_err(|e| ("devices", format!("mkdir dev/pts: {e}")))?;
-    // POSIX shared memory lives in /dev's own tmpfs rather than a tmpfs of its own:
-    // CRIU saves and restores every tmpfs with an external tar, some 4 ms each way.
-    std::fs::create_dir_all(dev.join("shm"))
-        .and_then(|()| chmod(&dev.join("shm"), 0o1777))
-        .map_err(|e| ("devices", format!("make dev/shm: {e}")))?;
-    mnt(
-        "devpts",
-        &dev.join("pts"),
-        "devpts",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=620,gid=5"),
-    )?;
-    for (link, target) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        std::os::unix::fs::symlink(target, dev.join(link))
-            .map_err(|e| ("devices", format!("symlink dev/{link}: {e}")))?;
+    let lstat = |dir: i32, name: &str| -> StepResult<Option<nix::sys::stat::FileStat>> {
+        match fstatat(Some(dir), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(fail(format!("stat dev/{name}"), e)),
+        }
+    };
+    let chmod_at = |dir: i32, name: &str, mode: u32| -> StepResult<()> {
+        // mkdirat and mknodat honour the umask; set the mode exactly. The entry was
+        // just made by this process, so following it is safe.
+        fchmodat(
+            Some(dir),
+            name,
+            Mode::from_bits_truncate(mode),
+            FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| fail(format!("chmod dev/{name}"), e))
+    };
+
+    if let Some(st) = lstat(rfd, "dev")? {
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            unlinkat(Some(rfd), "dev", UnlinkatFlags::NoRemoveDir)
+                .map_err(|e| fail("replace dev".into(), e))?;
+        }
+    }
+    match mkdirat(Some(rfd), "dev", Mode::from_bits_truncate(0o755)) {
+        Ok(()) => chmod_at(rfd, "dev", 0o755)?,
+        Err(Errno::EEXIST) => {}
+        Err(e) => return Err(fail("mkdir dev".into(), e)),
+    }
+    let dev_fd = nix::fcntl::openat(Some(rfd), "dev", dir_flags, Mode::empty())
+        .map(forkd_sys::own_fd)
+        .map_err(|e| fail("open dev".into(), e))?;
+    let dfd = dev_fd.as_raw_fd();
+
+    for d in forkd_layers::devices::DEVICES {
+        let rdev = makedev(d.major.into(), d.minor.into());
+        match lstat(dfd, d.name)? {
+            Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == rdev => {
+                continue
+            }
+            Some(st) => remove(dfd, d.name, &st)?,
+            None => {}
+        }
+        mknodat(
+            Some(dfd),
+            d.name,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(d.mode),
+            rdev,
+        )
+        .map_err(|e| fail(format!("mknod dev/{}", d.name), e))?;
+        chmod_at(dfd, d.name, d.mode)?;
+    }
+    for (name, entry) in DEV_ENTRIES {
+        let st = lstat(dfd, name)?;
+        match entry {
+            DevEntry::Dir(mode) => {
+                if let Some(st) = &st {
+                    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                        continue;
+                    }
+                    remove(dfd, name, st)?;
+                }
+                mkdirat(Some(dfd), *name, Mode::from_bits_truncate(*mode))
+                    .map_err(|e| fail(format!("mkdir dev/{name}"), e))?;
+                chmod_at(dfd, name, *mode)?;
+            }
+            DevEntry::Symlink(target) => {
+                if let Some(st) = &st {
+                    let same = st.st_mode & libc::S_IFMT == libc::S_IFLNK
+                        && nix::fcntl::readlinkat(Some(dfd), *name)
+                            .is_ok_and(|t| t.as_os_str() == *target);
+                    if same {
+                        continue;
+                    }
+                    remove(dfd, name, st)?;
+                }
+                symlinkat(*target, Some(dfd), *name)
+                    .map_err(|e| fail(format!("symlink dev/{name}"), e))?;
+            }
+        }
     }
     Ok(())
 }
