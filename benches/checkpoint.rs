@@ -11,8 +11,9 @@
 //! 2. Live forks of a small process tree: busybox (a shell loop and a sleep), and, when
 //!    the Debian fixture exists, the real case (a shell and python3). A live checkpoint
 //!    is forked with one request of N = 1, 10, 100 branches; per-branch time is the
-//!    branch's `phases_us.total`, next to the request's wall time / N. Peers: `podman
-//!    container restore --import` of the same busybox tree, and the raw CRIU command line
+//!    branch's `phases_us.total`, next to the request's wall time / N. Peers, for each
+//!    tree: `podman container restore --import` of the same tree (a container of the
+//!    same rootfs running the same shell line), and the raw CRIU command line
 //!    (`criu restore -d`) restoring the very images forkd restores, into an overlay
 //!    mounted by hand over the checkpoint's layers (root, lowers and an empty upper on the
 //!    same btrfs volume), killed and unmounted after each copy. The peers' restores are
@@ -52,7 +53,6 @@ use std::time::{Duration, Instant};
 
 const BUSYBOX: &str = "busybox";
 const DEBIAN: &str = "debian";
-const PODMAN_IMAGE: &str = "localhost/forkd-bench-busybox";
 
 /// Goals, checked under the table.
 const FS_CHECKPOINT_GOAL_MS: f64 = 20.0;
@@ -69,6 +69,10 @@ struct Tree {
     shell: &'static str,
     /// Process names that every restored copy must have running.
     expect: &'static [&'static str],
+    /// The fixture rootfs archive (under the cache's images/) and the name podman's
+    /// peer imports it under.
+    fixture: &'static str,
+    podman_image: &'static str,
 }
 
 const BUSYBOX_TREE: Tree = Tree {
@@ -76,6 +80,8 @@ const BUSYBOX_TREE: Tree = Tree {
     image: BUSYBOX,
     shell: "while true; do sleep 1; done & exec sleep 100000",
     expect: &["sh", "sleep"],
+    fixture: "busybox.tar",
+    podman_image: "localhost/forkd-bench-busybox",
 };
 
 const DEBIAN_TREE: Tree = Tree {
@@ -83,6 +89,8 @@ const DEBIAN_TREE: Tree = Tree {
     image: DEBIAN,
     shell: "python3 -c 'import time\nwhile True: time.sleep(1)' & while true; do sleep 1; done",
     expect: &["sh", "python3"],
+    fixture: "debian.tar.zst",
+    podman_image: "localhost/forkd-bench-debian",
 };
 
 /// The guest of part 3, as tests/guest.rs starts it: TCG (CRIU cannot dump KVM file
@@ -407,7 +415,8 @@ fn run() -> Result<()> {
             json!({
                 "podman": podman.as_ref().map(|p| json!({
                     "version": p.version, "runtime": p.runtime,
-                    "image": PODMAN_IMAGE, "flags": PODMAN_RUN_FLAGS,
+                    "images": [BUSYBOX_TREE.podman_image, DEBIAN_TREE.podman_image],
+                    "flags": PODMAN_RUN_FLAGS,
                 })),
                 "criu": criu.as_ref().map(|c| json!({
                     "path": c.path, "version": c.version,
@@ -502,19 +511,22 @@ fn measure(
         false
     };
 
-    let mut podman_peer = match podman {
-        Some(p) => Some(PodmanPeer::new(&ctx, out, p)?),
-        None => {
-            out.report
-                .notes
-                .push("podman peer skipped: no ratio against podman".into());
-            None
-        }
+    if podman.is_none() {
+        out.report
+            .notes
+            .push("podman peer skipped: no ratio against podman".into());
+    }
+    let trees: &[&Tree] = if debian {
+        &[&BUSYBOX_TREE, &DEBIAN_TREE]
+    } else {
+        &[&BUSYBOX_TREE]
     };
-    live_forks(&ctx, out, &BUSYBOX_TREE, criu, podman_peer.as_mut())?;
-    drop(podman_peer);
-    if debian {
-        live_forks(&ctx, out, &DEBIAN_TREE, criu, None)?;
+    for tree in trees {
+        let mut podman_peer = match podman {
+            Some(p) => Some(PodmanPeer::new(&ctx, out, p, tree)?),
+            None => None,
+        };
+        live_forks(&ctx, out, tree, criu, podman_peer.as_mut())?;
     }
     fork_checks(&mut out.report, cfg, debian);
 
@@ -890,9 +902,16 @@ fn row_raw(tree: &Tree, with_mount: bool) -> String {
     }
 }
 
-const ROW_PODMAN_CHECKPOINT: &str =
-    "podman container checkpoint --leave-running --export, busybox sh+sleep (peer)";
-const ROW_PODMAN_RESTORE: &str = "podman container restore --import, busybox sh+sleep (peer)";
+fn row_podman_checkpoint(tree: &Tree) -> String {
+    format!(
+        "podman container checkpoint --leave-running --export, {} (peer)",
+        tree.name
+    )
+}
+
+fn row_podman_restore(tree: &Tree) -> String {
+    format!("podman container restore --import, {} (peer)", tree.name)
+}
 
 /// Waits until the processes a tree needs are running in a sandbox's cgroup.
 fn wait_tree(cgroup: &str, tree: &Tree, limit: Duration) -> Result<()> {
@@ -1121,7 +1140,7 @@ fn live_forks(
     out.report.row(&row_raw(tree, false), raw_restore);
     out.report.row(&row_raw(tree, true), raw_total);
     if let Some(p) = podman.as_deref() {
-        out.report.row(ROW_PODMAN_RESTORE, podman_restore);
+        out.report.row(&row_podman_restore(tree), podman_restore);
         p.note_failures(out);
     }
     raw.finish(tree, out)?;
@@ -1692,7 +1711,7 @@ impl Drop for RawCriuPeer<'_> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Peer: podman checkpoint/restore of the same busybox tree
+// Peer: podman checkpoint/restore of the same process tree
 
 fn podman_containers(prefix: &str) -> Vec<String> {
     Command::new("podman")
@@ -1710,12 +1729,13 @@ fn podman_containers(prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// podman's checkpoint of the busybox tree: a detached container running it, one
-/// `checkpoint --export` measured `samples` times (the last export kept), then one
-/// `restore --import` per call, each copy removed after it.
+/// podman's checkpoint of a tree: a detached container of the same rootfs running the
+/// same shell line, one `checkpoint --export` measured `samples` times (the last export
+/// kept), then one `restore --import` per call, each copy removed after it.
 struct PodmanPeer {
     podman: Podman,
     prefix: String,
+    expect: &'static [&'static str],
     export: PathBuf,
     copies: usize,
     running: usize,
@@ -1724,36 +1744,69 @@ struct PodmanPeer {
 }
 
 impl PodmanPeer {
-    fn new(ctx: &Ctx, out: &mut Out, p: &Podman) -> Result<PodmanPeer> {
-        eprintln!("[2/4] podman peer: checkpoint --export of the busybox tree");
-        let tar = common::fixture_image("busybox.tar");
-        p.import(&tar, PODMAN_IMAGE)?;
+    fn new(ctx: &Ctx, out: &mut Out, p: &Podman, tree: &Tree) -> Result<PodmanPeer> {
+        eprintln!(
+            "[2/4] podman peer: import {}, checkpoint --export of {}",
+            tree.fixture, tree.name
+        );
+        let tar = common::fixture_image(tree.fixture);
+        p.import(&tar, tree.podman_image)?;
+        let prefix = format!("{}-{}", ctx.podman_prefix, tree.image);
         let source = PodmanContainer::start(
             p,
-            &format!("{}-src", ctx.podman_prefix),
-            PODMAN_IMAGE,
-            &["sh", "-c", BUSYBOX_TREE.shell],
+            &format!("{prefix}-src"),
+            tree.podman_image,
+            &["sh", "-c", tree.shell],
         )?;
-        std::thread::sleep(Duration::from_millis(500));
-        let export = ctx.scratch.join("podman-checkpoint.tar");
-        let checkpoints = sample(ROW_PODMAN_CHECKPOINT, 1, ctx.cfg.samples, || {
+        let peer = PodmanPeer {
+            podman: p.clone(),
+            prefix,
+            expect: tree.expect,
+            export: ctx.scratch.join(format!("podman-checkpoint-{}.tar", tree.image)),
+            copies: 0,
+            running: 0,
+            _source: source,
+        };
+        let t = Instant::now();
+        while !peer.has_tree(&peer._source.name) {
+            if t.elapsed() > Duration::from_secs(20) {
+                bail!(
+                    "podman container {} did not run all of {:?} within 20 s",
+                    peer._source.name,
+                    tree.expect
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let export = peer.export.clone();
+        let row = row_podman_checkpoint(tree);
+        let checkpoints = sample(&row, 1, ctx.cfg.samples, || {
             let _ = std::fs::remove_file(&export);
             common::time_command(
                 p.command()
                     .args(["container", "checkpoint", "--leave-running", "--export"])
                     .arg(&export)
-                    .arg(&source.name),
+                    .arg(&peer._source.name),
             )
         })?;
-        out.report.row(ROW_PODMAN_CHECKPOINT, checkpoints);
-        Ok(PodmanPeer {
-            podman: p.clone(),
-            prefix: ctx.podman_prefix.clone(),
-            export,
-            copies: 0,
-            running: 0,
-            _source: source,
-        })
+        out.report.row(&row, checkpoints);
+        Ok(peer)
+    }
+
+    /// Whether a container runs every process the tree needs.
+    fn has_tree(&self, name: &str) -> bool {
+        let top = self
+            .podman
+            .command()
+            .args(["top", name, "comm"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        self.expect
+            .iter()
+            .all(|e| top.lines().any(|l| l.trim() == *e))
     }
 
     /// One `podman container restore --import` under a new name; its wall time, in
@@ -1770,20 +1823,7 @@ impl PodmanPeer {
                 .arg(&self.export)
                 .args(["--name", &copy.name]),
         )?;
-        let top = self
-            .podman
-            .command()
-            .args(["top", &copy.name, "comm"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-            .unwrap_or_default();
-        if BUSYBOX_TREE
-            .expect
-            .iter()
-            .all(|e| top.lines().any(|l| l.trim() == *e))
-        {
+        if self.has_tree(&copy.name) {
             self.running += 1;
         }
         drop(copy);
@@ -1794,7 +1834,7 @@ impl PodmanPeer {
         if self.running < self.copies {
             out.report.notes.push(format!(
                 "**podman: only {} of {} restored containers had all of {:?} running**",
-                self.running, self.copies, BUSYBOX_TREE.expect
+                self.running, self.copies, self.expect
             ));
         }
     }
@@ -1842,25 +1882,27 @@ fn fork_checks(report: &mut Report, cfg: &Config, debian: bool) {
         }
         rows
     };
-    for (row, what) in forkd_rows(&BUSYBOX_TREE) {
-        let r = ratio(report, &row, ROW_PODMAN_RESTORE);
-        report.checks.push(Check {
-            name: format!(
-                "live fork p50 ({what}) / podman restore --import p50, {}",
-                BUSYBOX_TREE.name
-            ),
-            value: r,
-            shown: r.map(|v| format!("{v:.3}")).unwrap_or_else(|| "n/a".into()),
-            goal: format!("<= {PODMAN_RATIO_GOAL:.3} (1/8)"),
-            met: r.map(|v| v <= PODMAN_RATIO_GOAL),
-        });
-    }
     let trees: Vec<&Tree> = if debian {
         vec![&BUSYBOX_TREE, &DEBIAN_TREE]
     } else {
         vec![&BUSYBOX_TREE]
     };
-    for t in trees {
+    for t in &trees {
+        for (row, what) in forkd_rows(t) {
+            let r = ratio(report, &row, &row_podman_restore(t));
+            report.checks.push(Check {
+                name: format!(
+                    "live fork p50 ({what}) / podman restore --import p50, {}",
+                    t.name
+                ),
+                value: r,
+                shown: r.map(|v| format!("{v:.3}")).unwrap_or_else(|| "n/a".into()),
+                goal: format!("<= {PODMAN_RATIO_GOAL:.3} (1/8)"),
+                met: r.map(|v| v <= PODMAN_RATIO_GOAL),
+            });
+        }
+    }
+    for t in &trees {
         for (row, what) in forkd_rows(t) {
             let r = ratio(report, &row, &row_raw(t, false));
             report.checks.push(Check {
