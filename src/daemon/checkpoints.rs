@@ -454,6 +454,14 @@ impl Daemon {
         std::thread::spawn(move || {
             let fs_hash = match forkd_layers::tree_hash(&c.fs()) {
                 Ok(h) => h.to_string(),
+                // Removed while being hashed: its files went away under the walk.
+                Err(e) if c.removed.load(std::sync::atomic::Ordering::SeqCst) => {
+                    log::info(&format!(
+                        "checkpoint {}: tree hash abandoned, the checkpoint was removed ({e})",
+                        c.id
+                    ));
+                    return;
+                }
                 Err(e) => {
                     log::warn(&format!("checkpoint {}: tree hash: {e}", c.id));
                     return;
