@@ -1762,7 +1762,9 @@ impl PodmanPeer {
             podman: p.clone(),
             prefix,
             expect: tree.expect,
-            export: ctx.scratch.join(format!("podman-checkpoint-{}.tar", tree.image)),
+            export: ctx
+                .scratch
+                .join(format!("podman-checkpoint-{}.tar", tree.image)),
             copies: 0,
             running: 0,
             _source: source,

@@ -366,6 +366,9 @@ fn ensure_runtime_layer(root: &Path, layers: &LayerStore, exe: &Path) -> anyhow:
         std::fs::set_permissions(dir.join("run"), std::fs::Permissions::from_mode(0o700))?;
         std::fs::write(dir.join("init"), &bytes)?;
         std::fs::set_permissions(dir.join("init"), std::fs::Permissions::from_mode(0o755))?;
+        // Every sandbox's /dev (device nodes, pts/, shm/, the usual symlinks): above the
+        // image's layers, so a sandbox's set-up finds it ready and writes nothing.
+        forkd_sandbox::setup::populate_dev(&stage)?;
         Ok(layers.import_dir(&stage, &mut |_| {})?)
     };
     let res = build();

@@ -309,13 +309,20 @@ const DEV_ENTRIES: &[(&str, DevEntry)] = &[
     ("stderr", DevEntry::Symlink("/proc/self/fd/2")),
 ];
 
+/// Makes `root/dev` what a sandbox needs (see [`make_dev`]). The daemon uses it to give
+/// its runtime layer, the topmost lower layer of every sandbox, a ready `/dev`, so that a
+/// sandbox's set-up normally finds everything in place and writes nothing.
+pub fn populate_dev(root: &Path) -> std::io::Result<()> {
+    make_dev(root).map_err(|(step, msg)| std::io::Error::other(format!("{step}: {msg}")))
+}
+
 /// Makes the root's `dev/` what a sandbox needs: the standard device nodes
 /// ([`forkd_layers::devices::DEVICES`]), `pts/` (for a devpts instance), `shm/` and the
 /// usual symlinks. `/dev` is not a mount: CRIU would save and restore a tmpfs there
 /// with an external tar on every live checkpoint and fork (about 4 ms each way), while
 /// the root filesystem is forkd's own to snapshot. Entries already right are left
-/// alone, so a sandbox made from a checkpoint (which has them in its layers) writes
-/// nothing. Everything is done through a descriptor of `dev/` opened without following
+/// alone: they normally come from the runtime layer ([`populate_dev`]), and only what a
+/// sandbox removed or an image shadows is made again, in its writable layer. Everything is done through a descriptor of `dev/` opened without following
 /// symlinks, and no entry is ever followed: an image whose `dev` or `dev/null` is a
 /// symlink cannot make this write outside the root.
 fn make_dev(root: &Path) -> StepResult<()> {
