@@ -576,3 +576,28 @@ fn archives_round_trip_and_tampering_is_rejected() {
     let r = d.fork(&c.id, 1, false);
     assert_eq!(d.sh(&r.branches[0].id, "cat /etc/state").1, "kept\n");
 }
+
+/// An exec is complete only once its relay inside the sandbox is gone: a live checkpoint
+/// sent the moment an exec (or a detached exec) returns must not meet the relay still
+/// holding its connection to the host, which CRIU cannot dump.
+#[test]
+fn live_checkpoint_right_after_an_exec() {
+    if !can_run_criu("live_checkpoint_right_after_an_exec") {
+        return;
+    }
+    let d = TestDaemon::start("afterexec");
+    let src = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
+    for round in 0..30 {
+        if round % 2 == 0 {
+            assert_eq!(d.sh(&src.id, "echo x > /tmp/x").0, 0);
+        } else {
+            d.exec(
+                &src.id,
+                serde_json::json!({ "argv": ["sleep", "1000"], "detach": true }),
+            )
+            .expect("detached exec");
+        }
+        let c = d.checkpoint(&src.id, true);
+        d.cli(&["checkpoint", "rm", &c.id]);
+    }
+}

@@ -296,38 +296,54 @@ impl Daemon {
                 std::fs::create_dir_all(&images)
                     .map_err(|e| ApiError::internal(format!("create {}: {e}", images.display())))?;
                 let volume = &self.volume;
-                let mut snap_err = None;
-                let report = criu
-                    .dump(
-                        &forkd_criu::DumpOpts {
-                            pid: rec.init_pid.unwrap_or(0),
-                            images_dir: images.clone(),
-                            root: sb.rootfs(),
-                            leave_running: !req.stop,
-                            freeze_cgroup: cg.freezer_dir(),
-                            log_file: "dump.log".into(),
-                            // A sandbox cannot change its network namespace (see
-                            // forkd_sandbox::setup): a branch gets a new one like it.
-                            external_net: true,
-                        },
-                        &mut || {
-                            volume.snapshot_readonly(&upper, &fs).map_err(|e| {
-                                let m = format!("snapshot {}: {e}", upper.display());
-                                snap_err = Some(m.clone());
-                                m
-                            })
-                        },
-                    )
-                    .map_err(|e| {
-                        let kept = self.keep_log(
-                            &images.join("dump.log"),
-                            &format!("checkpoint-{id}-dump.log"),
-                        );
-                        ApiError::bad_request(format!(
-                            "live checkpoint of sandbox {}: {e}{kept}",
-                            sb.id
-                        ))
+                // The daemon freezes the tree itself: CRIU polls a freezing cgroup only
+                // every 100 ms, and a cgroup v1 freezer is never frozen by its first look,
+                // so that cost every dump 100 ms. Given a frozen cgroup CRIU seizes the
+                // tasks at once and freezes it again when it lets them go (leave-running,
+                // or a failed dump); the thaw below is the daemon's in every case.
+                let freezer = cg.freezer_dir().is_some();
+                if freezer {
+                    let t = Instant::now();
+                    cg.set_frozen(true, Duration::from_secs(10)).map_err(|e| {
+                        let _ = cg.set_frozen(false, Duration::from_secs(10));
+                        ApiError::from_chain(&format!("freeze sandbox {}", sb.id), &e)
                     })?;
+                    phases.insert("freeze".into(), t.elapsed().as_micros() as u64);
+                }
+                let dumped = criu.dump(
+                    &forkd_criu::DumpOpts {
+                        pid: rec.init_pid.unwrap_or(0),
+                        images_dir: images.clone(),
+                        root: sb.rootfs(),
+                        leave_running: !req.stop,
+                        freeze_cgroup: cg.freezer_dir(),
+                        log_file: "dump.log".into(),
+                        // A sandbox cannot change its network namespace (see
+                        // forkd_sandbox::setup): a branch gets a new one like it.
+                        external_net: true,
+                    },
+                    &mut || {
+                        volume
+                            .snapshot_readonly(&upper, &fs)
+                            .map_err(|e| format!("snapshot {}: {e}", upper.display()))
+                    },
+                );
+                let thawed = if freezer {
+                    cg.set_frozen(false, Duration::from_secs(10))
+                } else {
+                    Ok(())
+                };
+                let report = dumped.map_err(|e| {
+                    let kept = self.keep_log(
+                        &images.join("dump.log"),
+                        &format!("checkpoint-{id}-dump.log"),
+                    );
+                    ApiError::bad_request(format!(
+                        "live checkpoint of sandbox {}: {e}{kept}",
+                        sb.id
+                    ))
+                })?;
+                thawed.map_err(|e| ApiError::from_chain(&format!("thaw sandbox {}", sb.id), &e))?;
                 phases.insert("dump".into(), report.duration.as_micros() as u64);
                 phases.insert("snapshot".into(), report.hook.as_micros() as u64);
             } else {

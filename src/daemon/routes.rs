@@ -463,6 +463,8 @@ fn relay_frames(
                     break;
                 }
                 if kind == Kind::Exit || kind == Kind::Error {
+                    // The session counts until the relay is gone (see host::wait_closed).
+                    host::wait_closed(&mut init);
                     break;
                 }
             }

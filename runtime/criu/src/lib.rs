@@ -194,14 +194,15 @@ impl Criu {
     }
 
     /// Makes every CRIU started from now on run in a mount namespace of its own whose
-    /// `/run` is the tmpfs `dir` (mounted here if it is not one yet), and hands restores
-    /// a ready cgroup yard.
+    /// `/run` is the tmpfs `dir` (mounted here if it is not one yet), and hands dumps and
+    /// restores a ready cgroup yard.
     ///
     /// Why: CRIU probes the kernel on every start (some 40 ms) unless it finds the facts
     /// it saved last time in `/run/criu.kdat`, and it saves them only on a tmpfs, which
     /// `/run` is not on every host. The namespace is a slave of the caller's: mounts made
     /// later by the caller (a branch's root) appear in it, and nothing mounted in it
-    /// leaks out. A restore mounts every cgroup hierarchy in a "yard" unless given one;
+    /// leaks out. A dump or restore mounts every cgroup hierarchy in a "yard" unless
+    /// given one;
     /// in its own namespace it could not mount into its work directory (reached through
     /// the caller's descriptor, so in the caller's namespace), and the mounts cost time
     /// (16 ms for cgroup2 here). The yard is the host's cgroup root when every hierarchy
@@ -272,6 +273,11 @@ impl Criu {
         o.set_root(opts.root.display().to_string());
         o.set_leave_running(opts.leave_running);
         o.set_notify_scripts(true);
+        // Without a yard a dump mounts every cgroup hierarchy to read the tree's cgroups,
+        // and its cgroup2 mount clears `favordynmods` machine-wide (see forkd_cgroups).
+        if let Some(yard) = self.cgroup_yard() {
+            o.set_cgroup_yard(yard.display().to_string());
+        }
         if opts.external_net {
             let ns = format!("/proc/{}/ns/net", opts.pid);
             let ino = std::fs::metadata(&ns)

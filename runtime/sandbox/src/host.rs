@@ -139,8 +139,12 @@ pub fn start_exec(
         .map_err(|e| HostError::Protocol(e.to_string()))?;
     match proto::read_frame(&mut conn).map_err(|e| HostError::Protocol(e.to_string()))? {
         Some((Kind::Started, body)) => {
-            let started =
+            let started: ExecStarted =
                 serde_json::from_slice(&body).map_err(|e| HostError::Protocol(e.to_string()))?;
+            if req.detach {
+                // The relay lets go of the connection once the command is started.
+                wait_closed(&mut conn);
+            }
             Ok((conn, started))
         }
         Some((Kind::Error, body)) => Err(HostError::Exec(error_message(&body))),
@@ -150,6 +154,21 @@ pub fn start_exec(
         None => Err(HostError::Protocol(
             "the init closed the connection before the command started".into(),
         )),
+    }
+}
+
+/// Waits (up to 2 s) until the sandbox side of an exec connection is closed: its relay
+/// sends the last frame and then exits. Until then the sandbox holds a socket whose
+/// peer is on the host, which a live checkpoint taken right after the exec could not
+/// dump; an exec is complete when its relay is gone.
+pub fn wait_closed(conn: &mut UnixStream) {
+    use std::io::Read;
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut buf = [0u8; 512];
+    while let Ok(n) = conn.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
     }
 }
 
@@ -193,6 +212,7 @@ pub fn exec(
             Some((Kind::Exit, body)) => {
                 let exit = serde_json::from_slice(&body)
                     .map_err(|e| HostError::Protocol(e.to_string()))?;
+                wait_closed(&mut conn);
                 return Ok(ExecOutput {
                     pid: started.pid,
                     exit,
