@@ -1889,34 +1889,38 @@ fn fork_checks(report: &mut Report, cfg: &Config, debian: bool) {
     } else {
         vec![&BUSYBOX_TREE]
     };
-    for t in &trees {
-        for (row, what) in forkd_rows(t) {
-            let r = ratio(report, &row, &row_podman_restore(t));
-            report.checks.push(Check {
-                name: format!(
-                    "live fork p50 ({what}) / podman restore --import p50, {}",
-                    t.name
-                ),
-                value: r,
-                shown: r.map(|v| format!("{v:.3}")).unwrap_or_else(|| "n/a".into()),
-                goal: format!("<= {PODMAN_RATIO_GOAL:.3} (1/8)"),
-                met: r.map(|v| v <= PODMAN_RATIO_GOAL),
-            });
-        }
-    }
-    for t in &trees {
-        for (row, what) in forkd_rows(t) {
-            let r = ratio(report, &row, &row_raw(t, false));
-            report.checks.push(Check {
-                name: format!(
-                    "live fork p50 ({what}) / raw criu restore -d p50, {}",
-                    t.name
-                ),
-                value: r,
-                shown: r.map(|v| format!("{v:.2}")).unwrap_or_else(|| "n/a".into()),
-                goal: format!("<= {RAW_CRIU_RATIO_GOAL}"),
-                met: r.map(|v| v <= RAW_CRIU_RATIO_GOAL),
-            });
+    // Each peer: its row for a tree, its name, the goal, the goal as shown, digits shown.
+    type PeerRow = fn(&Tree) -> String;
+    let peers: [(PeerRow, &str, f64, String, usize); 2] = [
+        (
+            row_podman_restore,
+            "podman restore --import",
+            PODMAN_RATIO_GOAL,
+            format!("<= {PODMAN_RATIO_GOAL:.3} (1/8)"),
+            3,
+        ),
+        (
+            |t| row_raw(t, false),
+            "raw criu restore -d",
+            RAW_CRIU_RATIO_GOAL,
+            format!("<= {RAW_CRIU_RATIO_GOAL}"),
+            2,
+        ),
+    ];
+    for (peer_row, peer, goal, shown_goal, digits) in &peers {
+        for t in &trees {
+            for (row, what) in forkd_rows(t) {
+                let r = ratio(report, &row, &peer_row(t));
+                report.checks.push(Check {
+                    name: format!("live fork p50 ({what}) / {peer} p50, {}", t.name),
+                    value: r,
+                    shown: r
+                        .map(|v| format!("{v:.digits$}"))
+                        .unwrap_or_else(|| "n/a".into()),
+                    goal: shown_goal.clone(),
+                    met: r.map(|v| v <= *goal),
+                });
+            }
         }
     }
     report.notes.push(
