@@ -202,9 +202,9 @@ impl Criu {
     /// `/run` is not on every host. The namespace is a slave of the caller's: mounts made
     /// later by the caller (a branch's root) appear in it, and nothing mounted in it
     /// leaks out. A dump or restore mounts every cgroup hierarchy in a "yard" unless
-    /// given one;
-    /// in its own namespace it could not mount into its work directory (reached through
-    /// the caller's descriptor, so in the caller's namespace), and the mounts cost time
+    /// given one; in its own namespace it could not mount into its work directory
+    /// (reached through the caller's descriptor, so in the caller's namespace), and the
+    /// mounts cost time
     /// (16 ms for cgroup2 here). The yard is the host's cgroup root when every hierarchy
     /// is mounted there under the name CRIU gives it (`cpu,cpuacct`, `systemd`,
     /// `unified`), as on hybrid hosts; otherwise (a pure v2 host) each CRIU binds the

@@ -37,7 +37,7 @@ pub fn serve_connection(mut conn: UnixStream) -> ! {
             // socket whose peer is outside the sandbox cannot be checkpointed.
             drop(conn);
             waiter.wait();
-            0
+            std::process::exit(0)
         }
         Err(message) => {
             let body = serde_json::json!({ "message": message }).to_string();
@@ -45,6 +45,10 @@ pub fn serve_connection(mut conn: UnixStream) -> ! {
             1
         }
     };
+    // Closed before exiting rather than by the exit: the kernel tears the address space
+    // down before it closes descriptors, and the daemon counts the exec as finished only
+    // when the connection closes (see host::wait_closed).
+    drop(conn);
     std::process::exit(code)
 }
 
