@@ -7,8 +7,9 @@
 //! through `std::io::copy`, which uses `copy_file_range` between files.
 //!
 //! Device nodes: the standard ones at `dev/NAME` ([`crate::devices`]) are
-//! copied, any other under `dev/` is skipped and one anywhere else rejected; sockets are skipped. Extended attributes of
-//! symlinks are not copied (none of the hashed ones apply to symlinks).
+//! copied, any other under `dev/` is skipped and one anywhere else rejected;
+//! sockets are skipped. Extended attributes of symlinks are not copied (none of
+//! the hashed ones apply to symlinks).
 
 use std::collections::HashMap;
 use std::ffi::CString;

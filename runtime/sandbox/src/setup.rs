@@ -7,10 +7,10 @@
 //! 3. forks: the child is PID 1 of the new pid namespace. It makes every mount private,
 //!    mounts `/proc`, makes a minimal `/dev` in the root filesystem (the standard device
 //!    nodes, and a private devpts instance), a read-only `/sys`, pivots into the overlay
-//!    root and
-//!    detaches the old root completely, sets the hostname, brings up loopback, becomes
-//!    a session leader, gives itself stdio inside the sandbox, closes every other
-//!    descriptor, shrinks the capability bounding set, sets no_new_privs, and execs
+//!    root and detaches the old root completely, sets the hostname, brings up
+//!    loopback, becomes a session leader, gives itself stdio inside the sandbox, closes
+//!    every other descriptor, shrinks the capability bounding set, sets no_new_privs,
+//!    and execs
 //!    `/.forkd/init`;
 //! 4. reports the child's host pid on stdout (or the child's error, sent through a
 //!    close-on-exec pipe that exec closes) and exits. The daemon is a child subreaper,
@@ -322,7 +322,8 @@ pub fn populate_dev(root: &Path) -> std::io::Result<()> {
 /// with an external tar on every live checkpoint and fork (about 4 ms each way), while
 /// the root filesystem is forkd's own to snapshot. Entries already right are left
 /// alone: they normally come from the runtime layer ([`populate_dev`]), and only what a
-/// sandbox removed or an image shadows is made again, in its writable layer. Everything is done through a descriptor of `dev/` opened without following
+/// sandbox removed or an image shadows is made again, in its writable layer.
+/// Everything is done through a descriptor of `dev/` opened without following
 /// symlinks, and no entry is ever followed: an image whose `dev` or `dev/null` is a
 /// symlink cannot make this write outside the root.
 fn make_dev(root: &Path) -> StepResult<()> {
