@@ -10,8 +10,7 @@
 //!    root and detaches the old root completely, sets the hostname, brings up
 //!    loopback, becomes a session leader, gives itself stdio inside the sandbox, closes
 //!    every other descriptor, shrinks the capability bounding set, sets no_new_privs,
-//!    and execs
-//!    `/.forkd/init`;
+//!    and execs `/.forkd/init`;
 //! 4. reports the child's host pid on stdout (or the child's error, sent through a
 //!    close-on-exec pipe that exec closes) and exits. The daemon is a child subreaper,
 //!    so the init becomes the daemon's child.
