@@ -1900,7 +1900,10 @@ impl PodmanPeer {
                 .collect();
             workers
                 .into_iter()
-                .map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("a restore thread panicked"))))
+                .map(|w| {
+                    w.join()
+                        .unwrap_or_else(|_| Err(anyhow!("a restore thread panicked")))
+                })
                 .collect()
         });
         for name in &names {
