@@ -455,3 +455,90 @@ fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    fn root_or_skip(name: &str) -> bool {
+        if nix::unistd::Uid::effective().is_root() {
+            return true;
+        }
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{name}: needs root (mknod)");
+        }
+        println!("SKIP {name}: needs root (mknod)");
+        false
+    }
+
+    fn assert_dev(root: &Path) {
+        let dev = std::fs::symlink_metadata(root.join("dev")).unwrap();
+        assert!(dev.is_dir());
+        for d in forkd_layers::devices::DEVICES {
+            let m = std::fs::symlink_metadata(root.join("dev").join(d.name)).unwrap();
+            assert!(m.file_type().is_char_device(), "dev/{}", d.name);
+            assert_eq!(
+                m.rdev(),
+                makedev(d.major.into(), d.minor.into()),
+                "dev/{}",
+                d.name
+            );
+            assert_eq!(m.mode() & 0o7777, d.mode, "dev/{}", d.name);
+        }
+        let shm = std::fs::symlink_metadata(root.join("dev/shm")).unwrap();
+        assert!(shm.is_dir());
+        assert_eq!(shm.mode() & 0o7777, 0o1777);
+        assert_eq!(
+            std::fs::read_link(root.join("dev/ptmx")).unwrap(),
+            Path::new("pts/ptmx")
+        );
+    }
+
+    /// The mechanism itself, without the runtime layer in front of it: whatever an image
+    /// put at `dev`, the result is the standard set inside the root and nothing outside.
+    #[test]
+    fn populate_dev_never_writes_through_symlinks() {
+        if !root_or_skip("populate_dev_never_writes_through_symlinks") {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+
+        // `dev` itself a symlink to a directory outside the root.
+        let a = tmp.path().join("a");
+        std::fs::create_dir(&a).unwrap();
+        std::os::unix::fs::symlink(&outside, a.join("dev")).unwrap();
+        populate_dev(&a).unwrap();
+        assert_dev(&a);
+
+        // Entries in the way: a file at dev/null, a symlink at dev/shm, a wrong node at
+        // dev/zero, a symlink to elsewhere at dev/ptmx.
+        let b = tmp.path().join("b");
+        std::fs::create_dir_all(b.join("dev")).unwrap();
+        std::fs::write(b.join("dev/null"), "not a device").unwrap();
+        std::os::unix::fs::symlink(&outside, b.join("dev/shm")).unwrap();
+        nix::sys::stat::mknod(
+            &b.join("dev/zero"),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(1, 1),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(outside.join("ptmx"), b.join("dev/ptmx")).unwrap();
+        populate_dev(&b).unwrap();
+        assert_dev(&b);
+
+        // Run again: nothing to do, nothing changed.
+        let before = std::fs::symlink_metadata(b.join("dev/null")).unwrap().ino();
+        populate_dev(&b).unwrap();
+        assert_eq!(
+            std::fs::symlink_metadata(b.join("dev/null")).unwrap().ino(),
+            before
+        );
+
+        let left: Vec<_> = std::fs::read_dir(&outside).unwrap().collect();
+        assert!(left.is_empty(), "wrote outside the root: {left:?}");
+    }
+}
