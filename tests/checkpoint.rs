@@ -600,4 +600,18 @@ fn live_checkpoint_right_after_an_exec() {
         let c = d.checkpoint(&src.id, true);
         d.cli(&["checkpoint", "rm", &c.id]);
     }
+    // Right after a sandbox is made, and right after a branch is forked: the daemon's
+    // own connections to the new init (the readiness check, the command's start) must
+    // be gone too.
+    for _ in 0..10 {
+        let sb =
+            d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
+        let c = d.checkpoint(&sb.id, true);
+        let branch = d.fork(&c.id, 1, false).branches[0].id.clone();
+        let c2 = d.checkpoint(&branch, true);
+        d.remove(&branch);
+        d.remove(&sb.id);
+        d.cli(&["checkpoint", "rm", &c2.id]);
+        d.cli(&["checkpoint", "rm", &c.id]);
+    }
 }

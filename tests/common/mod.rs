@@ -264,12 +264,20 @@ impl TestDaemon {
             .expect("fork")
     }
 
-    /// Reads a number a sandbox process keeps writing to `path`.
+    /// Reads a number a sandbox process keeps writing to `path`. The writer truncates the
+    /// file before each write (`echo $i > path`), so a read can land in between and see
+    /// it empty: such a read is retried, a few times at most.
     pub fn read_number(&self, id: &str, path: &str) -> u64 {
-        let (code, out, err) = self.sh(id, &format!("cat {path}"));
-        assert_eq!(code, 0, "cat {path} in {id}: {err}");
-        out.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{path} in {id} holds {out:?}"))
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let (code, out, err) = self.sh(id, &format!("cat {path}"));
+            assert_eq!(code, 0, "cat {path} in {id}: {err}");
+            if let Ok(n) = out.trim().parse() {
+                return n;
+            }
+            seen.push(out);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("{path} in {id} held no number in 5 reads: {seen:?}")
     }
 }

@@ -102,7 +102,14 @@ pub fn wait_ready(rootfs: &Path, timeout: Duration) -> Result<(), HostError> {
     let mut pause = Duration::from_micros(200);
     loop {
         match connect(rootfs) {
-            Ok(_) => return Ok(()),
+            Ok(mut conn) => {
+                // The init serves every connection with a relay, this one too: hang up
+                // and wait for that relay to be gone (see wait_closed), so that nothing
+                // of this check is left in the sandbox.
+                let _ = conn.shutdown(std::net::Shutdown::Write);
+                wait_closed(&mut conn);
+                return Ok(());
+            }
             Err(_) if start.elapsed() < timeout => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(20));
