@@ -615,3 +615,23 @@ fn live_checkpoint_right_after_an_exec() {
         d.cli(&["checkpoint", "rm", &c.id]);
     }
 }
+
+/// The daemon has CRIU probe the kernel at start-up, into its private `/run`, so that the
+/// first live checkpoint or fork does not pay for the probe.
+#[test]
+fn criu_kernel_facts_are_cached_at_start() {
+    if !can_run_criu("criu_kernel_facts_are_cached_at_start") {
+        return;
+    }
+    let d = TestDaemon::start("kdat");
+    let kdat = d.root.join("criu-run/criu.kdat");
+    let t = std::time::Instant::now();
+    while !kdat.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{} not written within 10 s of start, with no CRIU request made",
+            kdat.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

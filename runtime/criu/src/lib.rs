@@ -240,6 +240,28 @@ impl Criu {
         Ok(())
     }
 
+    /// Has CRIU probe the kernel once and keep the facts in the private `/run` (see
+    /// [`Criu::use_private_run`]), so that the first dump or restore does not pay for the
+    /// probe. Every CRIU command starts by loading (or probing and saving) them; checking
+    /// the one feature `mnt_id` (a read of /proc/self/fdinfo) adds next to nothing.
+    pub fn cache_kernel_facts(&self) -> Result<(), CriuError> {
+        let status = self
+            .command()?
+            .args(["check", "--feature", "mnt_id"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(io("run criu check"))?;
+        if !status.success() {
+            return Err(CriuError::Io {
+                step: "criu check --feature mnt_id",
+                source: std::io::Error::other(status.to_string()),
+            });
+        }
+        Ok(())
+    }
+
     /// The private `/run` set by [`Criu::use_private_run`], if any.
     pub fn run_dir(&self) -> Option<&Path> {
         self.private_run.as_ref().map(|p| p.dir.as_path())
