@@ -465,8 +465,8 @@ fn malicious_image_archive_is_rejected_and_leaves_nothing() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "busybox");
 }
 
-/// `/dev` is made in the root filesystem by the sandbox's set-up, so an image's own `dev`
-/// entries must not be able to redirect it: a `dev` symlink to a host directory, a
+/// `/dev` is a directory of the root filesystem (the runtime layer's, checked and mended by
+/// the sandbox's set-up), so an image's own `dev` entries must not be able to redirect it: a `dev` symlink to a host directory, a
 /// regular file at `dev/null`, a `dev/shm` symlink. Each sandbox gets the real nodes and
 /// nothing is written on the host.
 #[test]

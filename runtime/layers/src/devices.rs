@@ -1,11 +1,11 @@
 //! The device nodes every sandbox root carries in its own `dev/`.
 //!
 //! A sandbox's `/dev` is a directory of its root filesystem, not a mount: the
-//! sandbox's set-up makes these nodes there (before it drops CAP_MKNOD), so
-//! they are part of the writable layer, of every checkpoint sealed from it and
-//! of every branch forked from one. That keeps CRIU from having to save and
-//! restore a `/dev` tmpfs (an external tar each way) on every live checkpoint
-//! and fork.
+//! daemon's runtime layer carries these nodes above the image's layers, and a
+//! sandbox's set-up makes again (before it drops CAP_MKNOD) any its root lacks.
+//! So they are part of every checkpoint's stack and of every branch forked from
+//! one, and CRIU never has to save and restore a `/dev` tmpfs (an external tar
+//! each way) on a live checkpoint or fork.
 //!
 //! Layers keep exactly these nodes, when they appear at `dev/NAME` with their
 //! own numbers, so that an exported checkpoint imports with the same tree

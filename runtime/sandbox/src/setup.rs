@@ -47,7 +47,7 @@ pub const LOG_DIR: &str = "/.forkd/logs";
 /// CHECKPOINT_RESTORE. MKNOD is dropped because nothing else would stop a device node
 /// made in the sandbox from opening the host's device (runtimes that keep it rely on a
 /// device cgroup allow-list, which cgroup v2 only offers through BPF); the nodes a
-/// sandbox needs are made in its `/dev` before the capabilities go.
+/// sandbox needs are in its `/dev` (see [`make_dev`]) before the capabilities go.
 pub const KEPT_CAPS: &[caps::Capability] = &[
     caps::Capability::CAP_CHOWN,
     caps::Capability::CAP_DAC_OVERRIDE,
