@@ -923,16 +923,6 @@ fn row_podman_restore_concurrent(tree: &Tree, parallel: usize) -> String {
 /// How many restores of podman's run concurrently (at most): enough for a p50.
 const PODMAN_CONCURRENT_COPIES: usize = 20;
 
-/// The daemon's restore workers: FORKD_FORK_PARALLEL, else the CPU count (as the daemon
-/// decides it).
-fn fork_workers() -> usize {
-    std::env::var("FORKD_FORK_PARALLEL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
 /// Waits until the processes a tree needs are running in a sandbox's cgroup.
 fn wait_tree(cgroup: &str, tree: &Tree, limit: Duration) -> Result<()> {
     let t = Instant::now();
@@ -1230,7 +1220,7 @@ fn live_forks(
     // measured under the same load.
     if let Some(p) = podman.as_deref_mut() {
         if largest > 1 {
-            let parallel = fork_workers();
+            let parallel = forkd::daemon::fork_parallelism();
             let copies = largest.min(PODMAN_CONCURRENT_COPIES);
             eprintln!("  podman: {copies} restores, {parallel} at a time ...");
             let us = p.restore_concurrently(copies, parallel)?;
@@ -2013,7 +2003,7 @@ fn fork_checks(report: &mut Report, cfg: &Config, debian: bool) {
     // The largest fork's per-branch latency is that of restores run by several workers at
     // once; next to it, podman's restores run as many at a time.
     if largest > 1 {
-        let parallel = fork_workers();
+        let parallel = forkd::daemon::fork_parallelism();
         for t in &trees {
             let r = ratio(
                 report,

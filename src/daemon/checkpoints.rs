@@ -37,7 +37,7 @@ const RECORD_VERSION: u32 = 1;
 
 /// How many branches of one fork request are restored at once (`FORKD_FORK_PARALLEL`,
 /// default: the number of CPUs).
-fn fork_parallelism() -> usize {
+pub fn fork_parallelism() -> usize {
     std::env::var("FORKD_FORK_PARALLEL")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -9,6 +9,7 @@
 
 mod archive;
 mod checkpoints;
+pub use checkpoints::fork_parallelism;
 mod files;
 mod http;
 mod images;
