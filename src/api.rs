@@ -200,6 +200,29 @@ pub struct ExecBody {
     /// Standard input, base64.
     #[serde(default)]
     pub stdin_b64: Option<String>,
+    /// Most bytes of output to keep, both streams together (default
+    /// [`DEFAULT_OUTPUT_LIMIT`], at most [`MAX_OUTPUT_LIMIT`]). Output past it is still
+    /// read, so the command runs on, and dropped; the answer says `truncated`.
+    #[serde(default)]
+    pub output_limit: Option<u64>,
+}
+
+/// Output kept of a run-to-completion exec unless the request says otherwise.
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 16 << 20;
+/// The largest `output_limit` a request may ask for.
+pub const MAX_OUTPUT_LIMIT: u64 = 256 << 20;
+
+impl ExecBody {
+    /// The output limit, checked.
+    pub fn output_limit(&self) -> Result<usize, ApiError> {
+        match self.output_limit {
+            None => Ok(DEFAULT_OUTPUT_LIMIT as usize),
+            Some(n) if n <= MAX_OUTPUT_LIMIT => Ok(n as usize),
+            Some(n) => Err(ApiError::bad_request(format!(
+                "output_limit {n} is over the maximum of {MAX_OUTPUT_LIMIT} bytes"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -210,6 +233,16 @@ pub struct ExecResult {
     /// Standard output and error, base64 (binary-safe).
     pub stdout_b64: String,
     pub stderr_b64: String,
+    /// Both streams merged, base64: in the exact order written with `merge_stderr`
+    /// (then `stderr_b64` is empty), otherwise in the order the sandbox read them.
+    #[serde(default)]
+    pub output_b64: String,
+    /// Bytes of output the command wrote, kept or not.
+    #[serde(default)]
+    pub output_bytes: u64,
+    /// Output past `output_limit` was dropped.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -758,6 +758,9 @@ fn response_types_serialise_to_their_schemas() {
                 exit,
                 stdout_b64: api::b64::encode(b"out\n"),
                 stderr_b64: String::new(),
+                output_b64: api::b64::encode(b"out\n"),
+                output_bytes: 4,
+                truncated: false,
             },
         );
     }
@@ -853,7 +856,11 @@ fn request_schemas_deserialise_into_the_request_types() {
     let body = names(schema(&doc, "ExecBody").get("properties"));
     let mut req = names(schema(&doc, "ExecRequest").get("properties"));
     req.insert("stdin_b64".into());
-    assert_eq!(body, req, "ExecBody = ExecRequest + stdin_b64");
+    req.insert("output_limit".into());
+    assert_eq!(
+        body, req,
+        "ExecBody = ExecRequest + stdin_b64 + output_limit"
+    );
     let parsed: ExecBody = serde_json::from_value(json!({
         "argv": ["cat"], "stdin_b64": "aGk=", "timeout_ms": 5
     }))

@@ -105,6 +105,82 @@ fn exec_output_is_binary_safe_and_large() {
 }
 
 #[test]
+fn exec_merges_output_in_order_and_caps_it() {
+    if !can_run("exec_merges_output_in_order_and_caps_it") {
+        return;
+    }
+    let d = TestDaemon::start("merged");
+    let sb = d.busybox();
+    // One process alternating streams: merged, the order is exactly the order written.
+    let line = "for i in 1 2 3 4 5 6 7 8; do echo out$i; echo err$i >&2; done";
+    let r = d
+        .exec(
+            &sb.id,
+            serde_json::json!({ "shell": line, "merge_stderr": true }),
+        )
+        .unwrap();
+    let want: String = (1..=8).map(|i| format!("out{i}\nerr{i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&decode(&r.output_b64)), want);
+    assert_eq!(decode(&r.stdout_b64), decode(&r.output_b64));
+    assert!(r.stderr_b64.is_empty());
+    assert_eq!(r.output_bytes, want.len() as u64);
+    assert!(!r.truncated);
+    // Apart: each stream on its own, and the merged form holds both.
+    let r = d
+        .exec(&sb.id, serde_json::json!({ "shell": line }))
+        .unwrap();
+    let (out, err) = (decode(&r.stdout_b64), decode(&r.stderr_b64));
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        (1..=8).map(|i| format!("out{i}\n")).collect::<String>()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&err),
+        (1..=8).map(|i| format!("err{i}\n")).collect::<String>()
+    );
+    assert_eq!(decode(&r.output_b64).len(), out.len() + err.len());
+    // A command that prints far more than the cap runs to its end; the answer keeps the
+    // first bytes and says how many were written.
+    let r = d
+        .exec(
+            &sb.id,
+            serde_json::json!({ "shell": "head -c 50000000 /dev/zero; echo done >&2; exit 7", "output_limit": 4096, "merge_stderr": true }),
+        )
+        .unwrap();
+    assert_eq!(r.exit.exit_code, 7);
+    assert!(r.truncated);
+    assert_eq!(r.output_bytes, 50_000_005);
+    assert_eq!(decode(&r.output_b64).len(), 4096);
+    // The default cap holds without a limit in the request.
+    let r = d
+        .exec(
+            &sb.id,
+            serde_json::json!({ "shell": "head -c 20000000 /dev/zero" }),
+        )
+        .unwrap();
+    assert!(r.truncated);
+    assert_eq!(
+        decode(&r.stdout_b64).len() as u64,
+        forkd::api::DEFAULT_OUTPUT_LIMIT
+    );
+    // Bad combinations and limits are refused by name.
+    for (body, word) in [
+        (
+            serde_json::json!({ "shell": "true", "output_limit": 1u64 << 40 }),
+            "output_limit",
+        ),
+        (
+            serde_json::json!({ "shell": "true", "merge_stderr": true, "tty": true }),
+            "merge_stderr",
+        ),
+    ] {
+        let e = d.exec(&sb.id, body).unwrap_err().to_string();
+        assert!(e.contains(word), "{e}");
+    }
+    d.remove(&sb.id);
+}
+
+#[test]
 fn exec_timeout_kills_the_whole_tree() {
     if !can_run("exec_timeout_kills_the_whole_tree") {
         return;

@@ -42,7 +42,8 @@ impl Daemon {
             ],
             ..Default::default()
         };
-        let out = self.exec(sb, &req, stdin)?;
+        // A copy's output is the archive itself: kept whole (never silently cut).
+        let out = self.exec(sb, &req, stdin, usize::MAX)?;
         let stdout = crate::api::b64::decode(&out.stdout_b64).map_err(ApiError::internal)?;
         if out.exit.exit_code != 0 {
             let stderr = crate::api::b64::decode(&out.stderr_b64).unwrap_or_default();

@@ -189,9 +189,10 @@ fn handle(
                 .map(api::b64::decode)
                 .transpose()
                 .map_err(ApiError::bad_request)?;
+            let limit = body.output_limit()?;
             Ok(Response::json(
                 200,
-                &d.exec(&sb, &body.request, stdin.as_deref())?,
+                &d.exec(&sb, &body.request, stdin.as_deref(), limit)?,
             ))
         }
         "sandboxLogs" => {
@@ -304,6 +305,7 @@ impl Daemon {
         sb: &super::Sandbox,
         req: &ExecRequest,
         stdin: Option<&[u8]>,
+        output_limit: usize,
     ) -> Result<ExecResult, ApiError> {
         req.validate()
             .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
@@ -324,9 +326,12 @@ impl Daemon {
                 },
                 stdout_b64: String::new(),
                 stderr_b64: String::new(),
+                output_b64: String::new(),
+                output_bytes: 0,
+                truncated: false,
             });
         }
-        let out = host::exec(&rootfs, req, stdin).map_err(|e| exec_error(sb, e))?;
+        let out = host::exec(&rootfs, req, stdin, output_limit).map_err(|e| exec_error(sb, e))?;
         self.log_exec(
             sb,
             req,
@@ -338,6 +343,9 @@ impl Daemon {
             exit: out.exit,
             stdout_b64: api::b64::encode(&out.stdout),
             stderr_b64: api::b64::encode(&out.stderr),
+            output_b64: api::b64::encode(&out.merged),
+            output_bytes: out.total_bytes,
+            truncated: out.truncated,
         })
     }
 }

@@ -131,6 +131,12 @@ pub struct ExecOutput {
     pub exit: ExecExit,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// Standard output and error in the order the relay read them.
+    pub merged: Vec<u8>,
+    /// Bytes the command wrote, kept or not.
+    pub total_bytes: u64,
+    /// Output past the limit was read and dropped.
+    pub truncated: bool,
 }
 
 /// Sends `req` on a fresh connection and returns the connection after the `Started`
@@ -188,10 +194,14 @@ pub fn error_message(body: &[u8]) -> String {
 
 /// Runs `req` to completion and collects its output (binary-safe). `stdin`, when
 /// given, is sent in full followed by end-of-file.
+///
+/// At most `limit` bytes of output (both streams together) are kept; the rest is still
+/// read, so the command never blocks on a full pipe, and dropped.
 pub fn exec(
     rootfs: &Path,
     req: &ExecRequest,
     stdin: Option<&[u8]>,
+    limit: usize,
 ) -> Result<ExecOutput, HostError> {
     let mut req = req.clone();
     req.stdin = stdin.is_some();
@@ -211,11 +221,21 @@ pub fn exec(
             let _ = proto::write_frame(&mut w, Kind::StdinEof, &[]);
         });
     }
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let (mut stdout, mut stderr, mut merged) = (Vec::new(), Vec::new(), Vec::new());
+    let mut total: u64 = 0;
     loop {
         match proto::read_frame(&mut conn).map_err(|e| HostError::Protocol(e.to_string()))? {
-            Some((Kind::Stdout, d)) => stdout.extend_from_slice(&d),
-            Some((Kind::Stderr, d)) => stderr.extend_from_slice(&d),
+            Some((kind @ (Kind::Stdout | Kind::Stderr), d)) => {
+                total += d.len() as u64;
+                let keep = d.len().min(limit.saturating_sub(merged.len()));
+                let buf = if kind == Kind::Stdout {
+                    &mut stdout
+                } else {
+                    &mut stderr
+                };
+                buf.extend_from_slice(&d[..keep]);
+                merged.extend_from_slice(&d[..keep]);
+            }
             Some((Kind::Exit, body)) => {
                 let exit = serde_json::from_slice(&body)
                     .map_err(|e| HostError::Protocol(e.to_string()))?;
@@ -225,6 +245,9 @@ pub fn exec(
                     exit,
                     stdout,
                     stderr,
+                    truncated: total > merged.len() as u64,
+                    merged,
+                    total_bytes: total,
                 });
             }
             Some((Kind::Error, body)) => return Err(HostError::Exec(error_message(&body))),

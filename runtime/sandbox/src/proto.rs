@@ -93,11 +93,24 @@ pub struct ExecRequest {
     /// Log name for detached commands (validated: `[A-Za-z0-9_.-]`, not starting with `.`).
     #[serde(default)]
     pub log: Option<String>,
+    /// Standard error goes to the standard output's pipe (`2>&1`), so the output is in
+    /// the exact order the command wrote it. Left out of the wire form when false, so an
+    /// init restored from an older checkpoint still reads every request that does not
+    /// ask for it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub merge_stderr: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl ExecRequest {
     /// Checks the request before anything runs; the message names the bad field.
     pub fn validate(&self) -> Result<(), String> {
+        if self.merge_stderr && (self.tty || self.detach) {
+            return Err("merge_stderr is for commands with pipes: not with tty or detach".into());
+        }
         match (&self.shell, self.argv.is_empty()) {
             (Some(_), false) => return Err("give either argv or shell, not both".into()),
             (None, true) => return Err("argv is empty and no shell command given".into()),

@@ -104,6 +104,8 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
     }
     // Standard streams: a pty, or three pipes.
     let pty_master;
+    // With merge_stderr, both streams share one pipe; this is its read end.
+    let mut merged_out: Option<OwnedFd> = None;
     if req.tty {
         let pty = nix::pty::openpty(None, None).map_err(|e| format!("openpty: {e}"))?;
         let slave = pty.slave;
@@ -121,15 +123,25 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+        if req.merge_stderr {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| format!("pipe: {e}"))?;
+            cmd.stdout(Stdio::from(w.try_clone().map_err(|e| e.to_string())?))
+                .stderr(Stdio::from(w));
+            merged_out = Some(r);
+        }
         forkd_sys::session_leader(&mut cmd, false);
     }
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|e| spawn_error(&req, e))?;
+    // The command holds the child's ends of its streams (a shared pipe's write end, a
+    // pty's slave): drop them here, so that end of output is seen when the child's go.
+    drop(cmd);
     let pid = child.id() as i32;
     let mut stdin: Option<File> = child.stdin.take().map(|p| File::from(OwnedFd::from(p)));
     let mut out: Option<OwnedFd> = match &pty_master {
         Some(m) => Some(m.try_clone().map_err(|e| e.to_string())?),
-        None => child.stdout.take().map(OwnedFd::from),
+        None => merged_out.or_else(|| child.stdout.take().map(OwnedFd::from)),
     };
     let mut err: Option<OwnedFd> = child.stderr.take().map(OwnedFd::from);
     if req.tty {
