@@ -106,7 +106,12 @@ fn read_tar<R: Read>(dest: &Path, input: R) -> io::Result<u64> {
         let mut rel = safe_relative(&raw)?;
         if let Some(new_top) = &rename {
             let rest: PathBuf = rel.components().skip(1).collect();
-            rel = new_top.join(rest);
+            // `join` of an empty path would add a trailing `/`, which a file cannot have.
+            rel = if rest.as_os_str().is_empty() {
+                new_top.clone()
+            } else {
+                new_top.join(rest)
+            };
         }
         if rel.as_os_str().is_empty() {
             continue;
@@ -168,6 +173,14 @@ mod tests {
         read_tar(&base.join("renamed"), &buf[..]).unwrap();
         assert_eq!(
             std::fs::read(base.join("renamed/sub/bin")).unwrap(),
+            [0u8, 1, 2, 255]
+        );
+        // A single file, written under a new name.
+        let mut one = Vec::new();
+        write_tar(&base.join("src/sub/bin"), &mut one).unwrap();
+        read_tar(&base.join("copied.bin"), &one[..]).unwrap();
+        assert_eq!(
+            std::fs::read(base.join("copied.bin")).unwrap(),
             [0u8, 1, 2, 255]
         );
         std::fs::remove_dir_all(&base).unwrap();
