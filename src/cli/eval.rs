@@ -11,9 +11,12 @@ pub struct MatrixArgs {
     /// The run directory to write
     #[arg(long)]
     pub out: PathBuf,
-    /// Agents: oracle, noop, patch:FILE, script:FILE, replay:FILE or NAME=COMMAND (comma-separated or repeated)
+    /// Agents: oracle, noop, patch:FILE, script:FILE, replay:FILE, mini-swe-agent[:CONFIG][#MODEL] or NAME=COMMAND (comma-separated or repeated)
     #[arg(long, value_delimiter = ',', default_value = "oracle,noop")]
     pub agents: Vec<String>,
+    /// Model of the harness agents that name none (a LiteLLM model string, e.g. hosted_vllm/Qwen/Qwen3-8B; base URL and key from the environment)
+    #[arg(long)]
+    pub model: Option<String>,
     /// Predecessor agents for residual states (default: each task's scripted predecessors)
     #[arg(long, value_delimiter = ',')]
     pub predecessors: Vec<String>,
@@ -36,7 +39,14 @@ impl MatrixArgs {
         Ok(forkd_eval_opts::RunOptions {
             suite: self.suite.clone(),
             out: self.out.clone(),
-            agents: self.agents.clone(),
+            agents: self
+                .agents
+                .iter()
+                .map(|a| match &self.model {
+                    Some(m) => crate::eval::harness::MiniSweAgent::with_default_model(a, m),
+                    None => a.clone(),
+                })
+                .collect(),
             predecessors: self.predecessors.clone(),
             conditions: self
                 .conditions

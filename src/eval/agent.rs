@@ -4,8 +4,10 @@
 //! forkd's CLI or API and its exit is its submission (0: it claims completion). Budgets:
 //! wall clock and steps (execs in its sandbox). Built-in scripted agents, for tests,
 //! demos and predecessors: `oracle`, `noop`, `patch:FILE`, `script:FILE`, `replay:FILE`.
+//! Real harnesses (`mini-swe-agent[:CONFIG][#MODEL]`) are in [`super::harness`].
 //! Every exec of every agent is logged by the daemon with timestamps: the trajectory.
 
+use super::harness::{MiniSweAgent, MINI_SWE_AGENT};
 use super::session::{InfraResult, Session};
 use super::task::Task;
 use forkd_sandbox::proto::ExecRequest;
@@ -27,11 +29,19 @@ pub enum AgentSpec {
     Replay(PathBuf),
     /// An external command run on the host.
     External { name: String, command: String },
+    /// mini-swe-agent, run on the trial's sandbox through the Python package's driver.
+    MiniSweAgent(MiniSweAgent),
 }
 
 impl AgentSpec {
-    /// `oracle`, `noop`, `patch:FILE`, `script:FILE`, `replay:FILE`, `NAME=COMMAND`.
+    /// `oracle`, `noop`, `patch:FILE`, `script:FILE`, `replay:FILE`,
+    /// `mini-swe-agent[:CONFIG][#MODEL]`, `NAME=COMMAND`.
     pub fn parse(s: &str) -> anyhow::Result<AgentSpec> {
+        if let Some(rest) = s.strip_prefix(MINI_SWE_AGENT) {
+            if rest.is_empty() || rest.starts_with(':') || rest.starts_with('#') {
+                return Ok(AgentSpec::MiniSweAgent(MiniSweAgent::parse(rest)?));
+            }
+        }
         let file = |p: &str| -> anyhow::Result<PathBuf> {
             let p = PathBuf::from(p);
             anyhow::ensure!(p.is_file(), "agent file {} does not exist", p.display());
@@ -48,7 +58,7 @@ impl AgentSpec {
                     AgentSpec::External { name: name.into(), command: command.into() }
                 }
                 _ => anyhow::bail!(
-                    "agent {s:?}: expected oracle, noop, patch:FILE, script:FILE, replay:FILE or NAME=COMMAND"
+                    "agent {s:?}: expected oracle, noop, patch:FILE, script:FILE, replay:FILE, mini-swe-agent[:CONFIG][#MODEL] or NAME=COMMAND"
                 ),
             },
         })
@@ -66,6 +76,7 @@ impl AgentSpec {
             AgentSpec::Noop => "noop".into(),
             AgentSpec::Patch(p) | AgentSpec::Script(p) | AgentSpec::Replay(p) => stem(p),
             AgentSpec::External { name, .. } => name.clone(),
+            AgentSpec::MiniSweAgent(a) => a.name(),
         }
     }
 
@@ -75,6 +86,9 @@ impl AgentSpec {
             AgentSpec::Patch(p) | AgentSpec::Script(p) | AgentSpec::Replay(p) => {
                 std::fs::read(p).unwrap_or_default()
             }
+            AgentSpec::MiniSweAgent(MiniSweAgent {
+                config: Some(p), ..
+            }) => std::fs::read(p).unwrap_or_default(),
             _ => Vec::new(),
         };
         use sha2::Digest;
@@ -92,6 +106,8 @@ pub struct AgentRun {
     pub submitted: bool,
     pub budget_exhausted: bool,
     pub note: String,
+    /// Steps as the harness counts them (model calls); otherwise the execs it ran.
+    pub steps: Option<u64>,
 }
 
 /// What the agent is given.
@@ -113,6 +129,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
         submitted: ok,
         budget_exhausted: false,
         note: note.into(),
+        steps: None,
     };
     match spec {
         AgentSpec::Noop => Ok(done(true, "")),
@@ -130,6 +147,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
                 submitted: r.code == 0,
                 budget_exhausted: r.timed_out,
                 note: r.err(),
+                steps: None,
             })
         }
         AgentSpec::Patch(p) | AgentSpec::Script(p) => {
@@ -152,6 +170,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
                 submitted: r.code == 0,
                 budget_exhausted: r.timed_out,
                 note: r.err(),
+                steps: None,
             })
         }
         AgentSpec::Replay(p) => {
@@ -169,6 +188,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
                         submitted: false,
                         budget_exhausted: true,
                         note: "budget".into(),
+                        steps: None,
                     });
                 }
                 steps += 1;
@@ -203,6 +223,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
             Ok(done(true, ""))
         }
         AgentSpec::External { command, .. } => run_external(s, command, b),
+        AgentSpec::MiniSweAgent(a) => a.run(s, b),
     }
 }
 
@@ -246,6 +267,7 @@ fn run_external(s: &Session, command: &str, b: &Brief) -> InfraResult<AgentRun> 
                 submitted: status.success(),
                 budget_exhausted: false,
                 note: format!("exit {status}"),
+                steps: None,
             });
         }
         let over_time = start.elapsed() > b.timeout;
@@ -269,6 +291,7 @@ fn run_external(s: &Session, command: &str, b: &Brief) -> InfraResult<AgentRun> 
                 submitted: false,
                 budget_exhausted: true,
                 note: why.into(),
+                steps: None,
             });
         }
         std::thread::sleep(Duration::from_millis(100));

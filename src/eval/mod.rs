@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod delta;
 pub mod grade;
+pub mod harness;
 pub mod run;
 pub mod session;
 pub mod task;
@@ -128,6 +129,14 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         .map(|a| AgentSpec::parse(a))
         .collect::<anyhow::Result<_>>()?;
     let run_agents = agents.len();
+    // A harness whose configuration or model does not load fails the run now, by name,
+    // not each of its trials as infrastructure.
+    for a in &agents {
+        if let AgentSpec::MiniSweAgent(h) = a {
+            let loaded = h.check(socket, &opts.out.join(".checks"))?;
+            eprintln!("[eval] agent {}: {loaded}", h.name());
+        }
+    }
     let config = RunConfig {
         suite: std::fs::canonicalize(&opts.suite)?,
         tasks: tasks

@@ -299,7 +299,7 @@ fn attempt(
         let run = run_agent(s, agent, &brief)?;
         let wall_ms = t0.elapsed().as_millis() as u64;
         let execs: Vec<serde_json::Value> = s.execs(&sb)?.into_iter().skip(base).collect();
-        let steps = execs.len() as u64;
+        let steps = run.steps.unwrap_or(execs.len() as u64);
         let t = Instant::now();
         // Terminal-style tasks are whole machines: their final state keeps its processes,
         // so the verifier sees the services as the agent left them. A kept state is

@@ -1,0 +1,285 @@
+"""Every API operation as a `Call`: the one place that knows paths, bodies and answers.
+
+The function names are the client methods' names; the operation ids of
+`docs/openapi.json` are noted on each. Both clients send these calls unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
+
+from . import types as t
+from ._wire import Call, json_call, segment
+
+Command = Union[str, Sequence[str]]
+"""A shell line (run as `/bin/sh -c LINE`) or an argv list."""
+
+# Seconds the wire may take beyond an exec's own timeout (start-up, output transfer).
+EXEC_MARGIN = 30.0
+
+
+def _labels(labels: Optional[Mapping[str, str]]) -> dict[str, str]:
+    return dict(labels or {})
+
+
+def _command(command: Command) -> dict[str, Any]:
+    if isinstance(command, str):
+        return {"shell": command}
+    argv = list(command)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise TypeError("command must be a shell line or a non-empty list of strings")
+    return {"argv": argv}
+
+
+def exec_request(
+    command: Command,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    user: Optional[str] = None,
+    timeout: Optional[float] = None,
+    tty: bool = False,
+    detach: bool = False,
+    log: Optional[str] = None,
+    merge_stderr: bool = False,
+) -> dict[str, Any]:
+    """An `ExecRequest` body (also the `command` of a sandbox created with one)."""
+    body = _command(command)
+    if env:
+        body["env"] = [f"{k}={v}" for k, v in env.items()]
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
+    if timeout is not None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        body["timeout_ms"] = max(1, int(timeout * 1000))
+    if tty:
+        body["tty"] = True
+    if detach:
+        body["detach"] = True
+    if log is not None:
+        body["log"] = log
+    if merge_stderr:
+        body["merge_stderr"] = True
+    return body
+
+
+# Daemon: version, metrics, gc.
+
+
+def version() -> Call[t.VersionInfo]:
+    """`version`."""
+    return json_call("GET", "/v1/version", t.VersionInfo.from_json)
+
+
+def metrics() -> Call[dict[str, t.OpStats]]:
+    """`metrics`."""
+    return json_call("GET", "/v1/metrics", lambda d: {k: t.OpStats.from_json(v) for k, v in d.items()})
+
+
+def gc() -> Call[t.GcResult]:
+    """`gc`."""
+    return json_call("POST", "/v1/gc", t.GcResult.from_json)
+
+
+# Images.
+
+
+def list_images() -> Call[list[t.ImageInfo]]:
+    """`listImages`."""
+    return json_call("GET", "/v1/images", lambda d: [t.ImageInfo.from_json(x) for x in d])
+
+
+def import_image(source: str, name: str) -> Call[t.ImageInfo]:
+    """`importImage`: `source` is a path on the daemon's host."""
+    return json_call("POST", "/v1/images", t.ImageInfo.from_json, {"source": source, "name": name})
+
+
+def inspect_image(name: str) -> Call[t.ImageInfo]:
+    """`inspectImage`."""
+    return json_call("GET", f"/v1/images/{segment(name)}", t.ImageInfo.from_json)
+
+
+def remove_image(name: str) -> Call[str]:
+    """`removeImage`."""
+    return json_call("DELETE", f"/v1/images/{segment(name)}", lambda d: d["removed"])
+
+
+# Sandboxes.
+
+
+def list_sandboxes() -> Call[list[t.SandboxInfo]]:
+    """`listSandboxes`."""
+    return json_call("GET", "/v1/sandboxes", lambda d: [t.SandboxInfo.from_json(x) for x in d])
+
+
+def create_sandbox(
+    image: str,
+    *,
+    command: Optional[Command] = None,
+    hostname: Optional[str] = None,
+    memory_bytes: Optional[int] = None,
+    pids: Optional[int] = None,
+    cpu_millis: Optional[int] = None,
+    labels: Optional[Mapping[str, str]] = None,
+) -> Call[t.SandboxInfo]:
+    """`createSandbox`."""
+    body: dict[str, Any] = {"image": image, "labels": _labels(labels)}
+    limits = {"memory_bytes": memory_bytes, "pids": pids, "cpu_millis": cpu_millis}
+    if any(v is not None for v in limits.values()):
+        body["limits"] = limits
+    if hostname is not None:
+        body["hostname"] = hostname
+    if command is not None:
+        body["command"] = exec_request(command, detach=False)
+    return json_call("POST", "/v1/sandboxes", t.SandboxInfo.from_json, body)
+
+
+def inspect_sandbox(id: str) -> Call[t.SandboxInfo]:
+    """`inspectSandbox`."""
+    return json_call("GET", f"/v1/sandboxes/{segment(id)}", t.SandboxInfo.from_json)
+
+
+def stop_sandbox(id: str, grace_secs: Optional[int] = None) -> Call[t.SandboxInfo]:
+    """`stopSandbox`: SIGTERM, `grace_secs` (default 10), then SIGKILL."""
+    body = {} if grace_secs is None else {"grace_secs": int(grace_secs)}
+    wait = (grace_secs if grace_secs is not None else 10) + 60.0
+    return json_call("POST", f"/v1/sandboxes/{segment(id)}/stop", t.SandboxInfo.from_json, body, timeout=wait)
+
+
+def remove_sandbox(id: str, force: bool = False) -> Call[str]:
+    """`removeSandbox`; a running sandbox needs `force`."""
+    query = {"force": "true"} if force else {}
+    return json_call("DELETE", f"/v1/sandboxes/{segment(id)}", lambda d: d["removed"], query=query)
+
+
+def exec(
+    id: str,
+    command: Command,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    user: Optional[str] = None,
+    timeout: Optional[float] = None,
+    stdin: Optional[bytes] = None,
+    merge_stderr: bool = False,
+    output_limit: Optional[int] = None,
+) -> Call[t.ExecResult]:
+    """`execInSandbox`, run to completion. `timeout` (seconds) kills the command's whole
+    process tree; `output_limit` bounds the output kept (bytes, both streams)."""
+    body = exec_request(command, env=env, cwd=cwd, user=user, timeout=timeout, merge_stderr=merge_stderr)
+    if stdin is not None:
+        body["stdin_b64"] = base64.b64encode(stdin).decode()
+    if output_limit is not None:
+        body["output_limit"] = int(output_limit)
+    wire = None if timeout is None else timeout + EXEC_MARGIN
+    return json_call("POST", f"/v1/sandboxes/{segment(id)}/exec", t.ExecResult.from_json, body, timeout=wire)
+
+
+def exec_detached(
+    id: str,
+    command: Command,
+    *,
+    log: str,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    user: Optional[str] = None,
+) -> Call[int]:
+    """`execInSandbox` with `detach`: answers the pid once the command runs; its output
+    goes to the sandbox log `log` (read it with `logs`)."""
+    body = exec_request(command, env=env, cwd=cwd, user=user, detach=True, log=log)
+    return json_call("POST", f"/v1/sandboxes/{segment(id)}/exec", lambda d: int(d["pid"]), body)
+
+
+def logs(id: str, name: str = "main") -> Call[bytes]:
+    """`sandboxLogs`: a detached command's output, both streams."""
+    return Call("GET", f"/v1/sandboxes/{segment(id)}/logs", lambda a: a.body, query={"name": name})
+
+
+def execs(id: str) -> Call[list[t.ExecRecord]]:
+    """`sandboxExecs`: every exec the sandbox ran through the API, in order."""
+
+    def read(a: Any) -> list[t.ExecRecord]:
+        lines = a.body.decode("utf-8", errors="replace").splitlines()
+        return [t.ExecRecord.from_json(json.loads(line)) for line in lines if line.strip()]
+
+    return Call("GET", f"/v1/sandboxes/{segment(id)}/execs", read)
+
+
+def copy_out(id: str, path: str) -> Call[bytes]:
+    """`copyFromSandbox`: a tar whose top entry is the path's last component."""
+    return Call("GET", f"/v1/sandboxes/{segment(id)}/files", lambda a: a.body, query={"path": path})
+
+
+def copy_in(id: str, path: str, tar: bytes) -> Call[int]:
+    """`copyToSandbox`: unpacks `tar` into `path` when it is a directory, else as `path`."""
+    return Call(
+        "PUT",
+        f"/v1/sandboxes/{segment(id)}/files",
+        lambda a: int(a.json()["entries"]),
+        query={"path": path},
+        body=tar,
+        content_type="application/x-tar",
+    )
+
+
+# Checkpoints and forks.
+
+
+def checkpoint(
+    id: str, *, live: bool = False, stop: bool = False, labels: Optional[Mapping[str, str]] = None
+) -> Call[t.CheckpointInfo]:
+    """`checkpointSandbox`: files only, or with `live` the whole process tree (CRIU)."""
+    body = {"live": live, "stop": stop, "labels": _labels(labels)}
+    return json_call("POST", f"/v1/sandboxes/{segment(id)}/checkpoint", t.CheckpointInfo.from_json, body)
+
+
+def list_checkpoints() -> Call[list[t.CheckpointInfo]]:
+    """`listCheckpoints`."""
+    return json_call("GET", "/v1/checkpoints", lambda d: [t.CheckpointInfo.from_json(x) for x in d])
+
+
+def inspect_checkpoint(id: str) -> Call[t.CheckpointInfo]:
+    """`inspectCheckpoint`."""
+    return json_call("GET", f"/v1/checkpoints/{segment(id)}", t.CheckpointInfo.from_json)
+
+
+def remove_checkpoint(id: str, force: bool = False) -> Call[str]:
+    """`removeCheckpoint`; one with live branches needs `force`."""
+    query = {"force": "true"} if force else {}
+    return json_call("DELETE", f"/v1/checkpoints/{segment(id)}", lambda d: d["removed"], query=query)
+
+
+def fork(
+    id: str,
+    count: int = 1,
+    *,
+    lazy: bool = False,
+    fresh: bool = False,
+    labels: Optional[Mapping[str, str]] = None,
+) -> Call[t.ForkResult]:
+    """`forkCheckpoint`: `count` branches, each a running sandbox."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    body = {"count": count, "lazy": lazy, "fresh": fresh, "labels": _labels(labels)}
+    return json_call("POST", f"/v1/checkpoints/{segment(id)}/fork", t.ForkResult.from_json, body)
+
+
+def export_checkpoint(id: str, path: str) -> Call[t.ExportResult]:
+    """`exportCheckpoint` to `path` on the daemon's host."""
+    return json_call("POST", f"/v1/checkpoints/{segment(id)}/export", t.ExportResult.from_json, {"path": path})
+
+
+def import_checkpoint(path: str) -> Call[t.CheckpointInfo]:
+    """`importCheckpoint` from `path` on the daemon's host; verified before it appears."""
+    return json_call("POST", "/v1/checkpoints/import", t.CheckpointInfo.from_json, {"path": path})
+
+
+def checkpoint_delta(id: str) -> Call[bytes]:
+    """`checkpointDelta`: a tar of the checkpoint's own layer."""
+    return Call("GET", f"/v1/checkpoints/{segment(id)}/delta", lambda a: a.body)

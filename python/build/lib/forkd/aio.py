@@ -1,0 +1,236 @@
+"""The asyncio client: `AsyncClient(socket=None)`, the same calls as `forkd.Client`.
+
+Each method is a coroutine that sends one API call on a fresh connection, so any
+number may run concurrently on one loop (Harbor starts many trials at once).
+
+    import asyncio
+    from forkd import AsyncClient
+
+    async def main():
+        c = AsyncClient()
+        res = await c.fork(checkpoint_id, 4)
+        outs = await asyncio.gather(*(c.exec(b.id, "hostname") for b in res.branches))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Optional, TypeVar, Union
+
+from . import _files, _ops
+from . import types as t
+from ._ops import Command
+from ._wire import MAX_ANSWER, Call, socket_path
+from .errors import BadRequest, ConnectionFailed
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asyncio client of one forkd daemon."""
+
+    def __init__(self, socket: Optional[str] = None) -> None:
+        self.socket = socket_path(socket)
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(socket={self.socket!r})"
+
+    async def _send(self, call: Call[T]) -> T:
+        what = f"{call.method} {call.path}"
+        try:
+            raw = await asyncio.wait_for(self._exchange(call), call.timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionFailed(f"{what}: no answer from {self.socket} within {call.timeout} s") from None
+        except OSError as e:
+            raise ConnectionFailed(f"{what}: daemon socket {self.socket}: {e.strerror or e}") from None
+        return call.finish(raw)
+
+    async def _exchange(self, call: Call[T]) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(self.socket, limit=1 << 20)
+        try:
+            writer.write(call.encode())
+            await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                chunk = await reader.read(1 << 20)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_ANSWER:
+                    raise ConnectionFailed(f"{call.method} {call.path}: answer larger than {MAX_ANSWER} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    async def version(self) -> t.VersionInfo:
+        """The daemon's version, API version, state root and cgroup version."""
+        return await self._send(_ops.version())
+
+    async def metrics(self) -> dict[str, t.OpStats]:
+        """Latency per operation."""
+        return await self._send(_ops.metrics())
+
+    async def gc(self) -> t.GcResult:
+        """Removes every store layer nothing uses."""
+        return await self._send(_ops.gc())
+
+    async def list_images(self) -> list[t.ImageInfo]:
+        """Every image."""
+        return await self._send(_ops.list_images())
+
+    async def import_image(self, source: str, name: str) -> t.ImageInfo:
+        """Imports an image from `source`, a path on the daemon's host (rootfs directory, tarball, OCI layout, docker-save archive)."""
+        return await self._send(_ops.import_image(source, name))
+
+    async def inspect_image(self, name: str) -> t.ImageInfo:
+        """One image."""
+        return await self._send(_ops.inspect_image(name))
+
+    async def remove_image(self, name: str) -> str:
+        """Removes an image no sandbox uses; returns its name."""
+        return await self._send(_ops.remove_image(name))
+
+    async def list_sandboxes(self) -> list[t.SandboxInfo]:
+        """Every sandbox, running or stopped."""
+        return await self._send(_ops.list_sandboxes())
+
+    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None) -> t.SandboxInfo:
+        """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out are unlimited (`cpu_millis` is thousandths of a CPU)."""
+        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels))
+
+    async def inspect(self, id: str) -> t.SandboxInfo:
+        """One sandbox (a full id or a unique prefix of at least 4)."""
+        return await self._send(_ops.inspect_sandbox(id))
+
+    async def stop(self, id: str, grace_secs: Optional[int] = None) -> t.SandboxInfo:
+        """Stops a sandbox: SIGTERM to its init, then SIGKILL after `grace_secs` (default 10)."""
+        return await self._send(_ops.stop_sandbox(id, grace_secs))
+
+    async def remove(self, id: str, *, force: bool = False) -> str:
+        """Removes a sandbox (a running one only with `force`); returns its id."""
+        return await self._send(_ops.remove_sandbox(id, force))
+
+    async def exec(self, id: str, command: Command, *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, user: Optional[str] = None, timeout: Optional[float] = None, stdin: Optional[bytes] = None, merge_stderr: bool = False, output_limit: Optional[int] = None) -> t.ExecResult:
+        """Runs `command` (a shell line, or an argv list) to completion inside the sandbox.
+
+        `timeout` (seconds) kills the command's whole process tree (`timed_out` is then
+        set); `merge_stderr` sends standard error into standard output's pipe, so that
+        `output` holds both in the exact order written; `output_limit` bounds the bytes
+        kept (default 16 MiB: past it, output is dropped and `truncated` set)."""
+        return await self._send(_ops.exec(id, command, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, merge_stderr=merge_stderr, output_limit=output_limit))
+
+    async def exec_detached(self, id: str, command: Command, *, log: str, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, user: Optional[str] = None) -> int:
+        """Starts `command` in the background; returns its pid. Its output goes to the log `log`."""
+        return await self._send(_ops.exec_detached(id, command, log=log, env=env, cwd=cwd, user=user))
+
+    async def logs(self, id: str, name: str = "main") -> bytes:
+        """A detached command's output (both streams)."""
+        return await self._send(_ops.logs(id, name))
+
+    async def execs(self, id: str) -> list[t.ExecRecord]:
+        """Every exec the sandbox ran through the API, in order: its trajectory."""
+        return await self._send(_ops.execs(id))
+
+    async def copy_out(self, id: str, path: str) -> bytes:
+        """A tar of `path` inside the sandbox; its top entry is the path's last component."""
+        return await self._send(_ops.copy_out(id, path))
+
+    async def copy_in(self, id: str, path: str, tar: bytes) -> int:
+        """Unpacks the tar `tar` into `path` (when a directory) or as `path`; returns the entry count."""
+        return await self._send(_ops.copy_in(id, path, tar))
+
+    async def checkpoint(self, id: str, *, live: bool = False, stop: bool = False, labels: Optional[Mapping[str, str]] = None) -> t.CheckpointInfo:
+        """Checkpoints a sandbox: its files (an O(1) snapshot), and with `live` its whole process tree."""
+        return await self._send(_ops.checkpoint(id, live=live, stop=stop, labels=labels))
+
+    async def list_checkpoints(self) -> list[t.CheckpointInfo]:
+        """Every checkpoint."""
+        return await self._send(_ops.list_checkpoints())
+
+    async def inspect_checkpoint(self, id: str) -> t.CheckpointInfo:
+        """One checkpoint."""
+        return await self._send(_ops.inspect_checkpoint(id))
+
+    async def remove_checkpoint(self, id: str, *, force: bool = False) -> str:
+        """Removes a checkpoint; returns its id."""
+        return await self._send(_ops.remove_checkpoint(id, force))
+
+    async def fork(self, checkpoint: str, count: int = 1, *, lazy: bool = False, fresh: bool = False, labels: Optional[Mapping[str, str]] = None) -> t.ForkResult:
+        """Starts `count` branches of a checkpoint, each a running sandbox (a live checkpoint's processes resume in each; `fresh` starts a new init over its files instead)."""
+        return await self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels))
+
+    async def export_checkpoint(self, id: str, path: str) -> t.ExportResult:
+        """Writes a checkpoint as one verified archive at `path` on the daemon's host."""
+        return await self._send(_ops.export_checkpoint(id, path))
+
+    async def import_checkpoint(self, path: str) -> t.CheckpointInfo:
+        """Imports (and verifies) an archive at `path` on the daemon's host."""
+        return await self._send(_ops.import_checkpoint(path))
+
+    async def checkpoint_delta(self, id: str) -> bytes:
+        """A tar of the checkpoint's own layer: what it changed over its parent."""
+        return await self._send(_ops.checkpoint_delta(id))
+
+    # Files, as bytes or host paths (built on copy_in / copy_out).
+
+    async def write_file(self, id: str, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Writes `data` as the file `path` inside the sandbox, making its parents."""
+        parent, name = _files.split(path)
+        await self._mkdir(id, parent)
+        await self.copy_in(id, path, _files.pack_bytes(name, data, mode))
+
+    async def read_file(self, id: str, path: str) -> bytes:
+        """The content of the regular file `path` inside the sandbox."""
+        return _files.single_file(await self.copy_out(id, path), path)
+
+    async def upload_file(self, id: str, source: Union[str, Path], path: str) -> None:
+        """Copies the host file `source` to `path` inside the sandbox (parents made)."""
+        parent, name = _files.split(path)
+        await self._mkdir(id, parent)
+        tar = await asyncio.to_thread(_files.pack_path, Path(source), name)
+        await self.copy_in(id, path, tar)
+
+    async def upload_dir(self, id: str, source: Union[str, Path], path: str) -> None:
+        """Copies the contents of the host directory `source` into `path` (made if missing)."""
+        _files.split(path)
+        await self._mkdir(id, path)
+        tar = await asyncio.to_thread(_files.pack_dir_contents, Path(source))
+        await self.copy_in(id, path, tar)
+
+    async def download_file(self, id: str, path: str, target: Union[str, Path]) -> None:
+        """Copies the file `path` inside the sandbox to the host file `target`."""
+        data = await self.read_file(id, path)
+        target = Path(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(target.write_bytes, data)
+
+    async def download_dir(self, id: str, path: str, target: Union[str, Path]) -> None:
+        """Copies the contents of the directory `path` inside the sandbox into the host
+        directory `target` (made if missing); nothing is written outside it."""
+        tar = await self.copy_out(id, path)
+        await asyncio.to_thread(_files.unpack_into, tar, Path(target), strip_top=True)
+
+    async def _mkdir(self, id: str, path: str) -> None:
+        r = await self.exec(id, ["mkdir", "-p", path], timeout=60)
+        if not r.ok:
+            raise BadRequest(f"mkdir -p {path} in sandbox {id}: {r.stderr.decode(errors='replace').strip()}")
+
+    @asynccontextmanager
+    async def sandbox(self, image: str, **create: object) -> AsyncIterator[t.SandboxInfo]:
+        """A sandbox for the length of an `async with` block, removed at its end."""
+        sb = await self.create(image, **create)  # type: ignore[arg-type]
+        try:
+            yield sb
+        finally:
+            await self.remove(sb.id, force=True)

@@ -1,0 +1,248 @@
+"""Typed results of the forkd API: one dataclass per schema of `docs/openapi.json`.
+
+Each class's fields are exactly its schema's properties (a test holds them in step).
+`from_json` builds an instance from the daemon's JSON answer; nested objects become
+their own classes, and properties this version does not know are ignored, so a newer
+daemon's additions do not break an older client.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypeVar
+
+T = TypeVar("T", bound="_Model")
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    """Converts a JSON value to the annotated type `tp` (dataclasses, lists, dicts)."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value) if inner else value
+    if origin is list:
+        return [_convert(args[0], v) for v in value]
+    if origin is dict:
+        return {k: _convert(args[1], v) for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, _Model):
+        return tp.from_json(value)
+    return value
+
+
+class _Model:
+    """Shared loading for the API's dataclasses."""
+
+    @classmethod
+    def from_json(cls: type[T], data: dict[str, Any]) -> T:
+        if not isinstance(data, dict):
+            raise TypeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in data:
+                kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        return cls(**kwargs)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass
+class VersionInfo(_Model):
+    """`GET /v1/version`."""
+
+    version: str = ""
+    api: str = ""
+    root: str = ""
+    cgroup_version: int = 0
+
+
+@dataclass
+class OpStats(_Model):
+    """Latency of one operation over its last requests, microseconds."""
+
+    count: int = 0
+    errors: int = 0
+    p50_us: int = 0
+    p90_us: int = 0
+    p99_us: int = 0
+    max_us: int = 0
+
+
+@dataclass
+class ImageInfo(_Model):
+    """An image: its layers (topmost first) and the sandboxes using it."""
+
+    name: str = ""
+    layers: list[str] = field(default_factory=list)
+    created: int = 0
+    source: str = ""
+    used_by: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Limits(_Model):
+    """Resource limits of a sandbox; `None` is unlimited."""
+
+    memory_bytes: Optional[int] = None
+    pids: Optional[int] = None
+    cpu_millis: Optional[int] = None
+
+
+@dataclass
+class SandboxInfo(_Model):
+    """A sandbox, as `inspect` shows it."""
+
+    id: str = ""
+    image: str = ""
+    status: str = ""
+    created: int = 0
+    hostname: str = ""
+    init_pid: Optional[int] = None
+    limits: Limits = field(default_factory=Limits)
+    labels: dict[str, str] = field(default_factory=dict)
+    rootfs: str = ""
+    upper: str = ""
+    cgroup: str = ""
+    memory_bytes: Optional[int] = None
+    oom_kills: int = 0
+    create_us: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass
+class ExecResult(_Model):
+    """A command that ran to completion. The `*_b64` fields are the wire form; use
+    `stdout`, `stderr` and `output` (both merged) for bytes, `text` for a string."""
+
+    pid: int = 0
+    exit_code: int = 0
+    signal: Optional[int] = None
+    timed_out: bool = False
+    duration_us: int = 0
+    stdout_b64: str = ""
+    stderr_b64: str = ""
+    output_b64: str = ""
+    output_bytes: int = 0
+    truncated: bool = False
+
+    @property
+    def stdout(self) -> bytes:
+        return base64.b64decode(self.stdout_b64)
+
+    @property
+    def stderr(self) -> bytes:
+        return base64.b64decode(self.stderr_b64)
+
+    @property
+    def output(self) -> bytes:
+        """Standard output and error merged (exact order with `merge_stderr=True`)."""
+        return base64.b64decode(self.output_b64)
+
+    @property
+    def text(self) -> str:
+        """The merged output as text (invalid UTF-8 replaced)."""
+        return self.output.decode("utf-8", errors="replace")
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class ExecRecord(_Model):
+    """One exec of a sandbox's trajectory (`GET .../execs`)."""
+
+    t_us: int = 0
+    argv: Optional[list[str]] = None
+    shell: Optional[str] = None
+    cwd: Optional[str] = None
+    user: Optional[str] = None
+    tty: bool = False
+    detach: bool = False
+    result: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class CheckpointInfo(_Model):
+    """A checkpoint: its layers and, when live, the size of its CRIU images."""
+
+    id: str = ""
+    parent: Optional[str] = None
+    sandbox: str = ""
+    image: str = ""
+    live: bool = False
+    created: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
+    tree_hash: Optional[str] = None
+    phases_us: dict[str, int] = field(default_factory=dict)
+    images_bytes: int = 0
+    branches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BranchInfo(_Model):
+    """One branch of a fork: a new running sandbox."""
+
+    id: str = ""
+    mode: str = ""
+    init_pid: Optional[int] = None
+    phases_us: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ForkResult(_Model):
+    """`POST /v1/checkpoints/{id}/fork`."""
+
+    checkpoint: str = ""
+    branches: list[BranchInfo] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[str]:
+        return [b.id for b in self.branches]
+
+
+@dataclass
+class ExportResult(_Model):
+    """A checkpoint written as one verified archive."""
+
+    path: str = ""
+    bytes: int = 0
+    files: int = 0
+    tree_hash: str = ""
+    duration_us: int = 0
+
+
+@dataclass
+class GcResult(_Model):
+    """`POST /v1/gc`."""
+
+    removed_layers: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+
+
+# Schema name -> class, for the schema test and for readers of the wire format.
+SCHEMAS: dict[str, type[_Model]] = {
+    "VersionInfo": VersionInfo,
+    "OpStats": OpStats,
+    "ImageInfo": ImageInfo,
+    "Limits": Limits,
+    "SandboxInfo": SandboxInfo,
+    "ExecResult": ExecResult,
+    "ExecRecord": ExecRecord,
+    "CheckpointInfo": CheckpointInfo,
+    "BranchInfo": BranchInfo,
+    "ForkResult": ForkResult,
+    "ExportResult": ExportResult,
+    "GcResult": GcResult,
+}
