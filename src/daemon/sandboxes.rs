@@ -464,11 +464,14 @@ impl Daemon {
             "result": result,
         });
         let path = sb.dir.join("execs.jsonl");
+        // One write of the whole line: with O_APPEND, concurrent execs' lines never
+        // interleave (formatting straight into the file writes it in pieces).
+        let text = format!("{line}\n");
         let res = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .and_then(|mut f| writeln!(f, "{line}"));
+            .and_then(|mut f| f.write_all(text.as_bytes()));
         if let Err(e) = res {
             log::warn(&format!("append {}: {e}", path.display()));
         }

@@ -281,3 +281,28 @@ impl TestDaemon {
         panic!("{path} in {id} held no number in 5 reads: {seen:?}")
     }
 }
+
+/// The Python with the harness environment, or why it cannot run (a SKIP, or in CI a failure).
+pub fn harness_python(name: &str) -> Option<String> {
+    let py = std::env::var("FORKD_PYTHON").unwrap_or_else(|_| {
+        cache_dir()
+            .join("python/venv/bin/python")
+            .display()
+            .to_string()
+    });
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import pytest, minisweagent"])
+        .env("MSWEA_SILENT_STARTUP", "1")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        return Some(py);
+    }
+    let why = format!("{py} lacks pytest or mini-swe-agent (run fixtures/setup.sh python)");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{name}: {why} (CI=true: not skipping)");
+    }
+    println!("SKIP {name}: {why}");
+    None
+}

@@ -1,0 +1,56 @@
+"""The client's types and the API's schema (docs/openapi.json) in step: every typed
+result has exactly its schema's properties, and every schema a result of the client
+uses has a type."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from forkd import _ops, types
+
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+
+
+def schemas() -> dict:
+    return json.loads(SCHEMA.read_text())["components"]["schemas"]
+
+
+def test_every_type_has_exactly_its_schemas_properties() -> None:
+    s = schemas()
+    for name, cls in types.SCHEMAS.items():
+        assert name in s, f"{name} is not in {SCHEMA}"
+        fields = {f.name for f in dataclasses.fields(cls)}
+        props = set(s[name].get("properties", {}))
+        assert fields == props, f"{name}: client {sorted(fields ^ props)} differ from the schema"
+
+
+def test_every_result_schema_has_a_type() -> None:
+    spec = json.loads(SCHEMA.read_text())
+    used = set()
+    for ops in spec["paths"].values():
+        for method, op in ops.items():
+            if method == "parameters":
+                continue
+            for resp in op.get("responses", {}).values():
+                for media in resp.get("content", {}).values():
+                    schema = media.get("schema", {})
+                    for holder in (schema, schema.get("items"), schema.get("additionalProperties")):
+                        if isinstance(holder, dict) and "$ref" in holder:
+                            used.add(holder["$ref"].rsplit("/", 1)[1])
+    # Error bodies are exceptions; the Removed*/Copy answers are plain values.
+    plain = {"ApiError", "RemovedImage", "RemovedSandbox", "RemovedCheckpoint", "CopyResult", "Metrics"}
+    missing = used - plain - set(types.SCHEMAS)
+    assert not missing, f"result schemas without a client type: {sorted(missing)}"
+
+
+def test_exec_request_fields_are_the_schemas() -> None:
+    body = _ops.exec_request(
+        ["x"], env={"A": "1"}, cwd="/", user="u", timeout=1, tty=True, detach=True, log="l", merge_stderr=True
+    )
+    props = set(schemas()["ExecRequest"]["properties"])
+    assert set(body) <= props, sorted(set(body) - props)
+    call = _ops.exec("id", "true", stdin=b"x", output_limit=5, merge_stderr=True)
+    sent = json.loads(call.body or b"{}")
+    assert set(sent) <= set(schemas()["ExecBody"]["properties"])

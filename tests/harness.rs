@@ -1,0 +1,339 @@
+//! Real agent harnesses in `forkd eval`, end to end: mini-swe-agent 2.4.6 (the PyPI
+//! package, through LiteLLM) with its model pointed at scripted OpenAI-compatible
+//! endpoints on loopback (the one stand-in), run by `forkd eval run --agents ...` on a
+//! bundled SWE task (more-itertools, Debian image) under the clean and residual
+//! conditions, graded on pristine forks. One endpoint solves the task, one never
+//! submits (the step budget ends it), one fails its first requests with 503 (retried
+//! from the identical state, then passes), one is always down (infrastructure, kept apart).
+
+mod common;
+
+use common::*;
+use forkd_analysis::{Condition, Outcome, TrialRow};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+struct Endpoint {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves `script` (see python/tests/scripted_endpoint.py) on a loopback port.
+fn endpoint(py: &str, script: &Path) -> Endpoint {
+    let server =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/tests/scripted_endpoint.py");
+    let mut child = Command::new(py)
+        .arg(server)
+        .arg(script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the scripted endpoint");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("endpoint printed {line:?}"));
+    Endpoint { child, port }
+}
+
+/// A mini-swe-agent config (JSON is YAML) whose model is the endpoint on `port`.
+fn config(dir: &Path, name: &str, port: u16) -> PathBuf {
+    let cfg = serde_json::json!({
+        "agent": {
+            "system_template": "You are a careful engineer.",
+            "instance_template": "{{task}}",
+            "cost_limit": 0,
+        },
+        "environment": { "timeout": 120, "interpreter": ["bash", "-c"], "env": { "PAGER": "cat" } },
+        "model": {
+            "model_name": "openai/scripted",
+            // No retries in the OpenAI client either (it retries 5xx twice by default).
+            "model_kwargs": {
+                "api_base": format!("http://127.0.0.1:{port}/v1"),
+                "api_key": "unused",
+                "max_retries": 0,
+            },
+            "cost_tracking": "ignore_errors",
+        },
+    });
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    path
+}
+
+fn rows(run: &Path) -> Vec<TrialRow> {
+    std::fs::read_to_string(run.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn copy_dir(src: &Path, dest: &Path) {
+    std::fs::create_dir_all(dest).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let to = dest.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+#[test]
+fn mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart() {
+    let name = "mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(py) = harness_python(name) else {
+        return;
+    };
+    let task_src = cache_dir().join("suite/mi-collapse-missing");
+    if !task_src.join("task.toml").is_file() {
+        let why = format!(
+            "{} missing (run fixtures/setup.sh suite)",
+            task_src.display()
+        );
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name}: {why}"
+        );
+        println!("SKIP {name}: {why}");
+        return;
+    }
+    let d = TestDaemon::start("harness");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let task = work.join("suite/mi-collapse-missing");
+    copy_dir(&task_src, &task);
+    // A small step budget, so the agent that never submits reaches it quickly.
+    let toml = std::fs::read_to_string(task.join("task.toml")).unwrap();
+    std::fs::write(
+        task.join("task.toml"),
+        toml.replace("max_steps = 150", "max_steps = 6"),
+    )
+    .unwrap();
+    let instruction = std::fs::read_to_string(task.join("instruction.md")).unwrap();
+
+    // The solving script: inspect, edit the file, check, submit (5 model turns).
+    let patch = std::fs::read_to_string(task.join("solution/patch.diff")).unwrap();
+    let edit = format!(
+        "git checkout -q HEAD -- more_itertools/more.py more_itertools/more.pyi && \
+         patch -p1 --no-backup-if-mismatch <<'FORKD_PATCH'\n{patch}FORKD_PATCH"
+    );
+    let solve = serde_json::json!([
+        {"command": "git status --short"},
+        {"command": "grep -n 'def collapse' more_itertools/more.py || echo 'no collapse'"},
+        {"command": edit},
+        {"command": "python3 -c 'import more_itertools as m; print(list(m.collapse([[1, [2]], 3])))'"},
+        {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"},
+    ]);
+    let scripts = [
+        ("solve", serde_json::json!({ "steps": solve })),
+        (
+            "idle",
+            serde_json::json!({ "steps": [{"command": "ls"}], "repeat_last": true }),
+        ),
+        (
+            "flaky",
+            serde_json::json!({ "steps": solve, "fail_first": 2 }),
+        ),
+        (
+            "down",
+            serde_json::json!({ "steps": [], "always_fail": true }),
+        ),
+    ];
+    let mut endpoints = Vec::new();
+    let mut agents = Vec::new();
+    for (n, script) in &scripts {
+        let dir = work.join(format!("model-{n}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("script.json");
+        std::fs::write(&path, serde_json::to_vec(script).unwrap()).unwrap();
+        let e = endpoint(&py, &path);
+        agents.push(format!(
+            "mini-swe-agent:{}",
+            config(&dir, n, e.port).display()
+        ));
+        endpoints.push(e);
+    }
+    let run = work.join("run");
+    let pred = task.join("predecessors/bytes-split.patch");
+    let out = Command::new(BIN)
+        .args(["--socket", d.socket.to_str().unwrap(), "eval", "run"])
+        .arg(work.join("suite"))
+        .arg("--out")
+        .arg(&run)
+        .arg("--agents")
+        .arg(agents.join(","))
+        .arg("--predecessors")
+        .arg(format!("patch:{}", pred.display()))
+        .args(["--conditions", "clean,residual", "--parallel", "2"])
+        .env("FORKD_PYTHON", &py)
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+        )
+        // No retries inside the harness: an endpoint failure ends the attempt at once.
+        .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    let rows = rows(&run);
+    assert_eq!(rows.len(), 8, "4 agents x (clean + 1 residual): {log}");
+    let of = |agent: &str| -> Vec<&TrialRow> {
+        rows.iter()
+            .filter(|r| r.agent == format!("mini-swe-agent.{agent}"))
+            .collect()
+    };
+    let trial = |r: &TrialRow| run.join("trials").join(&r.trial_id);
+
+    // The solving agent passes from both starts, graded on pristine forks, with its
+    // own steps and its trajectory kept with the trial.
+    for r in of("solve") {
+        assert_eq!(r.outcome, Outcome::Pass, "{r:?}\n{log}");
+        assert!(r.submitted && r.infra_attempts == 0);
+        assert_eq!(r.steps, 5, "model calls are the trial's steps");
+        assert!(
+            r.tests.len() >= 11
+                && r.tests
+                    .values()
+                    .all(|t| *t == forkd_analysis::TestResult::Pass),
+            "{:?}",
+            r.tests
+        );
+        let traj: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(trial(r).join("agent/trajectory.json")).unwrap())
+                .unwrap();
+        assert_eq!(traj["info"]["exit_status"], "Submitted");
+        assert_eq!(traj["info"]["mini_version"], "2.4.6");
+        let messages = traj["messages"].as_array().unwrap();
+        // The condition's text reaches the agent exactly (the instance template is `{{task}}`).
+        assert_eq!(
+            messages[1]["content"].as_str().unwrap().trim_end(),
+            instruction.trim_end()
+        );
+        assert_eq!(
+            messages.iter().filter(|m| m["role"] == "assistant").count(),
+            5
+        );
+        // Its first observation is `git status` of its start: clean, or the predecessor's change.
+        let first = messages[3]["content"].as_str().unwrap();
+        match r.condition {
+            Condition::Clean => assert!(!first.contains(" M more_itertools"), "{first}"),
+            _ => assert!(first.contains(" M more_itertools/more.py"), "{first}"),
+        }
+        // The daemon's own trajectory of the trial: every command of the agent.
+        let execs = std::fs::read_to_string(trial(r).join("trajectory.jsonl")).unwrap();
+        assert_eq!(execs.lines().count(), 5, "{execs}");
+    }
+    // Never submits: the step budget ends it, recorded as such.
+    for r in of("idle") {
+        assert_eq!(r.outcome, Outcome::BudgetExhausted, "{r:?}");
+        assert!(!r.submitted);
+        assert_eq!(r.steps, 6);
+    }
+    // 503s on its first two requests: those attempts are infrastructure, retried from
+    // the identical start, and the trial then passes; nothing is counted against it.
+    let flaky = of("flaky");
+    assert!(
+        flaky.iter().all(|r| r.outcome == Outcome::Pass),
+        "{flaky:?}"
+    );
+    assert_eq!(
+        flaky.iter().map(|r| r.infra_attempts).sum::<u32>(),
+        2,
+        "{flaky:?}"
+    );
+    // Always down: an infrastructure failure after every retry, kept apart from failures.
+    for r in of("down") {
+        assert_eq!(r.outcome, Outcome::InfraError, "{r:?}");
+        assert_eq!(r.infra_attempts, 3);
+        let attempts = std::fs::read_to_string(trial(r).join("attempts.jsonl")).unwrap();
+        assert_eq!(
+            attempts
+                .lines()
+                .filter(|l| l.contains("infra_error"))
+                .count(),
+            3
+        );
+        assert!(
+            attempts.contains("503") || attempts.contains("ServiceUnavailable"),
+            "{attempts}"
+        );
+    }
+    // Every sandbox and branch of the run is gone.
+    let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    drop(endpoints);
+}
+
+#[test]
+fn broken_harness_configuration_fails_the_run_before_any_trial() {
+    let name = "broken_harness_configuration_fails_the_run_before_any_trial";
+    if !can_run(name) {
+        return;
+    }
+    let Some(py) = harness_python(name) else {
+        return;
+    };
+    let d = TestDaemon::start("harness-bad");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/suites/mini"),
+        &suite,
+    );
+    let bad = work.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "model:\n  model_class: no.such.ModelClass\n  model_name: x\n",
+    )
+    .unwrap();
+    let run = work.join("run");
+    let out = Command::new(BIN)
+        .args(["--socket", d.socket.to_str().unwrap(), "eval", "run"])
+        .arg(&suite)
+        .arg("--out")
+        .arg(&run)
+        .arg("--agents")
+        .arg(format!("mini-swe-agent:{}", bad.display()))
+        .env("FORKD_PYTHON", &py)
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("mini-swe-agent.bad") && err.contains("no.such.ModelClass"),
+        "{err}"
+    );
+    assert!(!run.join("results.jsonl").exists(), "no trial ran");
+    let out = d.cli(&[
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        "mini-swe-agent:/no/such.yaml",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such.yaml"));
+}
