@@ -337,3 +337,132 @@ fn broken_harness_configuration_fails_the_run_before_any_trial() {
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such.yaml"));
 }
+
+#[test]
+fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
+    let name = "harness_predecessor_leaves_a_handoff_note_for_rescue_note";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(py) = harness_python(name) else {
+        return;
+    };
+    let task_src = cache_dir().join("suite/mi-collapse-missing");
+    if !task_src.join("task.toml").is_file() {
+        let why = format!(
+            "{} missing (run fixtures/setup.sh suite)",
+            task_src.display()
+        );
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name}: {why}"
+        );
+        println!("SKIP {name}: {why}");
+        return;
+    }
+    let d = TestDaemon::start("harness-note");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let task = work.join("suite/mi-collapse-missing");
+    copy_dir(&task_src, &task);
+    // The task's own scripted predecessors are not used here: the harness one is.
+    std::fs::remove_dir_all(task.join("predecessors")).unwrap();
+    let note =
+        "HANDOFF-7f3a: I added a stub collapse() that returns its input; it does not flatten.";
+    let pred_script = serde_json::json!({
+        "steps": [
+            {"command": "git status --short"},
+            {"command": "printf '\\ndef collapse(iterable, base_type=None, levels=None):\\n    return iterable\\n' >> more_itertools/more.py"},
+            {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"},
+        ],
+        "note": note,
+    });
+    let patch = std::fs::read_to_string(task.join("solution/patch.diff")).unwrap();
+    let solve_script = serde_json::json!({ "steps": [
+        {"command": format!("git checkout -q HEAD -- more_itertools/more.py more_itertools/more.pyi && patch -p1 --no-backup-if-mismatch <<'FORKD_PATCH'\n{patch}FORKD_PATCH")},
+        {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"},
+    ]});
+    let mut endpoints = Vec::new();
+    let mut specs = Vec::new();
+    for (n, script) in [("pred", pred_script), ("rescuer", solve_script)] {
+        let dir = work.join(format!("model-{n}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("script.json");
+        std::fs::write(&path, serde_json::to_vec(&script).unwrap()).unwrap();
+        let e = endpoint(&py, &path);
+        specs.push(format!(
+            "mini-swe-agent:{}",
+            config(&dir, n, e.port).display()
+        ));
+        endpoints.push(e);
+    }
+    let run = work.join("run");
+    let out = Command::new(BIN)
+        .args(["--socket", d.socket.to_str().unwrap(), "eval", "run"])
+        .arg(work.join("suite"))
+        .arg("--out")
+        .arg(&run)
+        .args(["--agents", &specs[1], "--predecessors", &specs[0]])
+        .args(["--conditions", "rescue_note"])
+        .env("FORKD_PYTHON", &py)
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+        )
+        .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    let state = "mi-collapse-missing.mini-swe-agent.pred";
+    let written = std::fs::read_to_string(run.join(format!("states/{state}.note.md"))).unwrap();
+    assert_eq!(written.trim(), note, "{log}");
+    let rows = rows(&run);
+    assert_eq!(rows.len(), 1, "{log}");
+    let r = &rows[0];
+    assert_eq!(
+        (r.condition, r.outcome),
+        (Condition::RescueNote, Outcome::Pass),
+        "{r:?}"
+    );
+    // The rescuer was told the notice, the request and the note, exactly as the condition defines.
+    let traj: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            run.join("trials")
+                .join(&r.trial_id)
+                .join("agent/trajectory.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let told = traj["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        told.starts_with("A previous coding agent attempted this task but did not solve it."),
+        "{told}"
+    );
+    assert!(told.contains(note), "{told}");
+    // The same note by hand, from the predecessor's trajectory.
+    let pred_traj = run
+        .join("trials")
+        .join(format!("predecessor.{state}"))
+        .join("agent/trajectory.json");
+    let by_hand = work.join("note.md");
+    let out = Command::new(BIN)
+        .args(["--socket", d.socket.to_str().unwrap(), "eval", "note"])
+        .arg(&pred_traj)
+        .args(["--agent", &specs[0], "--out"])
+        .arg(&by_hand)
+        .env("FORKD_PYTHON", &py)
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&by_hand).unwrap().trim(), note);
+    drop(endpoints);
+}

@@ -9,7 +9,8 @@ SCRIPT.json is an object:
   `{"content": "..."}` (plain text, no tool call);
 - `repeat_last` (default false): past the end, keep answering the last step;
 - `fail_first` (default 0): answer the first N requests with `fail_status`;
-- `fail_status` (default 503); `always_fail` (default false): answer every request so.
+- `fail_status` (default 503); `always_fail` (default false): answer every request so;
+- `note`: the answer to a request without tools (a handoff note).
 
 The answer to a request is chosen by how many assistant turns its conversation already
 holds, so concurrent conversations and retried trials each get the script from its
@@ -47,6 +48,9 @@ class Script:
             f.write(json.dumps({"request": n, "turn": turn, "status": status}) + "\n")
         if status != 200:
             return status, {"error": {"message": "scripted failure", "type": "server_error", "code": status}}
+        if not request.get("tools"):
+            # A tool-free request (a handoff note): answered with the script's `note`.
+            return 200, self._completion(n, request, {"role": "assistant", "content": self.spec.get("note", "")}, "stop")
         steps = self.spec["steps"]
         if turn >= len(steps):
             if not self.spec.get("repeat_last"):
@@ -64,7 +68,10 @@ class Script:
                 }
             ]
             finish = "tool_calls"
-        return 200, {
+        return 200, self._completion(n, request, message, finish)
+
+    def _completion(self, n: int, request: dict, message: dict, finish: str) -> dict:
+        return {
             "id": f"chatcmpl-{n}",
             "object": "chat.completion",
             "created": int(time.time()),

@@ -77,6 +77,20 @@ pub enum EvalCmd {
         #[arg(long, default_value_t = 2)]
         parallel: usize,
     },
+    /// Write a handoff note from a mini-swe-agent trajectory: one tool-free request to the agent's own model
+    Note {
+        /// The trajectory (e.g. RUN/trials/<id>/agent/trajectory.json)
+        trajectory: PathBuf,
+        /// The agent whose model writes it: mini-swe-agent[:CONFIG][#MODEL]
+        #[arg(long)]
+        agent: String,
+        /// Model, when the agent spec names none
+        #[arg(long)]
+        model: Option<String>,
+        /// The note file to write
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Append a protocol decision to a run's decision log
     Decide {
         run: PathBuf,
@@ -116,6 +130,30 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
         EvalCmd::Run(m) => crate::eval::execute(socket, &m.options(false)?, false),
         EvalCmd::Resume { run, parallel } => {
             crate::eval::execute(socket, &crate::eval::options_of(&run, parallel)?, true)
+        }
+        EvalCmd::Note {
+            trajectory,
+            agent,
+            model,
+            out,
+        } => {
+            let spec = match &model {
+                Some(m) => crate::eval::harness::MiniSweAgent::with_default_model(&agent, m),
+                None => agent.clone(),
+            };
+            let crate::eval::agent::AgentSpec::MiniSweAgent(h) =
+                crate::eval::agent::AgentSpec::parse(&spec)?
+            else {
+                anyhow::bail!("--agent {agent:?}: a note needs a harness agent (mini-swe-agent[:CONFIG][#MODEL])");
+            };
+            anyhow::ensure!(
+                trajectory.is_file(),
+                "trajectory {} does not exist",
+                trajectory.display()
+            );
+            h.write_note(socket, &trajectory, &out)?;
+            println!("{}", out.display());
+            Ok(0)
         }
         EvalCmd::Decide { run, note } => {
             anyhow::ensure!(

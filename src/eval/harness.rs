@@ -118,10 +118,39 @@ impl MiniSweAgent {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// Writes a handoff note at `out`: one tool-free request to this agent's model with
+    /// its own trajectory (`python/src/forkd/minisweagent/note.py`).
+    pub fn write_note(&self, socket: &Path, trajectory: &Path, out: &Path) -> anyhow::Result<()> {
+        let mut brief = self.brief(socket);
+        brief["trajectory"] = trajectory.to_string_lossy().into_owned().into();
+        brief["out"] = out.to_string_lossy().into_owned().into();
+        let path = out.with_extension("brief.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&brief)?)?;
+        let result = self
+            .module_command("forkd.minisweagent.note", &path, socket)
+            .output()
+            .map_err(|e| anyhow::anyhow!("start {}: {e} (set FORKD_PYTHON)", python()));
+        let _ = std::fs::remove_file(&path);
+        let out_ = result?;
+        anyhow::ensure!(
+            out_.status.success() && out.is_file(),
+            "handoff note of {} from {}: {} ({})",
+            self.name(),
+            trajectory.display(),
+            String::from_utf8_lossy(&out_.stderr).trim(),
+            out_.status
+        );
+        Ok(())
+    }
+
     fn command(&self, brief: &Path, socket: &Path) -> std::process::Command {
+        self.module_command("forkd.minisweagent.evalrun", brief, socket)
+    }
+
+    fn module_command(&self, module: &str, brief: &Path, socket: &Path) -> std::process::Command {
         let mut cmd = std::process::Command::new(python());
         cmd.arg("-m")
-            .arg("forkd.minisweagent.evalrun")
+            .arg(module)
             .arg(brief)
             .env("FORKD_SOCKET", socket)
             .stdin(std::process::Stdio::null());

@@ -298,7 +298,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
                     .filter(|st| {
                         st.predecessor
                             .as_deref()
-                            .and_then(|p| t.note_of(p))
+                            .and_then(|p| run::note_for(&opts.out, t, &st.state_id, p))
                             .is_some()
                     })
                     .map(|st| {

@@ -283,7 +283,7 @@ fn attempt(
     let result = (|| {
         let base = s.execs(&sb)?.len();
         let note = match (spec.condition, &spec.predecessor) {
-            (Condition::RescueNote, Some(p)) => task.note_of(p),
+            (Condition::RescueNote, Some(p)) => note_for(&ctx.run_dir, task, &spec.start_state, p),
             _ => None,
         };
         let brief = Brief {
@@ -349,6 +349,14 @@ fn attempt(
         final_checkpoint: keep_final.then_some(final_state.id),
         phases_ms: phases,
     })
+}
+
+/// The handoff note of a residual start state: the one its harness predecessor's model
+/// wrote (`states/<state>.note.md`), else the task's scripted predecessor's note file.
+pub fn note_for(run_dir: &Path, task: &Task, state_id: &str, predecessor: &str) -> Option<String> {
+    std::fs::read_to_string(run_dir.join("states").join(format!("{state_id}.note.md")))
+        .ok()
+        .or_else(|| task.note_of(predecessor))
 }
 
 /// One exec of the daemon's log as a trajectory line of the analysis contract.
@@ -564,6 +572,19 @@ pub fn residualize(
                 }
                 match &record {
                     Some(r) => {
+                        // A harness predecessor's handoff note, by its own model.
+                        if let super::agent::AgentSpec::MiniSweAgent(h) = &ctx.agents[ai] {
+                            let traj = ctx
+                                .run_dir
+                                .join("trials")
+                                .join(&spec.id)
+                                .join("agent/trajectory.json");
+                            let out = states_dir.join(format!("{candidate}.note.md"));
+                            match h.write_note(&ctx.socket, &traj, &out) {
+                                Ok(()) => eprintln!("[eval]   {candidate}: handoff note written"),
+                                Err(e) => eprintln!("[eval]   {candidate}: no handoff note: {e:#}"),
+                            }
+                        }
                         std::fs::write(states_dir.join(&r.patch), &a.grade.patch)?;
                         std::fs::write(
                             states_dir.join(format!("{candidate}.json")),
