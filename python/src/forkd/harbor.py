@@ -1,0 +1,272 @@
+"""A Harbor environment backend on forkd: `harbor run --env forkd.harbor:ForkdEnvironment`.
+
+Every trial starts as a fork of one checkpoint. For each distinct environment
+definition (the image, the task's workdir, env and healthcheck) the backend starts one
+"golden" sandbox, health-checks it once, checkpoints it (live, so services the start-up
+left running are part of the state), and removes it; every trial of that task, its
+attempts, retries and concurrent trials, is a branch of that checkpoint. Trial starts
+that arrive together are coalesced into one fork request. The checkpoint is labelled
+with the definition's key, so a later `harbor run` of the same definition forks it
+again instead of starting over.
+
+Keyword arguments (`--ek key=value`):
+- `socket`: the daemon's socket (default `FORKD_SOCKET`, else /run/forkd/forkd.sock);
+- `checkpoint`: start every trial from this forkd checkpoint instead (a residual or
+  rescue state, live processes included): the inherited-start conditions in Harbor;
+- `image`: the forkd image to use (default the task's `docker_image`);
+- `live` (default true): checkpoint the golden sandbox with its processes.
+
+What is supported, honestly: a task whose `[environment] docker_image` names a forkd
+image already imported (or the `image` kwarg, or `checkpoint`); building
+`environment/Dockerfile` is refused by name until `forkd image build` exists. `cpus` and
+`memory_mb` become the sandbox's cgroup limits. Sandboxes have no outside network, so
+`network_mode = "no-network"` (`allow_internet = false`) is enforced and any other mode
+is refused before start, as Harbor's contract asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
+from harbor.models.task.config import NetworkMode
+
+from .aio import AsyncClient
+from .errors import ForkdError
+
+KEY_LABEL = "forkd.harbor.key"
+# How long the first of a burst of trial starts waits for the others to join its fork.
+COALESCE_SEC = 0.05
+
+
+class _Golden:
+    """One environment definition's checkpoint, and the fork batch being gathered."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.checkpoint: str | None = None
+        self.waiting: list[asyncio.Future[str]] = []
+        self.flusher: asyncio.Task[None] | None = None
+
+
+class ForkdEnvironment(BaseEnvironment):
+    """Harbor's BaseEnvironment on forkd sandboxes forked from one checkpoint."""
+
+    _goldens: dict[str, _Golden] = {}
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: Any,
+        task_env_config: Any,
+        socket: str | None = None,
+        checkpoint: str | None = None,
+        image: str | None = None,
+        live: bool | str = True,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        self._socket = socket
+        self._start_checkpoint = checkpoint
+        self._image_override = image
+        self._live = str(live).lower() not in ("0", "false", "no")
+        self.client = AsyncClient(socket)
+        self.sandbox_id: str | None = None
+        super().__init__(
+            environment_dir=environment_dir,
+            environment_name=environment_name,
+            session_id=session_id,
+            trial_paths=trial_paths,
+            task_env_config=task_env_config,
+            **kwargs,
+        )
+
+    @staticmethod
+    def type() -> Any:
+        return "forkd"
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)
+
+    def _image(self) -> str | None:
+        return self._image_override or self.task_env_config.docker_image
+
+    def _validate_definition(self) -> None:
+        if self._start_checkpoint:
+            return
+        if not self._image():
+            dockerfile = self.environment_dir / "Dockerfile"
+            raise ValueError(
+                f"forkd: task environment {self.environment_dir} has no docker_image; building "
+                f"{dockerfile} is not supported by this backend yet: import the image into forkd "
+                "and set [environment] docker_image (or --ek image=NAME), or start from a "
+                "checkpoint (--ek checkpoint=ID)"
+            )
+
+    def _validate_network_policy_support(self) -> None:
+        super()._validate_network_policy_support()
+        for policy in [self._network_policy, *self._phase_network_policies]:
+            if policy.network_mode != NetworkMode.NO_NETWORK:
+                raise ValueError(
+                    f"forkd: network_mode={policy.network_mode.value!r} is not supported: forkd "
+                    "sandboxes have no outside network; set allow_internet = false "
+                    "(network_mode 'no-network') in the task's [environment]"
+                )
+
+    # --- start: one golden checkpoint per definition, trials as coalesced forks ----------
+
+    def _key(self) -> str:
+        hc = self.task_env_config.healthcheck
+        definition = {
+            "image": self._image(),
+            "workdir": self.task_env_config.workdir,
+            "env": self._startup_env(),
+            "healthcheck": hc.model_dump(mode="json") if hc else None,
+            "cpus": self._effective_cpus,
+            "memory_mb": self._effective_memory_mb,
+            "live": self._live,
+            "environment_dir": sorted(
+                (str(p.relative_to(self.environment_dir)), hashlib.sha256(p.read_bytes()).hexdigest())
+                for p in self.environment_dir.rglob("*")
+                if p.is_file()
+            )
+            if self.environment_dir.is_dir()
+            else [],
+        }
+        return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:32]
+
+    def _limits(self) -> dict[str, Any]:
+        limits: dict[str, Any] = {}
+        if (mb := self._effective_memory_mb) is not None:
+            limits["memory_bytes"] = int(mb) << 20
+        if (cpus := self._effective_cpus) is not None:
+            limits["cpu_millis"] = int(float(cpus) * 1000)
+        return limits
+
+    async def _golden_checkpoint(self, key: str, golden: _Golden) -> str:
+        async with golden.lock:
+            if golden.checkpoint:
+                return golden.checkpoint
+            for ck in await self.client.list_checkpoints():
+                if ck.labels.get(KEY_LABEL) == key:
+                    self.logger.info(f"forkd: reusing checkpoint {ck.id} for {self.environment_name}")
+                    golden.checkpoint = ck.id
+                    return ck.id
+            image = self._image()
+            assert image
+            self.logger.info(f"forkd: starting the golden sandbox of {self.environment_name} ({image})")
+            sb = await self.client.create(image, labels={KEY_LABEL: key, "forkd.harbor": "golden"}, **self._limits())
+            self.sandbox_id = sb.id
+            try:
+                workdir = self.task_env_config.workdir
+                if workdir:
+                    await self.client.exec(sb.id, ["mkdir", "-p", workdir], timeout=60)
+                await self.ensure_dirs(self._mount_targets(writable_only=True))
+                await self._upload_environment_dir_after_start()
+                await self.run_healthcheck()
+                ck = await self.client.checkpoint(sb.id, live=self._live, labels={KEY_LABEL: key, "forkd.harbor.task": self.environment_name})
+            finally:
+                self.sandbox_id = None
+                await self.client.remove(sb.id, force=True)
+            golden.checkpoint = ck.id
+            self.logger.info(f"forkd: checkpoint {ck.id} of {self.environment_name}")
+            return ck.id
+
+    async def _fork_coalesced(self, golden: _Golden, checkpoint: str) -> str:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str] = loop.create_future()
+        golden.waiting.append(fut)
+        if golden.flusher is None:
+            golden.flusher = asyncio.create_task(self._flush(golden, checkpoint))
+        return await fut
+
+    async def _flush(self, golden: _Golden, checkpoint: str) -> None:
+        await asyncio.sleep(COALESCE_SEC)
+        batch, golden.waiting, golden.flusher = golden.waiting, [], None
+        try:
+            res = await self.client.fork(checkpoint, len(batch), labels={"forkd.harbor": "trial"})
+        except Exception as e:  # noqa: BLE001 - handed to every waiter
+            for f in batch:
+                f.set_exception(e)
+            return
+        for f, b in zip(batch, res.branches):
+            f.set_result(b.id)
+
+    async def start(self, force_build: bool) -> None:
+        if self._start_checkpoint:
+            key = f"checkpoint:{self._start_checkpoint}"
+            golden = self._goldens.setdefault(key, _Golden())
+            golden.checkpoint = self._start_checkpoint
+            checkpoint = self._start_checkpoint
+        else:
+            key = self._key()
+            golden = self._goldens.setdefault(key, _Golden())
+            checkpoint = await self._golden_checkpoint(key, golden)
+        self.sandbox_id = await self._fork_coalesced(golden, checkpoint)
+        self.logger.debug(f"forkd: trial {self.session_id} on branch {self.sandbox_id} of {checkpoint}")
+        # Harbor's output directories are the trial's own: empty them in the branch.
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
+
+    async def stop(self, delete: bool) -> None:
+        if self.sandbox_id:
+            try:
+                await self.client.remove(self.sandbox_id, force=True)
+            except ForkdError as e:
+                self.logger.warning(f"forkd: remove {self.sandbox_id}: {e}")
+            self.sandbox_id = None
+
+    # --- commands and files ----------------------------------------------------------
+
+    def _id(self) -> str:
+        if not self.sandbox_id:
+            raise RuntimeError("forkd: the environment is not started")
+        return self.sandbox_id
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        user = self._resolve_user(user)
+        env = self._merge_env(env)
+        r = await self.client.exec(
+            self._id(),
+            ["bash", "-c", command],
+            env=env or None,
+            cwd=cwd or self.task_env_config.workdir or None,
+            user=None if user is None else str(user),
+            timeout=timeout_sec or None,
+        )
+        stderr = r.stderr.decode("utf-8", errors="replace")
+        code = r.exit_code
+        if r.timed_out:
+            stderr += f"\n[forkd: timed out after {timeout_sec} s; the command's process tree was killed]\n"
+            code = 124
+        return ExecResult(stdout=r.stdout.decode("utf-8", errors="replace"), stderr=stderr, return_code=code)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        await self.client.upload_file(self._id(), source_path, target_path)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        await self.client.upload_dir(self._id(), source_dir, target_dir)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        await self.client.download_file(self._id(), source_path, target_path)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        await self.client.download_dir(self._id(), source_dir, target_dir)

@@ -1,0 +1,267 @@
+//! Harbor (the PyPI package, 0.25.0, on its own Python 3.13) running tasks in Harbor's
+//! own format on forkd through `harbor run --env forkd.harbor:ForkdEnvironment`:
+//! Harbor's oracle agent solves the fixture task (reward 1.0 in Harbor's result.json),
+//! its nop agent does not (0.0), four attempts are one golden sandbox, one checkpoint and
+//! forks of it (from the daemon's own records), and a trial started from a live forkd
+//! checkpoint (`--ek checkpoint=ID`) inherits its state.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn harbor_python(name: &str) -> Option<PathBuf> {
+    let py = std::env::var_os("FORKD_HARBOR_PY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("harbor/venv/bin/python"));
+    let ok = Command::new(&py)
+        .args(["-c", "import harbor.environments.base, forkd.harbor"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        return Some(py);
+    }
+    let why = format!(
+        "{} cannot import harbor and forkd.harbor (run fixtures/setup.sh harbor)",
+        py.display()
+    );
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{name}: {why} (CI=true: not skipping)"
+    );
+    println!("SKIP {name}: {why}");
+    None
+}
+
+fn task() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/harbor/tasks/edit-greeting")
+}
+
+/// `harbor run` with the forkd backend; returns the job's result.json.
+fn harbor_run(d: &TestDaemon, py: &Path, jobs: &Path, args: &[&str]) -> serde_json::Value {
+    let harbor = py.parent().unwrap().join("harbor");
+    let out = Command::new(&harbor)
+        .args(["run", "--env", "forkd.harbor:ForkdEnvironment", "-p"])
+        .arg(task())
+        .arg("-o")
+        .arg(jobs)
+        .args(args)
+        .env("FORKD_SOCKET", &d.socket)
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .output()
+        .expect("run harbor");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "harbor run {args:?} failed:\n{log}");
+    let mut results: Vec<PathBuf> = std::fs::read_dir(jobs)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("done-"))
+        .map(|e| e.path().join("result.json"))
+        .filter(|p| p.is_file())
+        .collect();
+    results.sort();
+    let path = results
+        .last()
+        .unwrap_or_else(|| panic!("no result.json in {}:\n{log}", jobs.display()));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    // Set the job aside, so the next run's result is the only one left.
+    let n = std::fs::read_dir(jobs).unwrap().count();
+    std::fs::rename(path.parent().unwrap(), jobs.join(format!("done-{n}"))).unwrap();
+    v
+}
+
+/// The one eval of a job: (trials, errors, mean reward).
+fn summary(result: &serde_json::Value) -> (u64, u64, f64) {
+    let evals = result["stats"]["evals"].as_object().unwrap();
+    assert_eq!(evals.len(), 1, "{result}");
+    let e = evals.values().next().unwrap();
+    (
+        e["n_trials"].as_u64().unwrap(),
+        e["n_errors"].as_u64().unwrap(),
+        e["metrics"][0]["mean"].as_f64().unwrap(),
+    )
+}
+
+fn metric(d: &TestDaemon, op: &str) -> u64 {
+    let m: serde_json::Value = d.client.call("GET", "/v1/metrics", None).unwrap();
+    m[op]["count"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
+    let name = "harbor_runs_tasks_on_forks_of_one_checkpoint";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let debian = cache_dir().join("images/debian.tar.zst");
+    if !debian.is_file() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name}: {} missing",
+            debian.display()
+        );
+        println!(
+            "SKIP {name}: {} missing (run fixtures/setup.sh debian)",
+            debian.display()
+        );
+        return;
+    }
+    let d = TestDaemon::start("harbor");
+    let _: serde_json::Value = d
+        .client
+        .call(
+            "POST",
+            "/v1/images",
+            Some(&serde_json::json!({ "source": debian, "name": "debian" })),
+        )
+        .unwrap();
+    let jobs = d.root.parent().unwrap().join("jobs");
+
+    // Four attempts of nop, four at a time: one golden sandbox, one checkpoint, and
+    // every trial a branch of it (no sandbox is created but the golden one).
+    let r = harbor_run(&d, &py, &jobs, &["--agent", "nop", "-k", "4", "-n", "4"]);
+    assert_eq!(summary(&r), (4, 0, 0.0), "{r}");
+    assert_eq!(
+        metric(&d, "createSandbox"),
+        1,
+        "only the golden sandbox is created"
+    );
+    assert_eq!(metric(&d, "checkpointSandbox"), 1, "one checkpoint");
+    let forks = metric(&d, "forkCheckpoint");
+    assert!(
+        (1..=4).contains(&forks),
+        "{forks} fork requests for 4 trials"
+    );
+    let cks: Vec<forkd::api::CheckpointInfo> =
+        d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    assert_eq!(cks.len(), 1);
+    assert!(
+        cks[0].live && cks[0].labels.contains_key("forkd.harbor.key"),
+        "{:?}",
+        cks[0]
+    );
+    let golden = cks[0].id.clone();
+
+    // The oracle solves it, from the same checkpoint (reused, not rebuilt).
+    let r = harbor_run(&d, &py, &jobs, &["--agent", "oracle"]);
+    assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
+    assert_eq!(metric(&d, "createSandbox"), 1);
+    assert_eq!(metric(&d, "checkpointSandbox"), 1);
+
+    // Inherited start: a live checkpoint of a state whose file is already fixed, with a
+    // process still running; nop from it passes, so the trial began in that state.
+    let branch: forkd::api::ForkResult = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{golden}/fork"),
+            Some(&serde_json::json!({})),
+        )
+        .unwrap();
+    let sb = &branch.branches[0].id;
+    let (code, _, err) = d.sh(
+        sb,
+        "sed -i 's/greeting(\"world\")/greeting(\"forkd\")/' /app/greet.py",
+    );
+    assert_eq!(code, 0, "{err}");
+    // A service left running (detached: the relay stays its waiter, as a daemon's parent).
+    d.exec(
+        sb,
+        serde_json::json!({ "shell": "while :; do sleep 1; done", "detach": true, "log": "svc" }),
+    )
+    .unwrap();
+    let ck = d.checkpoint(sb, true);
+    d.remove(sb);
+    let r = harbor_run(
+        &d,
+        &py,
+        &jobs,
+        &["--agent", "nop", "--ek", &format!("checkpoint={}", ck.id)],
+    );
+    assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
+    // Every trial's sandbox is gone.
+    let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn harbor_task_the_backend_cannot_honour_is_refused_by_name() {
+    let name = "harbor_task_the_backend_cannot_honour_is_refused_by_name";
+    if !can_run(name) {
+        return;
+    }
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let d = TestDaemon::start("harbor-refuse");
+    let work = d.root.parent().unwrap().to_path_buf();
+    // Internet access asked for: forkd sandboxes have none, so the task is refused.
+    let t = work.join("online");
+    std::fs::create_dir_all(&t).unwrap();
+    for f in ["instruction.md", "tests", "solution", "environment"] {
+        let _ = Command::new("cp")
+            .arg("-r")
+            .arg(task().join(f))
+            .arg(&t)
+            .status();
+    }
+    let toml = std::fs::read_to_string(task().join("task.toml")).unwrap();
+    std::fs::write(
+        t.join("task.toml"),
+        toml.replace("allow_internet = false", "allow_internet = true"),
+    )
+    .unwrap();
+    let harbor = py.parent().unwrap().join("harbor");
+    let out = Command::new(&harbor)
+        .args([
+            "run",
+            "--env",
+            "forkd.harbor:ForkdEnvironment",
+            "--agent",
+            "nop",
+            "-p",
+        ])
+        .arg(&t)
+        .arg("-o")
+        .arg(work.join("jobs"))
+        .env("FORKD_SOCKET", &d.socket)
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = walk_text(&work.join("jobs"));
+    assert!(
+        text.contains("no outside network") || results.contains("no outside network"),
+        "{text}\n{results}"
+    );
+    assert_eq!(metric(&d, "createSandbox"), 0, "nothing was started");
+}
+
+/// Every text file under `dir`, concatenated (Harbor writes a trial's exception there).
+fn walk_text(dir: &Path) -> String {
+    let mut out = String::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.push_str(&walk_text(&p));
+            } else if let Ok(t) = std::fs::read_to_string(&p) {
+                out.push_str(&t);
+            }
+        }
+    }
+    out
+}
