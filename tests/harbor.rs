@@ -177,7 +177,7 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
     // A service left running (detached: the relay stays its waiter, as a daemon's parent).
     d.exec(
         sb,
-        serde_json::json!({ "shell": "while :; do sleep 1; done", "detach": true, "log": "svc" }),
+        serde_json::json!({ "argv": ["sleep", "100000"], "detach": true, "log": "svc" }),
     )
     .unwrap();
     let ck = d.checkpoint(sb, true);
@@ -265,4 +265,113 @@ fn walk_text(dir: &Path) -> String {
         }
     }
     out
+}
+
+/// Harbor's Terminus-2 agent, its model a scripted endpoint: two turns (edit the file in
+/// the tmux pane, then declare the task complete) and the confirmation Terminus-2 asks.
+#[test]
+fn terminus_2_drives_tmux_in_a_forkd_sandbox() {
+    let name = "terminus_2_drives_tmux_in_a_forkd_sandbox";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let debian = cache_dir().join("images/debian.tar.zst");
+    if !debian.is_file() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name}: {} missing",
+            debian.display()
+        );
+        println!(
+            "SKIP {name}: {} missing (run fixtures/setup.sh debian)",
+            debian.display()
+        );
+        return;
+    }
+    let d = TestDaemon::start("terminus");
+    let _: serde_json::Value = d
+        .client
+        .call(
+            "POST",
+            "/v1/images",
+            Some(&serde_json::json!({ "source": debian, "name": "debian" })),
+        )
+        .unwrap();
+    let work = d.root.parent().unwrap().to_path_buf();
+    let turn = |commands: serde_json::Value, done: bool| {
+        serde_json::json!({ "content": serde_json::json!({
+            "analysis": "scripted", "plan": "scripted", "commands": commands, "task_complete": done,
+        }).to_string() })
+    };
+    let script = serde_json::json!({
+        "steps": [
+            turn(serde_json::json!([
+                {"keystrokes": "sed -i 's/greeting(\"world\")/greeting(\"forkd\")/' /app/greet.py\n", "duration": 0.3},
+                {"keystrokes": "python3 /app/greet.py\n", "duration": 0.3},
+            ]), false),
+            turn(serde_json::json!([]), true),
+        ],
+        "repeat_last": true,
+    });
+    let path = work.join("script.json");
+    std::fs::write(&path, serde_json::to_vec(&script).unwrap()).unwrap();
+    let e = endpoint("python3", &path);
+    let api_base = format!("api_base=http://127.0.0.1:{}/v1", e.port);
+    let jobs = work.join("jobs");
+    let args = [
+        "--agent",
+        "terminus-2",
+        "-m",
+        "openai/scripted",
+        "--ak",
+        &api_base,
+        "--ak",
+        "record_terminal_session=false",
+    ];
+    let harbor = |extra: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend_from_slice(extra);
+        std::env::set_var("OPENAI_API_KEY", "unused");
+        harbor_run(&d, &py, &jobs, &all)
+    };
+    let r = harbor(&[]);
+    assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
+    // What Terminus-2 typed ran in the sandbox's tmux pane.
+    let pane = walk_text(&jobs);
+    assert!(
+        pane.contains("python3 /app/greet.py") && pane.contains("Hello, forkd"),
+        "{pane}"
+    );
+
+    // The same from a live forkd checkpoint that holds a running service.
+    let cks: Vec<forkd::api::CheckpointInfo> =
+        d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    let branch: forkd::api::ForkResult = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", cks[0].id),
+            Some(&serde_json::json!({})),
+        )
+        .unwrap();
+    let sb = &branch.branches[0].id;
+    d.exec(
+        sb,
+        serde_json::json!({ "argv": ["sleep", "100000"], "detach": true, "log": "svc" }),
+    )
+    .unwrap();
+    let ck = d.checkpoint(sb, true);
+    d.remove(sb);
+    let r = harbor(&["--ek", &format!("checkpoint={}", ck.id)]);
+    assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
+    let requests = std::fs::read_to_string(work.join("requests.jsonl")).unwrap();
+    assert_eq!(
+        requests.lines().count(),
+        6,
+        "three model turns a run: {requests}"
+    );
+    drop(e);
 }

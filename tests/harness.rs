@@ -10,43 +10,8 @@ mod common;
 
 use common::*;
 use forkd_analysis::{Condition, Outcome, TrialRow};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-
-struct Endpoint {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Serves `script` (see python/tests/scripted_endpoint.py) on a loopback port.
-fn endpoint(py: &str, script: &Path) -> Endpoint {
-    let server =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/tests/scripted_endpoint.py");
-    let mut child = Command::new(py)
-        .arg(server)
-        .arg(script)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the scripted endpoint");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("endpoint printed {line:?}"));
-    Endpoint { child, port }
-}
+use std::process::Command;
 
 /// A mini-swe-agent config (JSON is YAML) whose model is the endpoint on `port`.
 fn config(dir: &Path, name: &str, port: u16) -> PathBuf {

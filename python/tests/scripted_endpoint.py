@@ -48,7 +48,7 @@ class Script:
             f.write(json.dumps({"request": n, "turn": turn, "status": status}) + "\n")
         if status != 200:
             return status, {"error": {"message": "scripted failure", "type": "server_error", "code": status}}
-        if not request.get("tools"):
+        if not request.get("tools") and "note" in self.spec:
             # A tool-free request (a handoff note): answered with the script's `note`.
             return 200, self._completion(n, request, {"role": "assistant", "content": self.spec.get("note", "")}, "stop")
         steps = self.spec["steps"]

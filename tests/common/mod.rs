@@ -306,3 +306,41 @@ pub fn harness_python(name: &str) -> Option<String> {
     println!("SKIP {name}: {why}");
     None
 }
+
+/// A scripted OpenAI-compatible endpoint on loopback (python/tests/scripted_endpoint.py),
+/// the one stand-in of the harness tests; killed when dropped.
+pub struct Endpoint {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves `script` (see python/tests/scripted_endpoint.py) on a loopback port.
+pub fn endpoint(py: &str, script: &Path) -> Endpoint {
+    let server =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/tests/scripted_endpoint.py");
+    let mut child = Command::new(py)
+        .arg(server)
+        .arg(script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the scripted endpoint");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("endpoint printed {line:?}"));
+    Endpoint { child, port }
+}
