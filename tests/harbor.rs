@@ -375,3 +375,65 @@ fn terminus_2_drives_tmux_in_a_forkd_sandbox() {
     );
     drop(e);
 }
+
+/// `forkd eval` on Harbor task directories as they are: validate, then the clean and
+/// residual conditions (a scripted predecessor's state) with oracle and noop, graded on
+/// pristine forks through Harbor's own verifier (tests/test.sh and its reward file).
+#[test]
+fn forkd_eval_runs_harbor_task_directories() {
+    let name = "forkd_eval_runs_harbor_task_directories";
+    if !can_run_criu(name) {
+        return;
+    }
+    if !cache_dir().join("images/debian.tar.zst").is_file() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name}: debian image missing"
+        );
+        println!("SKIP {name}: debian image missing (run fixtures/setup.sh debian)");
+        return;
+    }
+    let d = TestDaemon::start("harbor-eval");
+    let suite = task().parent().unwrap().to_path_buf();
+    let out = d.cli(&["eval", "validate", suite.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(" valid"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = d.root.parent().unwrap().join("run");
+    let out = d.cli(&[
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        "oracle,noop",
+        "--conditions",
+        "clean,residual,rescue_note",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<forkd_analysis::TrialRow> = std::fs::read_to_string(run.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        let want = if r.agent == "oracle" {
+            forkd_analysis::Outcome::Pass
+        } else {
+            forkd_analysis::Outcome::Fail
+        };
+        assert_eq!(r.outcome, want, "{r:?}");
+        assert_eq!(r.tests.len(), 1, "the reward is the one result: {r:?}");
+    }
+    let candidates = std::fs::read_to_string(run.join("states/candidates.jsonl")).unwrap();
+    assert!(candidates.contains("\"kept\":true"), "{candidates}");
+}

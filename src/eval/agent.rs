@@ -136,8 +136,9 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
         AgentSpec::Oracle => {
             let sol = b.task.dir.join("solution");
             s.put_dir(b.sandbox, &sol, "/tmp/.solution")?;
+            // solve.sh runs under its own interpreter line (Harbor's are bash), else sh.
             let line = if sol.join("solve.sh").is_file() {
-                "sh /tmp/.solution/solve.sh"
+                "f=/tmp/.solution/solve.sh; if [ \"$(head -c 2 \"$f\")\" = '#!' ]; then chmod +x \"$f\" && \"$f\"; else sh \"$f\"; fi"
             } else {
                 "patch -p1 < /tmp/.solution/patch.diff"
             };

@@ -97,15 +97,23 @@ fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
         }
         _ => {
             let path = v.reward_path.as_deref().unwrap_or_default();
-            let r = s.sh(sb, &format!("cat '{path}'"), wd, Some(60))?;
+            // The reward file, or its JSON form beside it (Harbor writes either).
+            let json_path = std::path::Path::new(path).with_extension("json");
+            let json_path = json_path.to_string_lossy();
+            let r = s.sh(
+                sb,
+                &format!("cat '{path}' 2>/dev/null || cat '{json_path}'"),
+                wd,
+                Some(60),
+            )?;
             if r.code != 0 {
                 return Err(Infra(format!(
-                    "verifier of {} wrote no reward file {path}: {}",
+                    "verifier of {} wrote no reward file {path} (nor {json_path}): {}",
                     task.name,
                     tail(&output)
                 )));
             }
-            let reward: f64 = r.out().trim().parse().map_err(|_| {
+            let reward = parse_reward(&r.out()).ok_or_else(|| {
                 Infra(format!(
                     "reward file {path} of {} holds {:?}",
                     task.name,
@@ -248,5 +256,36 @@ mod tests {
         assert_eq!(t["m.T::a"], TestResult::Pass);
         assert_eq!(t["m.T::b"], TestResult::Fail);
         assert_eq!(t["c"], TestResult::Skip);
+    }
+}
+
+/// A reward file's value: a number, or a JSON object whose `reward` (or only) value is one.
+fn parse_reward(text: &str) -> Option<f64> {
+    let text = text.trim();
+    if let Ok(r) = text.parse::<f64>() {
+        return Some(r);
+    }
+    match serde_json::from_str::<serde_json::Value>(text).ok()? {
+        serde_json::Value::Number(n) => n.as_f64(),
+        serde_json::Value::Object(m) => match m.get("reward") {
+            Some(v) => v.as_f64(),
+            None if m.len() == 1 => m.values().next()?.as_f64(),
+            None => None,
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod reward_tests {
+    #[test]
+    fn rewards_are_numbers_or_harbors_json() {
+        use super::parse_reward;
+        assert_eq!(parse_reward("1\n"), Some(1.0));
+        assert_eq!(parse_reward("0.25"), Some(0.25));
+        assert_eq!(parse_reward("{\"reward\": 1.0, \"tests\": 3}"), Some(1.0));
+        assert_eq!(parse_reward("{\"accuracy\": 0.5}"), Some(0.5));
+        assert_eq!(parse_reward("{\"a\": 1, \"b\": 2}"), None);
+        assert_eq!(parse_reward("passed"), None);
     }
 }

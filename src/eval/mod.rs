@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod delta;
 pub mod grade;
+pub mod harbor_task;
 pub mod harness;
 pub mod run;
 pub mod session;

@@ -19,6 +19,9 @@
 //! [agent]       timeout_secs, max_steps
 //! [residual]    ignore = ["glob", ...]
 //! ```
+//!
+//! A Harbor task directory, as Harbor defines it, is a task too: see
+//! [`super::harbor_task`] for the mapping.
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -146,8 +149,11 @@ impl Task {
         let toml_path = dir.join("task.toml");
         let text = std::fs::read_to_string(&toml_path)
             .with_context(|| format!("read {}", toml_path.display()))?;
-        let config: TaskToml =
-            toml::from_str(&text).with_context(|| format!("parse {}", toml_path.display()))?;
+        let config: TaskToml = if super::harbor_task::is_harbor(&text, dir) {
+            super::harbor_task::to_task_toml(&text, dir)?
+        } else {
+            toml::from_str(&text).with_context(|| format!("parse {}", toml_path.display()))?
+        };
         let name = config.task.name.clone().unwrap_or_else(|| {
             dir.file_name()
                 .map(|n| n.to_string_lossy().to_string())
