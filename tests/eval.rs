@@ -21,18 +21,6 @@ fn rows(run: &Path) -> Vec<TrialRow> {
         .collect()
 }
 
-fn copy_dir(src: &Path, dest: &Path) {
-    std::fs::create_dir_all(dest).unwrap();
-    for e in std::fs::read_dir(src).unwrap().flatten() {
-        let to = dest.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
-}
-
 #[test]
 fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
     if !can_run_criu("evaluator_runs_the_matrix_and_grades_on_pristine_forks") {

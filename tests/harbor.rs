@@ -20,19 +20,11 @@ fn harbor_python(name: &str) -> Option<PathBuf> {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if ok {
-        return Some(py);
-    }
     let why = format!(
         "{} cannot import harbor and forkd.harbor (run fixtures/setup.sh harbor)",
         py.display()
     );
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{name}: {why} (CI=true: not skipping)"
-    );
-    println!("SKIP {name}: {why}");
-    None
+    require(name, ok, &why).then_some(py)
 }
 
 fn task() -> PathBuf {
@@ -102,28 +94,11 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
     let Some(py) = harbor_python(name) else {
         return;
     };
-    let debian = cache_dir().join("images/debian.tar.zst");
-    if !debian.is_file() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name}: {} missing",
-            debian.display()
-        );
-        println!(
-            "SKIP {name}: {} missing (run fixtures/setup.sh debian)",
-            debian.display()
-        );
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
         return;
-    }
+    };
     let d = TestDaemon::start("harbor");
-    let _: serde_json::Value = d
-        .client
-        .call(
-            "POST",
-            "/v1/images",
-            Some(&serde_json::json!({ "source": debian, "name": "debian" })),
-        )
-        .unwrap();
+    d.import(&debian, "debian");
     let jobs = d.root.parent().unwrap().join("jobs");
 
     // Four attempts of nop, four at a time: one golden sandbox, one checkpoint, and
@@ -278,28 +253,11 @@ fn terminus_2_drives_tmux_in_a_forkd_sandbox() {
     let Some(py) = harbor_python(name) else {
         return;
     };
-    let debian = cache_dir().join("images/debian.tar.zst");
-    if !debian.is_file() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name}: {} missing",
-            debian.display()
-        );
-        println!(
-            "SKIP {name}: {} missing (run fixtures/setup.sh debian)",
-            debian.display()
-        );
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
         return;
-    }
+    };
     let d = TestDaemon::start("terminus");
-    let _: serde_json::Value = d
-        .client
-        .call(
-            "POST",
-            "/v1/images",
-            Some(&serde_json::json!({ "source": debian, "name": "debian" })),
-        )
-        .unwrap();
+    d.import(&debian, "debian");
     let work = d.root.parent().unwrap().to_path_buf();
     let turn = |commands: serde_json::Value, done: bool| {
         serde_json::json!({ "content": serde_json::json!({
@@ -385,12 +343,7 @@ fn forkd_eval_runs_harbor_task_directories() {
     if !can_run_criu(name) {
         return;
     }
-    if !cache_dir().join("images/debian.tar.zst").is_file() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name}: debian image missing"
-        );
-        println!("SKIP {name}: debian image missing (run fixtures/setup.sh debian)");
+    if fixture(name, "images/debian.tar.zst", "debian").is_none() {
         return;
     }
     let d = TestDaemon::start("harbor-eval");

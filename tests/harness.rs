@@ -13,6 +13,31 @@ use forkd_analysis::{Condition, Outcome, TrialRow};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// `forkd eval run SUITE --out RUN ARGS...` with the harness environment.
+fn eval_run(
+    d: &TestDaemon,
+    py: &str,
+    suite: &Path,
+    run: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    Command::new(BIN)
+        .args(["--socket", d.socket.to_str().unwrap(), "eval", "run"])
+        .arg(suite)
+        .arg("--out")
+        .arg(run)
+        .args(args)
+        .env("FORKD_PYTHON", py)
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+        )
+        // No retries inside the harness: an endpoint failure ends the attempt at once.
+        .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
+        .output()
+        .unwrap()
+}
+
 /// A mini-swe-agent config (JSON is YAML) whose model is the endpoint on `port`.
 fn config(dir: &Path, name: &str, port: u16) -> PathBuf {
     let cfg = serde_json::json!({
@@ -46,18 +71,6 @@ fn rows(run: &Path) -> Vec<TrialRow> {
         .collect()
 }
 
-fn copy_dir(src: &Path, dest: &Path) {
-    std::fs::create_dir_all(dest).unwrap();
-    for e in std::fs::read_dir(src).unwrap().flatten() {
-        let to = dest.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
-}
-
 #[test]
 fn mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart() {
     let name = "mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart";
@@ -67,19 +80,9 @@ fn mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart() {
     let Some(py) = harness_python(name) else {
         return;
     };
-    let task_src = cache_dir().join("suite/mi-collapse-missing");
-    if !task_src.join("task.toml").is_file() {
-        let why = format!(
-            "{} missing (run fixtures/setup.sh suite)",
-            task_src.display()
-        );
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name}: {why}"
-        );
-        println!("SKIP {name}: {why}");
+    let Some(task_src) = fixture(name, "suite/mi-collapse-missing", "suite") else {
         return;
-    }
+    };
     let d = TestDaemon::start("harness");
     let work = d.root.parent().unwrap().to_path_buf();
     let task = work.join("suite/mi-collapse-missing");
@@ -137,25 +140,24 @@ fn mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart() {
     }
     let run = work.join("run");
     let pred = task.join("predecessors/bytes-split.patch");
-    let out = Command::new(BIN)
-        .args(["--socket", d.socket.to_str().unwrap(), "eval", "run"])
-        .arg(work.join("suite"))
-        .arg("--out")
-        .arg(&run)
-        .arg("--agents")
-        .arg(agents.join(","))
-        .arg("--predecessors")
-        .arg(format!("patch:{}", pred.display()))
-        .args(["--conditions", "clean,residual", "--parallel", "2"])
-        .env("FORKD_PYTHON", &py)
-        .env(
-            "PYTHONPATH",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
-        )
-        // No retries inside the harness: an endpoint failure ends the attempt at once.
-        .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
-        .output()
-        .unwrap();
+    let agents = agents.join(",");
+    let pred = format!("patch:{}", pred.display());
+    let out = eval_run(
+        &d,
+        &py,
+        &work.join("suite"),
+        &run,
+        &[
+            "--agents",
+            &agents,
+            "--predecessors",
+            &pred,
+            "--conditions",
+            "clean,residual",
+            "--parallel",
+            "2",
+        ],
+    );
     let log = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{log}");
     let rows = rows(&run);
@@ -312,19 +314,9 @@ fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
     let Some(py) = harness_python(name) else {
         return;
     };
-    let task_src = cache_dir().join("suite/mi-collapse-missing");
-    if !task_src.join("task.toml").is_file() {
-        let why = format!(
-            "{} missing (run fixtures/setup.sh suite)",
-            task_src.display()
-        );
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name}: {why}"
-        );
-        println!("SKIP {name}: {why}");
+    let Some(task_src) = fixture(name, "suite/mi-collapse-missing", "suite") else {
         return;
-    }
+    };
     let d = TestDaemon::start("harness-note");
     let work = d.root.parent().unwrap().to_path_buf();
     let task = work.join("suite/mi-collapse-missing");
@@ -361,21 +353,20 @@ fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
         endpoints.push(e);
     }
     let run = work.join("run");
-    let out = Command::new(BIN)
-        .args(["--socket", d.socket.to_str().unwrap(), "eval", "run"])
-        .arg(work.join("suite"))
-        .arg("--out")
-        .arg(&run)
-        .args(["--agents", &specs[1], "--predecessors", &specs[0]])
-        .args(["--conditions", "rescue_note"])
-        .env("FORKD_PYTHON", &py)
-        .env(
-            "PYTHONPATH",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/src"),
-        )
-        .env("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
-        .output()
-        .unwrap();
+    let out = eval_run(
+        &d,
+        &py,
+        &work.join("suite"),
+        &run,
+        &[
+            "--agents",
+            &specs[1],
+            "--predecessors",
+            &specs[0],
+            "--conditions",
+            "rescue_note",
+        ],
+    );
     let log = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{log}");
     let state = "mi-collapse-missing.mini-swe-agent.pred";

@@ -296,15 +296,8 @@ pub fn harness_python(name: &str) -> Option<String> {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if ok {
-        return Some(py);
-    }
     let why = format!("{py} lacks pytest or mini-swe-agent (run fixtures/setup.sh python)");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{name}: {why} (CI=true: not skipping)");
-    }
-    println!("SKIP {name}: {why}");
-    None
+    require(name, ok, &why).then_some(py)
 }
 
 /// A scripted OpenAI-compatible endpoint on loopback (python/tests/scripted_endpoint.py),
@@ -343,4 +336,59 @@ pub fn endpoint(py: &str, script: &Path) -> Endpoint {
         .parse()
         .unwrap_or_else(|_| panic!("endpoint printed {line:?}"));
     Endpoint { child, port }
+}
+
+/// `true` when `ok`; otherwise prints `SKIP name: why` and returns `false`, or fails the
+/// test under CI=true, where nothing is skipped.
+pub fn require(name: &str, ok: bool, why: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{name}: {why} (CI=true: not skipping)");
+    }
+    println!("SKIP {name}: {why}");
+    false
+}
+
+/// A fixture file of the cache (an image, a built suite), or a SKIP naming the set-up
+/// component that makes it.
+pub fn fixture(name: &str, rel: &str, component: &str) -> Option<PathBuf> {
+    let p = cache_dir().join(rel);
+    require(
+        name,
+        p.exists(),
+        &format!(
+            "{} missing (run fixtures/setup.sh {component})",
+            p.display()
+        ),
+    )
+    .then_some(p)
+}
+
+/// Copies a directory tree (files and directories only).
+pub fn copy_dir(src: &Path, dest: &Path) {
+    std::fs::create_dir_all(dest).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let to = dest.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+impl TestDaemon {
+    /// Imports a fixture image of the cache under `name`.
+    pub fn import(&self, source: &Path, name: &str) {
+        let _: serde_json::Value = self
+            .client
+            .call(
+                "POST",
+                "/v1/images",
+                Some(&serde_json::json!({ "source": source, "name": name })),
+            )
+            .expect("import image");
+    }
 }
