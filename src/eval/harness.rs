@@ -107,6 +107,7 @@ impl MiniSweAgent {
             .output()
             .map_err(|e| anyhow::anyhow!("start {}: {e} (set FORKD_PYTHON)", python()))?;
         let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_dir(scratch);
         anyhow::ensure!(
             out.status.success(),
             "agent {}: {} -m forkd.minisweagent.evalrun --check failed ({}): {}",
