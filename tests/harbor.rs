@@ -390,3 +390,62 @@ fn forkd_eval_runs_harbor_task_directories() {
     let candidates = std::fs::read_to_string(run.join("states/candidates.jsonl")).unwrap();
     assert!(candidates.contains("\"kept\":true"), "{candidates}");
 }
+
+/// The task's healthcheck runs on the golden sandbox before it is checkpointed: one that
+/// never passes fails the trial by name, and no checkpoint or sandbox is left behind.
+#[test]
+fn failing_healthcheck_leaves_no_checkpoint() {
+    let name = "failing_healthcheck_leaves_no_checkpoint";
+    if !can_run(name) {
+        return;
+    }
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("harbor-health");
+    d.import(&debian, "debian");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let t = work.join("unhealthy");
+    copy_dir(&task(), &t);
+    let toml = std::fs::read_to_string(t.join("task.toml")).unwrap();
+    let toml = toml
+        .replace(
+            "command = \"test -f /app/greet.py",
+            "command = \"test -f /app/absent.py",
+        )
+        .replace("retries = 3", "retries = 1");
+    assert!(toml.contains("absent.py"));
+    std::fs::write(t.join("task.toml"), toml).unwrap();
+    let out = Command::new(py.parent().unwrap().join("harbor"))
+        .args([
+            "run",
+            "--env",
+            "forkd.harbor:ForkdEnvironment",
+            "--agent",
+            "nop",
+            "-p",
+        ])
+        .arg(&t)
+        .arg("-o")
+        .arg(work.join("jobs"))
+        .env("FORKD_SOCKET", &d.socket)
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .output()
+        .unwrap();
+    let text = walk_text(&work.join("jobs")) + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("HealthcheckError") || text.contains("Healthcheck failed"),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&d, "createSandbox"),
+        1,
+        "the golden sandbox was started"
+    );
+    assert_eq!(metric(&d, "checkpointSandbox"), 0, "and never checkpointed");
+    let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
