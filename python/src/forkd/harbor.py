@@ -201,8 +201,11 @@ class ForkdEnvironment(BaseEnvironment):
             for f in batch:
                 f.set_exception(e)
             return
-        for f, b in zip(batch, res.branches):
-            f.set_result(b.id)
+        for i, f in enumerate(batch):
+            if i < len(res.branches):
+                f.set_result(res.branches[i].id)
+            else:
+                f.set_exception(RuntimeError(f"forkd: fork of {checkpoint} gave {len(res.branches)} of {len(batch)} branches"))
 
     async def start(self, force_build: bool) -> None:
         if self._start_checkpoint:
