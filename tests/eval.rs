@@ -13,14 +13,6 @@ fn mini() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/suites/mini")
 }
 
-fn rows(run: &Path) -> Vec<TrialRow> {
-    std::fs::read_to_string(run.join("results.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 #[test]
 fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
     if !can_run_criu("evaluator_runs_the_matrix_and_grades_on_pristine_forks") {
@@ -98,7 +90,7 @@ fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
         .unwrap();
     assert!(live_state.live);
 
-    let rows = rows(&run);
+    let rows = results(&run);
     // 2 tasks x clean (1 start) + residual/notice (3 states) + note (2 states with notes)
     // + pristine control (3 predecessors), x 2 agents x 2 replicates.
     assert_eq!(rows.len(), (2 + 3 + 3 + 2 + 3) * 2 * 2);
@@ -189,7 +181,7 @@ fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
 }
 
 fn super_rows_len(run: &Path) -> usize {
-    rows(run).len()
+    results(run).len()
 }
 
 #[test]
@@ -229,7 +221,7 @@ fn infrastructure_failures_are_kept_apart_and_retried() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows = rows(&run);
+    let rows = results(&run);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].outcome, Outcome::InfraError);
     assert_eq!(rows[0].infra_attempts, 2);
@@ -310,7 +302,7 @@ fn external_and_replay_agents_act_through_forkd_within_budgets() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows = rows(&run);
+    let rows = results(&run);
     let by = |a: &str| {
         rows.iter()
             .find(|r| r.agent == a)

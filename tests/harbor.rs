@@ -31,19 +31,29 @@ fn task() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/harbor/tasks/edit-greeting")
 }
 
-/// `harbor run` with the forkd backend; returns the job's result.json.
-fn harbor_run(d: &TestDaemon, py: &Path, jobs: &Path, args: &[&str]) -> serde_json::Value {
-    let harbor = py.parent().unwrap().join("harbor");
-    let out = Command::new(&harbor)
+/// `harbor run --env forkd.harbor:ForkdEnvironment -p TASK -o JOBS ARGS...`.
+fn harbor_command(
+    d: &TestDaemon,
+    py: &Path,
+    task: &Path,
+    jobs: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    Command::new(py.parent().unwrap().join("harbor"))
         .args(["run", "--env", "forkd.harbor:ForkdEnvironment", "-p"])
-        .arg(task())
+        .arg(task)
         .arg("-o")
         .arg(jobs)
         .args(args)
         .env("FORKD_SOCKET", &d.socket)
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .output()
-        .expect("run harbor");
+        .expect("run harbor")
+}
+
+/// `harbor run` with the forkd backend; returns the job's result.json.
+fn harbor_run(d: &TestDaemon, py: &Path, jobs: &Path, args: &[&str]) -> serde_json::Value {
+    let out = harbor_command(d, py, &task(), jobs, args);
     let log = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -196,23 +206,7 @@ fn harbor_task_the_backend_cannot_honour_is_refused_by_name() {
         toml.replace("allow_internet = false", "allow_internet = true"),
     )
     .unwrap();
-    let harbor = py.parent().unwrap().join("harbor");
-    let out = Command::new(&harbor)
-        .args([
-            "run",
-            "--env",
-            "forkd.harbor:ForkdEnvironment",
-            "--agent",
-            "nop",
-            "-p",
-        ])
-        .arg(&t)
-        .arg("-o")
-        .arg(work.join("jobs"))
-        .env("FORKD_SOCKET", &d.socket)
-        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        .output()
-        .unwrap();
+    let out = harbor_command(&d, &py, &t, &work.join("jobs"), &["--agent", "nop"]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -372,11 +366,7 @@ fn forkd_eval_runs_harbor_task_directories() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows: Vec<forkd_analysis::TrialRow> = std::fs::read_to_string(run.join("results.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = results(&run);
     assert_eq!(rows.len(), 6);
     for r in &rows {
         let want = if r.agent == "oracle" {
@@ -419,22 +409,7 @@ fn failing_healthcheck_leaves_no_checkpoint() {
         .replace("retries = 3", "retries = 1");
     assert!(toml.contains("absent.py"));
     std::fs::write(t.join("task.toml"), toml).unwrap();
-    let out = Command::new(py.parent().unwrap().join("harbor"))
-        .args([
-            "run",
-            "--env",
-            "forkd.harbor:ForkdEnvironment",
-            "--agent",
-            "nop",
-            "-p",
-        ])
-        .arg(&t)
-        .arg("-o")
-        .arg(work.join("jobs"))
-        .env("FORKD_SOCKET", &d.socket)
-        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        .output()
-        .unwrap();
+    let out = harbor_command(&d, &py, &t, &work.join("jobs"), &["--agent", "nop"]);
     let text = walk_text(&work.join("jobs")) + &String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("HealthcheckError") || text.contains("Healthcheck failed"),

@@ -13,6 +13,21 @@ use forkd_analysis::{Condition, Outcome, TrialRow};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A daemon and a copy of the bundled SWE task `mi-collapse-missing` in its work
+/// directory's `suite/`: (daemon, harness Python, work directory, task directory).
+fn bundled_task(name: &str, tag: &str) -> Option<(TestDaemon, String, PathBuf, PathBuf)> {
+    if !can_run_criu(name) {
+        return None;
+    }
+    let py = harness_python(name)?;
+    let task_src = fixture(name, "suite/mi-collapse-missing", "suite")?;
+    let d = TestDaemon::start(tag);
+    let work = d.root.parent().unwrap().to_path_buf();
+    let task = work.join("suite/mi-collapse-missing");
+    copy_dir(&task_src, &task);
+    Some((d, py, work, task))
+}
+
 /// `forkd eval run SUITE --out RUN ARGS...` with the harness environment.
 fn eval_run(
     d: &TestDaemon,
@@ -63,30 +78,12 @@ fn config(dir: &Path, name: &str, port: u16) -> PathBuf {
     path
 }
 
-fn rows(run: &Path) -> Vec<TrialRow> {
-    std::fs::read_to_string(run.join("results.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 #[test]
 fn mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart() {
     let name = "mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(py) = harness_python(name) else {
+    let Some((d, py, work, task)) = bundled_task(name, "harness") else {
         return;
     };
-    let Some(task_src) = fixture(name, "suite/mi-collapse-missing", "suite") else {
-        return;
-    };
-    let d = TestDaemon::start("harness");
-    let work = d.root.parent().unwrap().to_path_buf();
-    let task = work.join("suite/mi-collapse-missing");
-    copy_dir(&task_src, &task);
     // A small step budget, so the agent that never submits reaches it quickly.
     let toml = std::fs::read_to_string(task.join("task.toml")).unwrap();
     std::fs::write(
@@ -160,7 +157,7 @@ fn mini_swe_agent_runs_in_forkd_eval_with_budgets_and_infrastructure_apart() {
     );
     let log = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{log}");
-    let rows = rows(&run);
+    let rows = results(&run);
     assert_eq!(rows.len(), 8, "4 agents x (clean + 1 residual): {log}");
     let of = |agent: &str| -> Vec<&TrialRow> {
         rows.iter()
@@ -308,19 +305,9 @@ fn broken_harness_configuration_fails_the_run_before_any_trial() {
 #[test]
 fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
     let name = "harness_predecessor_leaves_a_handoff_note_for_rescue_note";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(py) = harness_python(name) else {
+    let Some((d, py, work, task)) = bundled_task(name, "harness-note") else {
         return;
     };
-    let Some(task_src) = fixture(name, "suite/mi-collapse-missing", "suite") else {
-        return;
-    };
-    let d = TestDaemon::start("harness-note");
-    let work = d.root.parent().unwrap().to_path_buf();
-    let task = work.join("suite/mi-collapse-missing");
-    copy_dir(&task_src, &task);
     // The task's own scripted predecessors are not used here: the harness one is.
     std::fs::remove_dir_all(task.join("predecessors")).unwrap();
     let note =
@@ -372,7 +359,7 @@ fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
     let state = "mi-collapse-missing.mini-swe-agent.pred";
     let written = std::fs::read_to_string(run.join(format!("states/{state}.note.md"))).unwrap();
     assert_eq!(written.trim(), note, "{log}");
-    let rows = rows(&run);
+    let rows = results(&run);
     assert_eq!(rows.len(), 1, "{log}");
     let r = &rows[0];
     assert_eq!(

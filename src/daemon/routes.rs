@@ -338,12 +338,22 @@ impl Daemon {
             t0,
             &serde_json::to_value(&out.exit).unwrap_or_default(),
         );
+        let stdout_b64 = api::b64::encode(&out.stdout);
+        let stderr_b64 = api::b64::encode(&out.stderr);
+        // With one stream empty (always so with merge_stderr) the merged form is the other.
+        let output_b64 = if out.stderr.is_empty() {
+            stdout_b64.clone()
+        } else if out.stdout.is_empty() {
+            stderr_b64.clone()
+        } else {
+            api::b64::encode(&out.merged())
+        };
         Ok(ExecResult {
             pid: out.pid,
             exit: out.exit,
-            stdout_b64: api::b64::encode(&out.stdout),
-            stderr_b64: api::b64::encode(&out.stderr),
-            output_b64: api::b64::encode(&out.merged),
+            stdout_b64,
+            stderr_b64,
+            output_b64,
             output_bytes: out.total_bytes,
             truncated: out.truncated,
         })

@@ -392,3 +392,12 @@ impl TestDaemon {
             .expect("import image");
     }
 }
+
+/// The rows of a run's `results.jsonl`.
+pub fn results(run: &Path) -> Vec<forkd_analysis::TrialRow> {
+    std::fs::read_to_string(run.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

@@ -131,12 +131,37 @@ pub struct ExecOutput {
     pub exit: ExecExit,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// Standard output and error in the order the relay read them.
-    pub merged: Vec<u8>,
+    /// The kept output in the order the relay read it: (from stdout?, bytes) runs.
+    pub order: Vec<(bool, usize)>,
     /// Bytes the command wrote, kept or not.
     pub total_bytes: u64,
     /// Output past the limit was read and dropped.
     pub truncated: bool,
+}
+
+impl ExecOutput {
+    /// Both streams merged in the order the relay read them. When one stream is empty
+    /// (always so with `merge_stderr`) that is the other one: no copy is made then.
+    pub fn merged(&self) -> std::borrow::Cow<'_, [u8]> {
+        if self.stderr.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.stdout);
+        }
+        if self.stdout.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.stderr);
+        }
+        let mut merged = Vec::with_capacity(self.stdout.len() + self.stderr.len());
+        let (mut o, mut e) = (0, 0);
+        for &(from_stdout, n) in &self.order {
+            if from_stdout {
+                merged.extend_from_slice(&self.stdout[o..o + n]);
+                o += n;
+            } else {
+                merged.extend_from_slice(&self.stderr[e..e + n]);
+                e += n;
+            }
+        }
+        std::borrow::Cow::Owned(merged)
+    }
 }
 
 /// Sends `req` on a fresh connection and returns the connection after the `Started`
@@ -221,20 +246,23 @@ pub fn exec(
             let _ = proto::write_frame(&mut w, Kind::StdinEof, &[]);
         });
     }
-    let (mut stdout, mut stderr, mut merged) = (Vec::new(), Vec::new(), Vec::new());
-    let mut total: u64 = 0;
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut order: Vec<(bool, usize)> = Vec::new();
+    let (mut total, mut kept): (u64, usize) = (0, 0);
     loop {
         match proto::read_frame(&mut conn).map_err(|e| HostError::Protocol(e.to_string()))? {
             Some((kind @ (Kind::Stdout | Kind::Stderr), d)) => {
                 total += d.len() as u64;
-                let keep = d.len().min(limit.saturating_sub(merged.len()));
-                let buf = if kind == Kind::Stdout {
-                    &mut stdout
-                } else {
-                    &mut stderr
-                };
-                buf.extend_from_slice(&d[..keep]);
-                merged.extend_from_slice(&d[..keep]);
+                let keep = d.len().min(limit.saturating_sub(kept));
+                let out = kind == Kind::Stdout;
+                if keep > 0 {
+                    if out { &mut stdout } else { &mut stderr }.extend_from_slice(&d[..keep]);
+                    match order.last_mut() {
+                        Some((o, n)) if *o == out => *n += keep,
+                        _ => order.push((out, keep)),
+                    }
+                    kept += keep;
+                }
             }
             Some((Kind::Exit, body)) => {
                 let exit = serde_json::from_slice(&body)
@@ -245,8 +273,8 @@ pub fn exec(
                     exit,
                     stdout,
                     stderr,
-                    truncated: total > merged.len() as u64,
-                    merged,
+                    truncated: total > kept as u64,
+                    order,
                     total_bytes: total,
                 });
             }
