@@ -416,7 +416,7 @@ mod tests {
             ("RUN x\n", 1, "FROM"),
             ("FROM a AS x\nFROM b AS X\n", 2, "twice"),
             ("FROM --platform=linux/arm64 a\n", 1, "linux/amd64"),
-            ("# only a comment\n", 1, "no FROM"),
+            ("# only a comment\n", 1, "FROM"),
         ];
         for (text, line, word) in cases {
             let e = plan(text).unwrap_err();
