@@ -16,6 +16,8 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/v1/metrics", "metrics"),
     ("GET", "/v1/images", "listImages"),
     ("POST", "/v1/images", "importImage"),
+    ("POST", "/v1/images/build", "buildImage"),
+    ("GET", "/v1/builds", "listBuilds"),
     ("GET", "/v1/images/{name}", "inspectImage"),
     ("DELETE", "/v1/images/{name}", "removeImage"),
     ("GET", "/v1/sandboxes", "listSandboxes"),
@@ -129,6 +131,72 @@ pub struct ImageInfo {
     pub source: String,
     /// Sandboxes using the image.
     pub used_by: Vec<String>,
+    /// The run configuration (ENV, WORKDIR, USER, ENTRYPOINT, CMD, ...). Sandboxes of
+    /// the image take env, working directory and user as defaults for every exec.
+    pub config: forkd_layers::ImageConfig,
+}
+
+/// `POST /v1/images/build`: build an image from a Dockerfile.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildRequest {
+    /// The build context: an absolute directory on the daemon's host.
+    pub context: String,
+    /// The Dockerfile, relative to the context (default `Dockerfile`) or absolute.
+    #[serde(default)]
+    pub dockerfile: Option<String>,
+    /// The image to make (replaced if it exists and no sandbox uses it).
+    pub name: String,
+    /// `--build-arg` values.
+    #[serde(default)]
+    pub build_args: std::collections::BTreeMap<String, String>,
+    /// The stage to build (default: the last).
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Run every step, looking nothing up in the step cache.
+    #[serde(default)]
+    pub no_cache: bool,
+    /// RUN steps with network access. Not available yet: asking for it is a 400.
+    #[serde(default)]
+    pub network: bool,
+    /// Limits for the sandboxes steps run in.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// One step of a build.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildStep {
+    /// Stage index (0-based).
+    pub stage: usize,
+    /// Dockerfile line (1-based).
+    pub line: usize,
+    pub instruction: String,
+    /// `hit` (the step's layer came from the cache), `miss` (the step ran), or `config`
+    /// (the step changes only the image's configuration, no files).
+    pub cache: String,
+    /// The layer the step made, if it made one (a step that changes no file makes none).
+    pub layer: Option<String>,
+    pub duration_us: u64,
+}
+
+/// `201` of `POST /v1/images/build`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildResult {
+    pub image: ImageInfo,
+    pub steps: Vec<BuildStep>,
+    pub duration_us: u64,
+}
+
+/// A build in progress (`GET /v1/builds`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildStatus {
+    pub name: String,
+    pub started: u64,
+    /// Steps done so far.
+    pub steps: Vec<BuildStep>,
+    /// The step running now, as written.
+    pub current: Option<String>,
 }
 
 /// `POST /v1/sandboxes`.

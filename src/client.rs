@@ -26,6 +26,7 @@ pub enum ClientError {
     Protocol(String),
 }
 
+#[derive(Debug, Clone)]
 pub struct Client {
     socket: PathBuf,
 }

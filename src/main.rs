@@ -5,7 +5,8 @@
 //! on):
 //! - `__init`: PID 1 of a sandbox (see `forkd_sandbox::init`);
 //! - `__setup`: the helper that builds a sandbox around its init;
-//! - `__tar`, `__untar`: run inside a sandbox for `forkd cp`;
+//! - `__tar`, `__untar`: run inside a sandbox for `forkd cp` (and image builds);
+//! - `__mkdirs`: run inside a sandbox by an image build's COPY and WORKDIR steps;
 //! - anything else: the CLI, including `forkd daemon`.
 
 fn main() {
@@ -19,6 +20,9 @@ fn main() {
         }
         Some("__untar") => {
             forkd_sandbox::files::untar_main(args.get(2).map(String::as_str).unwrap_or(""))
+        }
+        Some("__mkdirs") => {
+            forkd_sandbox::files::mkdirs_main(args.get(2).map(String::as_str).unwrap_or(""))
         }
         _ => std::process::exit(forkd::cli::main()),
     }

@@ -1,7 +1,7 @@
-//! `forkd image import|ls|rm|inspect`.
+//! `forkd image import|build|ls|rm|inspect`.
 
 use super::Ctx;
-use crate::api::ImageInfo;
+use crate::api::{BuildRequest, BuildResult, BuildStatus, BuildStep, ImageInfo};
 use crate::daemon::url_encode;
 use clap::Subcommand;
 
@@ -12,6 +12,26 @@ pub enum ImageCmd {
         source: String,
         #[arg(long)]
         name: String,
+    },
+    /// Build an image from a Dockerfile; each step runs in a sandbox and is cached
+    Build {
+        /// The build context directory
+        context: String,
+        /// The image to make
+        #[arg(short = 't', long = "tag")]
+        name: String,
+        /// The Dockerfile (default CONTEXT/Dockerfile)
+        #[arg(short = 'f', long = "file")]
+        dockerfile: Option<String>,
+        /// NAME=VALUE for an ARG (repeatable)
+        #[arg(long = "build-arg")]
+        build_args: Vec<String>,
+        /// The stage to build (default: the last)
+        #[arg(long)]
+        target: Option<String>,
+        /// Run every step, ignoring the step cache
+        #[arg(long)]
+        no_cache: bool,
     },
     /// List images
     Ls {
@@ -46,6 +66,72 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                     t.elapsed().as_secs_f64()
                 );
                 println!("{}", img.name);
+            }
+        }
+        ImageCmd::Build {
+            context,
+            name,
+            dockerfile,
+            build_args,
+            target,
+            no_cache,
+        } => {
+            let abs = std::fs::canonicalize(&context)
+                .map_err(|e| anyhow::anyhow!("build context {context}: {e}"))?;
+            // A Dockerfile named on the command line is relative to where forkd runs.
+            let dockerfile = dockerfile
+                .map(|f| {
+                    std::fs::canonicalize(&f)
+                        .map(|p| p.display().to_string())
+                        .map_err(|e| anyhow::anyhow!("Dockerfile {f}: {e}"))
+                })
+                .transpose()?;
+            let mut args = std::collections::BTreeMap::new();
+            for a in build_args {
+                let (k, v) = match a.split_once('=') {
+                    Some((k, v)) => (k.to_string(), v.to_string()),
+                    // Docker's `--build-arg NAME` takes the value from the environment.
+                    None => match std::env::var(&a) {
+                        Ok(v) => (a.clone(), v),
+                        Err(_) => anyhow::bail!("--build-arg {a}: give NAME=VALUE, or set {a} in the environment"),
+                    },
+                };
+                args.insert(k, v);
+            }
+            let req = BuildRequest {
+                context: abs.display().to_string(),
+                dockerfile,
+                name: name.clone(),
+                build_args: args,
+                target,
+                no_cache,
+                ..Default::default()
+            };
+            let progress = if ctx.json { None } else { Some(watch_build(ctx, &name)) };
+            let res: Result<BuildResult, _> =
+                ctx.client.call("POST", "/v1/images/build", Some(&serde_json::to_value(&req)?));
+            if let Some((stop, handle)) = progress {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let shown = handle.join().unwrap_or(0);
+                if let Ok(r) = &res {
+                    for s in &r.steps[shown.min(r.steps.len())..] {
+                        print_step(s);
+                    }
+                }
+            }
+            let r = res?;
+            if ctx.json {
+                ctx.print_json(&r);
+            } else {
+                let hits = r.steps.iter().filter(|s| s.cache == "hit").count();
+                let ran = r.steps.iter().filter(|s| s.cache == "miss").count();
+                eprintln!(
+                    "built {} ({} layers; {ran} steps run, {hits} from cache) in {:.2}s",
+                    r.image.name,
+                    r.image.layers.len(),
+                    r.duration_us as f64 / 1e6
+                );
+                println!("{}", r.image.name);
             }
         }
         ImageCmd::Ls { quiet } => {
@@ -83,4 +169,47 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn print_step(s: &BuildStep) {
+    let first = s.instruction.lines().next().unwrap_or("");
+    let shown: String = first.chars().take(100).collect();
+    let what = match s.cache.as_str() {
+        "hit" => "cached".to_string(),
+        "miss" => format!("{:.2}s", s.duration_us as f64 / 1e6),
+        _ => String::new(),
+    };
+    eprintln!("[{}] line {:>3}  {shown}  {what}", s.stage, s.line);
+}
+
+/// Prints a build's steps as the daemon finishes them (polling `GET /v1/builds`);
+/// returns how many it printed when told to stop.
+fn watch_build(
+    ctx: &Ctx,
+    name: &str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<usize>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = ctx.client.clone();
+    let name = name.to_string();
+    let flag = stop.clone();
+    let handle = std::thread::spawn(move || {
+        let mut shown = 0;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let Ok(builds) = client.call::<Vec<BuildStatus>>("GET", "/v1/builds", None) else {
+                continue;
+            };
+            if let Some(b) = builds.iter().find(|b| b.name == name) {
+                for s in &b.steps[shown.min(b.steps.len())..] {
+                    print_step(s);
+                }
+                shown = shown.max(b.steps.len());
+            }
+        }
+        shown
+    });
+    (stop, handle)
 }

@@ -126,6 +126,9 @@ pub struct CheckpointRecord {
     pub tree_hash: Option<String>,
     pub phases_us: BTreeMap<String, u64>,
     pub images_bytes: u64,
+    /// The source sandbox's image config, which its branches keep.
+    #[serde(default)]
+    pub config: forkd_layers::ImageConfig,
 }
 
 pub struct Checkpoint {
@@ -410,6 +413,7 @@ impl Daemon {
             tree_hash: None,
             phases_us: phases,
             images_bytes: dir_size(&stage.join("criu")),
+            config: rec.config.clone(),
         };
         let dir = self.data.join("checkpoints").join(id.as_str());
         if let Err(e) =
@@ -587,6 +591,7 @@ impl Daemon {
                 init_start: None,
                 cgroup: format!("forkd/{id}"),
                 create_us: 0,
+                config: ck.config.clone(),
             };
             let dir = self.sandbox_dir(&id);
             let mut phases = BTreeMap::new();

@@ -21,7 +21,7 @@ impl Daemon {
         }
     }
 
-    fn tool(
+    pub(super) fn tool(
         &self,
         sb: &Sandbox,
         verb: &str,
@@ -62,6 +62,11 @@ impl Daemon {
     /// A tar of `path` inside the sandbox.
     pub fn copy_out(&self, sb: &Sandbox, path: &str) -> Result<Vec<u8>, ApiError> {
         self.tool(sb, "__tar", path, None)
+    }
+
+    /// Creates the directory `path` (and its parents) inside the sandbox, as root.
+    pub fn make_dirs(&self, sb: &Sandbox, path: &str) -> Result<(), ApiError> {
+        self.tool(sb, "__mkdirs", path, None).map(|_| ())
     }
 
     /// Unpacks the tar `body` at `path` inside the sandbox; returns the entry count.

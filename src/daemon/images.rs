@@ -17,13 +17,14 @@ impl Daemon {
         ids
     }
 
-    fn image_to_info(&self, img: Image) -> ImageInfo {
+    pub(super) fn image_to_info(&self, img: Image) -> ImageInfo {
         ImageInfo {
             used_by: self.users_of(&img.name),
             layers: img.layers.iter().map(|l| l.to_string()).collect(),
             name: img.name,
             created: img.created,
             source: img.source,
+            config: img.config,
         }
     }
 

@@ -8,6 +8,7 @@
 //! its error body; every operation's latency is recorded in [`metrics`].
 
 mod archive;
+mod build;
 mod checkpoints;
 pub use checkpoints::fork_parallelism;
 mod files;
@@ -59,6 +60,8 @@ pub struct Daemon {
     pub hierarchy: Hierarchy,
     pub sandboxes: Mutex<HashMap<forkd_sandbox::SandboxId, Arc<Sandbox>>>,
     pub metrics: metrics::Metrics,
+    /// Image builds in progress.
+    pub builds: build::Builds,
     pub runtime: tokio::runtime::Handle,
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -256,6 +259,7 @@ impl Daemon {
             hierarchy,
             sandboxes: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::default(),
+            builds: build::Builds::default(),
             runtime,
             _lock: lock,
             next_request: AtomicU64::new(1),

@@ -152,6 +152,8 @@ fn handle(
         "metrics" => Ok(Response::json(200, &d.metrics.snapshot())),
         "listImages" => Ok(Response::json(200, &d.list_images()?)),
         "importImage" => Ok(Response::json(201, &d.import_image(req.json()?)?)),
+        "buildImage" => Ok(Response::json(201, &d.build_image(req.json()?)?)),
+        "listBuilds" => Ok(Response::json(200, &d.builds.list())),
         "inspectImage" => Ok(Response::json(200, &d.image_info(&param("name"))?)),
         "removeImage" => {
             d.remove_image(&param("name"))?;
@@ -182,7 +184,8 @@ fn handle(
         }
         "execInSandbox" => {
             let sb = d.sandbox(&param("id"))?;
-            let body: ExecBody = req.json()?;
+            let mut body: ExecBody = req.json()?;
+            d.apply_image_defaults(&sb, &mut body.request);
             let stdin = body
                 .stdin_b64
                 .as_deref()
@@ -414,9 +417,10 @@ async fn exec_upgraded(
 ) -> Result<(), ApiError> {
     let prepared = (|| {
         let sb = d.sandbox(params.get("id").map(String::as_str).unwrap_or_default())?;
-        let body: ExecRequest = req.json()?;
+        let mut body: ExecRequest = req.json()?;
         body.validate()
             .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
+        d.apply_image_defaults(&sb, &mut body);
         let rootfs = d.running_rootfs(&sb)?;
         Ok::<_, ApiError>((sb, body, rootfs))
     })();

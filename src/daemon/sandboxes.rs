@@ -15,6 +15,7 @@ use super::checkpoints::Lower;
 use super::Daemon;
 use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
 use forkd_cgroups::{Cgroup, Limits};
+use forkd_layers::ImageConfig;
 use forkd_sandbox::host;
 use forkd_sandbox::proto::ExecRequest;
 use forkd_sandbox::setup::SetupSpec;
@@ -50,6 +51,10 @@ pub struct SandboxRecord {
     pub init_start: Option<u64>,
     pub cgroup: String,
     pub create_us: u64,
+    /// The image's run configuration: defaults (env, working directory, user) for
+    /// every exec the API runs in this sandbox.
+    #[serde(default)]
+    pub config: ImageConfig,
 }
 
 /// A sandbox in the table. The mutex serialises lifecycle changes; execs only read the
@@ -169,12 +174,14 @@ impl Daemon {
             init_start: None,
             cgroup: format!("forkd/{id}"),
             create_us: 0,
+            config: image.config.clone(),
         };
         let dir = self.sandbox_dir(&id);
         let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
             d.start_init_in(dir, rec)
         })?;
-        if let Some(cmd) = req.command {
+        if let Some(mut cmd) = req.command {
+            self.apply_image_defaults(&sb, &mut cmd);
             if let Err(e) = host::start_exec(&sb.rootfs(), &cmd) {
                 let msg = format!("start command in sandbox {id}: {e}");
                 let _ = self.remove_sandbox(&sb, true);
@@ -182,6 +189,26 @@ impl Daemon {
             }
         }
         Ok(sb)
+    }
+
+    /// Fills what an API exec leaves unset from the sandbox's image config: the image's
+    /// ENV comes first (the request's own variables override it), and the working
+    /// directory and user apply unless the request names its own. forkd's own tools
+    /// (`cp`) do not go through this: they always run as root from `/`.
+    pub fn apply_image_defaults(&self, sb: &Sandbox, req: &mut ExecRequest) {
+        let rec = sb.record.lock().unwrap();
+        let c = &rec.config;
+        if !c.env.is_empty() {
+            let mut env = c.env.clone();
+            env.append(&mut req.env);
+            req.env = env;
+        }
+        if req.cwd.is_none() {
+            req.cwd = c.working_dir.clone();
+        }
+        if req.user.is_none() {
+            req.user = c.user.clone();
+        }
     }
 
     /// Prepares a sandbox's root and cgroup, runs `start` to bring its processes up,

@@ -43,6 +43,13 @@ struct Copier<'a, 'p> {
     links: HashMap<(u64, u64), CString>,
     summary: Copied,
     progress: &'a mut Counter<'p>,
+    /// Copying an overlayfs upper directory: 0:0 character devices are whiteouts and
+    /// are kept, as is `trusted.overlay.opaque`; overlay's other bookkeeping
+    /// attributes (origin file handles, impurity marks) describe the old stack and
+    /// are dropped.
+    upper: bool,
+    /// Names left out at the top of the tree.
+    skip_top: &'a [&'a str],
 }
 
 /// Copies the contents and the root metadata of `src` into the existing,
@@ -51,6 +58,27 @@ pub(crate) fn copy_tree(
     src: &Path,
     dst: &Path,
     progress: &mut Counter<'_>,
+) -> Result<Copied, LayerError> {
+    copy_with(src, dst, progress, false, &[])
+}
+
+/// Like [`copy_tree`], for an overlayfs upper directory (see [`Copier::upper`]),
+/// leaving out the top-level names in `skip_top`.
+pub(crate) fn copy_upper(
+    src: &Path,
+    dst: &Path,
+    skip_top: &[&str],
+    progress: &mut Counter<'_>,
+) -> Result<Copied, LayerError> {
+    copy_with(src, dst, progress, true, skip_top)
+}
+
+fn copy_with(
+    src: &Path,
+    dst: &Path,
+    progress: &mut Counter<'_>,
+    upper: bool,
+    skip_top: &[&str],
 ) -> Result<Copied, LayerError> {
     let src_fd =
         fsx::open_dir_path(src).map_err(|e| LayerError::io("opening directory", src, e))?;
@@ -63,6 +91,8 @@ pub(crate) fn copy_tree(
         links: HashMap::new(),
         summary: Copied::default(),
         progress,
+        upper,
+        skip_top,
     };
     c.dir(src_fd.as_fd(), dst_fd.as_fd(), &mut Vec::new(), 0)?;
     let st =
@@ -115,6 +145,9 @@ impl Copier<'_, '_> {
         names.sort();
         let base = rel.len();
         for name in names {
+            if depth == 0 && self.skip_top.iter().any(|s| s.as_bytes() == name.as_bytes()) {
+                continue;
+            }
             if base > 0 {
                 rel.push(b'/');
             }
@@ -207,6 +240,12 @@ impl Copier<'_, '_> {
                 self.meta_at(dst, name, &st, rel, true)?;
                 self.progress.entry(0);
             }
+            FileType::CharacterDevice if self.upper && st.st_rdev == 0 => {
+                rfs::mknodat(dst, name, FileType::CharacterDevice, Mode::empty(), 0)
+                    .map_err(|e| self.dst_err("creating whiteout", rel, e))?;
+                self.meta_at(dst, name, &st, rel, true)?;
+                self.progress.entry(0);
+            }
             FileType::CharacterDevice
                 if devices::is_standard(rel, rfs::major(st.st_rdev), rfs::minor(st.st_rdev)) =>
             {
@@ -259,7 +298,10 @@ impl Copier<'_, '_> {
         .map_err(|e| self.dst_err("changing owner of", rel, e))?;
         rfs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777))
             .map_err(|e| self.dst_err("setting mode of", rel, e))?;
-        let xattrs = fsx::read_xattrs(XattrOf::Fd(src), |_| true)
+        let upper = self.upper;
+        let xattrs = fsx::read_xattrs(XattrOf::Fd(src), |n| {
+            !upper || !n.starts_with(b"trusted.overlay.") || n == b"trusted.overlay.opaque"
+        })
             .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
         for (name, value) in xattrs {
             if let Err(e) = fsx::write_xattr(XattrOf::Fd(dst), &name, &value) {

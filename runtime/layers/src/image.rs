@@ -40,6 +40,21 @@ pub struct ImageConfig {
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// LABELs (a Dockerfile's, or an OCI config's).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// EXPOSEd ports, `PORT/PROTO`. Recorded only: sandboxes publish nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<String>,
+    /// The shell that shell-form commands run under (SHELL); `/bin/sh -c` if empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shell: Vec<String>,
+    /// STOPSIGNAL. Recorded only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// VOLUME paths. Recorded only: a sandbox's files all live in its layers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
 }
 
 /// A named stack of layers.

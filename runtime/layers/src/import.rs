@@ -253,6 +253,12 @@ fn config_from_oci(c: &ImageConfiguration) -> ImageConfig {
             entrypoint: run.entrypoint().clone().unwrap_or_default(),
             working_dir: run.working_dir().clone().filter(|s| !s.is_empty()),
             user: run.user().clone().filter(|s| !s.is_empty()),
+            labels: run
+                .labels()
+                .clone()
+                .map(|l| l.into_iter().collect())
+                .unwrap_or_default(),
+            ..Default::default()
         },
         None => ImageConfig::default(),
     }
@@ -282,6 +288,7 @@ fn lenient_config(bytes: &[u8]) -> Result<ImageConfig, serde_json::Error> {
         entrypoint: run.entrypoint.unwrap_or_default(),
         working_dir: run.working_dir.filter(|s| !s.is_empty()),
         user: run.user.filter(|s| !s.is_empty()),
+        ..Default::default()
     })
 }
 

@@ -373,6 +373,24 @@ impl LayerStore {
         self.seal_or_discard(staging, counter)
     }
 
+    /// Copies an overlayfs upper directory (a sandbox's writes) into the store as a
+    /// layer: whiteouts and opaque directories are kept, so the layer stacks on the
+    /// lowers it was written over. Top-level names in `skip_top` are left out.
+    pub fn import_upper(
+        &self,
+        src: &Path,
+        skip_top: &[&str],
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<LayerId, LayerError> {
+        let mut counter = Counter::new(progress);
+        let staging = self.staging_with_tree("upper")?;
+        counter.step(format!("copying {}", src.display()));
+        if let Err(e) = crate::copy::copy_upper(src, &staging.tree(), skip_top, &mut counter) {
+            return Err(abort(staging, e));
+        }
+        self.seal_or_discard(staging, &mut counter)
+    }
+
     /// Extracts a tar stream into a staging directory (not sealed yet).
     pub(crate) fn stage_tar<R: std::io::Read>(
         &self,

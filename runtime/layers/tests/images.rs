@@ -21,6 +21,7 @@ fn expected_config() -> ImageConfig {
         entrypoint: vec!["/init".into()],
         working_dir: Some("/root".into()),
         user: Some("1000:1000".into()),
+        ..Default::default()
     }
 }
 

@@ -55,6 +55,24 @@ pub fn untar_main(dest: &str) -> ! {
     std::process::exit(code)
 }
 
+/// Creates the directory `path` and its missing parents (mode 0755, owned by whoever
+/// runs it: root for an image build's COPY and WORKDIR steps).
+pub fn mkdirs_main(path: &str) -> ! {
+    let code = if !path.starts_with('/') {
+        eprintln!("{path}: not an absolute path");
+        1
+    } else {
+        match std::fs::create_dir_all(path) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("{path}: {e}");
+                1
+            }
+        }
+    };
+    std::process::exit(code)
+}
+
 fn safe_relative(p: &Path) -> io::Result<PathBuf> {
     let mut out = PathBuf::new();
     for c in p.components() {
