@@ -133,7 +133,39 @@ pub struct ImageInfo {
     pub used_by: Vec<String>,
     /// The run configuration (ENV, WORKDIR, USER, ENTRYPOINT, CMD, ...). Sandboxes of
     /// the image take env, working directory and user as defaults for every exec.
-    pub config: forkd_layers::ImageConfig,
+    pub config: ImageConfig,
+}
+
+/// An image's run configuration as the API shows it: every field present.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    pub env: Vec<String>,
+    pub cmd: Vec<String>,
+    pub entrypoint: Vec<String>,
+    pub working_dir: Option<String>,
+    pub user: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub exposed_ports: Vec<String>,
+    pub shell: Vec<String>,
+    pub stop_signal: Option<String>,
+    pub volumes: Vec<String>,
+}
+
+impl From<forkd_layers::ImageConfig> for ImageConfig {
+    fn from(c: forkd_layers::ImageConfig) -> Self {
+        ImageConfig {
+            env: c.env,
+            cmd: c.cmd,
+            entrypoint: c.entrypoint,
+            working_dir: c.working_dir,
+            user: c.user,
+            labels: c.labels,
+            exposed_ports: c.exposed_ports,
+            shell: c.shell,
+            stop_signal: c.stop_signal,
+            volumes: c.volumes,
+        }
+    }
 }
 
 /// `POST /v1/images/build`: build an image from a Dockerfile.

@@ -19,9 +19,10 @@
 //! path through it is not checked here.
 
 use forkd::api::{
-    self, ApiError, ArchivePath, BranchInfo, CheckpointInfo, CheckpointRequest,
-    CreateSandboxRequest, ErrorKind, ExecBody, ExecResult, ForkRequest, ForkResult, ImageInfo,
-    ImportImageRequest, OpStats, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
+    self, ApiError, ArchivePath, BranchInfo, BuildRequest, BuildResult, BuildStatus, BuildStep,
+    CheckpointInfo, CheckpointRequest, CreateSandboxRequest, ErrorKind, ExecBody, ExecResult,
+    ForkRequest, ForkResult, ImageConfig, ImageInfo, ImportImageRequest, OpStats, SandboxInfo,
+    SandboxStatus, StopRequest, VersionInfo,
 };
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
@@ -485,6 +486,7 @@ fn request_and_response_bodies_reference_the_right_schemas() {
     };
     let expected_bodies = [
         ("importImage", Some("application/json ImportImageRequest")),
+        ("buildImage", Some("application/json BuildRequest")),
         (
             "createSandbox",
             Some("application/json CreateSandboxRequest"),
@@ -534,6 +536,8 @@ fn request_and_response_bodies_reference_the_right_schemas() {
         ("metrics", "200", "application/json Metrics"),
         ("listImages", "200", "application/json [ImageInfo]"),
         ("importImage", "201", "application/json ImageInfo"),
+        ("buildImage", "201", "application/json BuildResult"),
+        ("listBuilds", "200", "application/json [BuildStatus]"),
         ("inspectImage", "200", "application/json ImageInfo"),
         ("removeImage", "200", "application/json RemovedImage"),
         ("listSandboxes", "200", "application/json [SandboxInfo]"),
@@ -740,8 +744,71 @@ fn response_types_serialise_to_their_schemas() {
             created: 1_700_000_000,
             source: "/srv/alpine.tar".into(),
             used_by: vec!["0123456789abcdef".into()],
+            config: Default::default(),
         },
     );
+    let built = ImageInfo {
+        name: "task:env".into(),
+        layers: vec!["a".repeat(64)],
+        created: 1_700_000_000,
+        source: "build:/srv/task/Dockerfile".into(),
+        used_by: Vec::new(),
+        config: ImageConfig {
+            env: vec!["PATH=/bin".into()],
+            cmd: vec!["sh".into()],
+            entrypoint: vec!["/start.sh".into()],
+            working_dir: Some("/app".into()),
+            user: Some("app".into()),
+            labels: [("k".to_string(), "v".to_string())].into(),
+            exposed_ports: vec!["80/tcp".into()],
+            shell: vec!["/bin/bash".into(), "-c".into()],
+            stop_signal: Some("SIGINT".into()),
+            volumes: vec!["/data".into()],
+        },
+    };
+    check_serialised(&doc, "ImageInfo", &built);
+    let steps = vec![
+        BuildStep {
+            stage: 0,
+            line: 1,
+            instruction: "FROM debian".into(),
+            cache: "config".into(),
+            layer: None,
+            duration_us: 3,
+        },
+        BuildStep {
+            stage: 0,
+            line: 2,
+            instruction: "RUN true".into(),
+            cache: "miss".into(),
+            layer: Some("b".repeat(64)),
+            duration_us: 40_000,
+        },
+    ];
+    for s in &steps {
+        check_serialised(&doc, "BuildStep", s);
+    }
+    check_serialised(
+        &doc,
+        "BuildResult",
+        &BuildResult {
+            image: built,
+            steps: steps.clone(),
+            duration_us: 50_000,
+        },
+    );
+    for current in [None, Some("RUN make".to_string())] {
+        check_serialised(
+            &doc,
+            "BuildStatus",
+            &BuildStatus {
+                name: "task:env".into(),
+                started: 1_700_000_000,
+                steps: steps.clone(),
+                current,
+            },
+        );
+    }
     for (signal, code) in [(None, 3), (Some(9), 137)] {
         let exit = ExecExit {
             exit_code: code,
@@ -843,6 +910,7 @@ fn response_types_serialise_to_their_schemas() {
 fn request_schemas_deserialise_into_the_request_types() {
     let doc = doc();
     check_request::<CreateSandboxRequest>(&doc, "CreateSandboxRequest");
+    check_request::<BuildRequest>(&doc, "BuildRequest");
     check_request::<ExecBody>(&doc, "ExecBody");
     check_request::<ExecRequest>(&doc, "ExecRequest");
     check_request::<ImportImageRequest>(&doc, "ImportImageRequest");

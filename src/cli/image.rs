@@ -93,7 +93,9 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                     // Docker's `--build-arg NAME` takes the value from the environment.
                     None => match std::env::var(&a) {
                         Ok(v) => (a.clone(), v),
-                        Err(_) => anyhow::bail!("--build-arg {a}: give NAME=VALUE, or set {a} in the environment"),
+                        Err(_) => anyhow::bail!(
+                            "--build-arg {a}: give NAME=VALUE, or set {a} in the environment"
+                        ),
                     },
                 };
                 args.insert(k, v);
@@ -107,9 +109,16 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 no_cache,
                 ..Default::default()
             };
-            let progress = if ctx.json { None } else { Some(watch_build(ctx, &name)) };
-            let res: Result<BuildResult, _> =
-                ctx.client.call("POST", "/v1/images/build", Some(&serde_json::to_value(&req)?));
+            let progress = if ctx.json {
+                None
+            } else {
+                Some(watch_build(ctx, &name))
+            };
+            let res: Result<BuildResult, _> = ctx.client.call(
+                "POST",
+                "/v1/images/build",
+                Some(&serde_json::to_value(&req)?),
+            );
             if let Some((stop, handle)) = progress {
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
                 let shown = handle.join().unwrap_or(0);

@@ -121,7 +121,10 @@ impl State {
     }
 
     fn workdir(&self) -> String {
-        self.config.working_dir.clone().unwrap_or_else(|| "/".into())
+        self.config
+            .working_dir
+            .clone()
+            .unwrap_or_else(|| "/".into())
     }
 
     /// A path as the step means it: relative ones are under the working directory.
@@ -250,9 +253,8 @@ impl Daemon {
             Some(f) => ctx_dir.join(f),
             None => ctx_dir.join("Dockerfile"),
         };
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            ApiError::not_found(format!("read Dockerfile {}: {e}", file.display()))
-        })?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| ApiError::not_found(format!("read Dockerfile {}: {e}", file.display())))?;
         let plan = forkd_build::plan(&text).map_err(|e| at_line(&file, e.line, &e.message))?;
         let target = plan
             .target(req.target.as_deref())
@@ -321,7 +323,10 @@ impl Daemon {
                         .map_err(|e| ApiError::from_chain("write image record", &e))?;
                     for (key, layer) in &made.cache {
                         if let Err(e) = self.cache_put(key, layer.as_ref()) {
-                            log::warn(&format!("build {}: cache entry {key}: {}", req.name, e.message));
+                            log::warn(&format!(
+                                "build {}: cache entry {key}: {}",
+                                req.name, e.message
+                            ));
                         }
                     }
                     Ok(image)
@@ -400,7 +405,9 @@ impl Daemon {
             config: config.clone(),
         };
         let dir = self.sandbox_dir(&id);
-        self.start_or_undo(&dir, record, started, |d, dir, rec| d.start_init_in(dir, rec))
+        self.start_or_undo(&dir, record, started, |d, dir, rec| {
+            d.start_init_in(dir, rec)
+        })
     }
 
     /// Stops a step's sandbox and seals what it wrote into a layer (none if nothing).
@@ -601,13 +608,18 @@ impl Job<'_> {
         let mtime = std::os::unix::fs::MetadataExt::mtime(&meta);
         let name = format!(
             "forkd-build/base-{}",
-            &key_of(&[&path.display().to_string(), &meta.len().to_string(), &mtime.to_string()])[..16]
+            &key_of(&[
+                &path.display().to_string(),
+                &meta.len().to_string(),
+                &mtime.to_string()
+            ])[..16]
         );
         if let Ok(img) = self.d.images.get(&name) {
             return Ok(img);
         }
-        let img = forkd_layers::import_image(&self.d.layers, &self.d.images, &path, &name, &mut |_| {})
-            .map_err(|e| self.err(line, format!("FROM {}: {}", path.display(), chain(&e))))?;
+        let img =
+            forkd_layers::import_image(&self.d.layers, &self.d.images, &path, &name, &mut |_| {})
+                .map_err(|e| self.err(line, format!("FROM {}: {}", path.display(), chain(&e))))?;
         made.images.push(name);
         made.layers.extend(img.layers.iter().cloned());
         Ok(img)
@@ -636,8 +648,8 @@ impl Job<'_> {
                 }
             }
             StepKind::Arg(raw) => {
-                let (name, default) = words::arg(raw, &vars, ESC)
-                    .map_err(|e| self.err(line, format!("ARG: {e}")))?;
+                let (name, default) =
+                    words::arg(raw, &vars, ESC).map_err(|e| self.err(line, format!("ARG: {e}")))?;
                 let value = self
                     .req
                     .build_args
@@ -648,7 +660,10 @@ impl Job<'_> {
                 if let Some(v) = &value {
                     state.args.insert(name.clone(), v.clone());
                 }
-                state.extend_key(&["ARG", &name, value.as_deref().unwrap_or("\u{0}unset")]);
+                // The value is not part of the key: a RUN's key holds the ARG values it
+                // sees, and any other use of it is in the expanded instruction. So a
+                // changed value reruns only the steps it reaches.
+                state.extend_key(&["ARG", &name]);
             }
             StepKind::Label(raw) => {
                 let pairs = words::pairs(raw, &vars, ESC, false)
@@ -669,7 +684,11 @@ impl Job<'_> {
             StepKind::Expose(ports) => {
                 for p in ports {
                     let p = ex(p)?;
-                    let p = if p.contains('/') { p } else { format!("{p}/tcp") };
+                    let p = if p.contains('/') {
+                        p
+                    } else {
+                        format!("{p}/tcp")
+                    };
                     state.extend_key(&["EXPOSE", &p]);
                     if !state.config.exposed_ports.contains(&p) {
                         state.config.exposed_ports.push(p);
@@ -740,7 +759,9 @@ impl Job<'_> {
                 };
                 let text = step.text.clone();
                 return self.file_step(state, made, |sb| {
-                    let out = self.d.exec(sb, &req, None, crate::api::DEFAULT_OUTPUT_LIMIT as usize)?;
+                    let out =
+                        self.d
+                            .exec(sb, &req, None, crate::api::DEFAULT_OUTPUT_LIMIT as usize)?;
                     if out.exit.exit_code == 0 && out.exit.signal.is_none() {
                         return Ok(());
                     }
@@ -791,7 +812,10 @@ impl Job<'_> {
         )?;
         let res = action(&sb).and_then(|()| self.d.seal_step(&sb));
         if let Err(e) = self.d.remove_sandbox(&sb, true) {
-            log::warn(&format!("build {}: remove step sandbox {}: {}", self.req.name, sb.id, e.message));
+            log::warn(&format!(
+                "build {}: remove step sandbox {}: {}",
+                self.req.name, sb.id, e.message
+            ));
         }
         let layer = res?;
         if let Some(id) = &layer {
@@ -816,34 +840,55 @@ impl Job<'_> {
         let ex = |raw: &str| {
             words::expand(raw, &vars, ESC).map_err(|e| self.err(line, format!("{what}: {e}")))
         };
-        let sources: Vec<String> = spec.sources.iter().map(|s| ex(s)).collect::<Result<_, _>>()?;
+        let sources: Vec<String> = spec
+            .sources
+            .iter()
+            .map(|s| ex(s))
+            .collect::<Result<_, _>>()?;
         let dest_raw = ex(&spec.dest)?;
         let dest_abs = state.absolute(&dest_raw);
         let chmod = match &spec.chmod {
             Some(m) => Some(
-                context::parse_chmod(&ex(m)?).map_err(|e| self.err(line, format!("{what}: {e}")))?,
+                context::parse_chmod(&ex(m)?)
+                    .map_err(|e| self.err(line, format!("{what}: {e}")))?,
             ),
             None => None,
         };
         let chown = spec.chown.as_deref().map(ex).transpose()?;
         let from = spec.from.as_deref().map(ex).transpose()?;
-        let opts = format!("{}|{}|{}", dest_abs, chown.as_deref().unwrap_or(""), chmod.map(|m| format!("{m:o}")).unwrap_or_default());
+        let opts = format!(
+            "{}|{}|{}",
+            dest_abs,
+            chown.as_deref().unwrap_or(""),
+            chmod.map(|m| format!("{m:o}")).unwrap_or_default()
+        );
         if let Some(from) = from {
             // Another stage (or an image): its files, read inside a sandbox of it.
             let src_layers = match self.plan.stage_named(&from, stage) {
-                Some(j) => done[j].as_ref().expect("needed stages are built first").layers.clone(),
-                None => self
-                    .d
-                    .images
-                    .get(&from)
-                    .map_err(|_| {
-                        self.err(line, format!("{what} --from={from}: no such stage or image"))
-                    })?
-                    .layers,
+                Some(j) => done[j]
+                    .as_ref()
+                    .expect("needed stages are built first")
+                    .layers
+                    .clone(),
+                None => {
+                    self.d
+                        .images
+                        .get(&from)
+                        .map_err(|_| {
+                            self.err(
+                                line,
+                                format!("{what} --from={from}: no such stage or image"),
+                            )
+                        })?
+                        .layers
+                }
             };
             for s in &sources {
                 if context::has_glob(s) {
-                    return Err(self.err(line, format!("{what} --from: wildcard source {s:?} is not supported")));
+                    return Err(self.err(
+                        line,
+                        format!("{what} --from: wildcard source {s:?} is not supported"),
+                    ));
                 }
                 if s.split('/').any(|c| c == "..") {
                     return Err(self.err(line, format!("{what} --from: source {s:?} has '..'")));
@@ -852,12 +897,21 @@ impl Job<'_> {
             let ids: Vec<String> = src_layers.iter().map(|l| l.to_string()).collect();
             state.extend_key(&[what, "from", &ids.join(","), &json(&sources), &opts]);
             let dest_is_dir = dest_raw.ends_with('/') || sources.len() > 1;
-            let src_sb = self.d.step_sandbox(&self.req.name, &src_layers, &ImageConfig::default(), &self.req.limits);
+            let src_sb = self.d.step_sandbox(
+                &self.req.name,
+                &src_layers,
+                &ImageConfig::default(),
+                &self.req.limits,
+            );
             let src_sb = src_sb?;
             let res = self.file_step(state, made, |sb| {
                 let owner = self.owner(sb, chown.as_deref(), line)?;
                 for s in &sources {
-                    let abs = if s.starts_with('/') { s.clone() } else { format!("/{s}") };
+                    let abs = if s.starts_with('/') {
+                        s.clone()
+                    } else {
+                        format!("/{s}")
+                    };
                     let tar = self.d.copy_out(&src_sb, &abs).map_err(|e| {
                         self.err(line, format!("{what} --from={from}: {}", e.message))
                     })?;
@@ -887,8 +941,9 @@ impl Job<'_> {
             if spec.add {
                 if let EntryKind::File { .. } = e.kind {
                     let mut head = [0u8; 512];
-                    let n = read_head(&e.src, &mut head)
-                        .map_err(|x| self.err(line, format!("ADD: read {}: {x}", e.src.display())))?;
+                    let n = read_head(&e.src, &mut head).map_err(|x| {
+                        self.err(line, format!("ADD: read {}: {x}", e.src.display()))
+                    })?;
                     match context::archive_kind(&head[..n]) {
                         Some(k @ ("xz" | "bzip2")) => {
                             return Err(self.err(line, format!("ADD: {} is a {k} archive, which is not supported (use gzip, zstd or plain tar)", e.src.display())))
@@ -935,25 +990,37 @@ impl Job<'_> {
                 } else {
                     dest_abs.trim_end_matches('/').to_string()
                 };
-                self.d.copy_in(sb, &at, &tar).map_err(|e| self.err(line, format!("{what}: {}", e.message)))?;
+                self.d
+                    .copy_in(sb, &at, &tar)
+                    .map_err(|e| self.err(line, format!("{what}: {}", e.message)))?;
             }
             for (e, kind) in &archives {
                 let tar = unpack(&e.src, kind)
                     .map_err(|x| self.err(line, format!("ADD: unpack {}: {x}", e.src.display())))?;
-                self.d.copy_in(sb, &dest_abs, &tar).map_err(|x| self.err(line, format!("ADD: {}", x.message)))?;
+                self.d
+                    .copy_in(sb, &dest_abs, &tar)
+                    .map_err(|x| self.err(line, format!("ADD: {}", x.message)))?;
             }
             Ok(())
         })
     }
 
     /// `--chown` resolved against the step sandbox's own `/etc/passwd` and `/etc/group`.
-    fn owner(&self, sb: &Sandbox, chown: Option<&str>, line: usize) -> Result<(u32, u32), ApiError> {
+    fn owner(
+        &self,
+        sb: &Sandbox,
+        chown: Option<&str>,
+        line: usize,
+    ) -> Result<(u32, u32), ApiError> {
         let Some(spec) = chown else {
             return Ok((0, 0));
         };
         let needs_db = spec.split(':').any(|p| p.parse::<u32>().is_err());
         let (passwd, group) = if needs_db {
-            (self.read_file(sb, "/etc/passwd"), self.read_file(sb, "/etc/group"))
+            (
+                self.read_file(sb, "/etc/passwd"),
+                self.read_file(sb, "/etc/group"),
+            )
         } else {
             (String::new(), String::new())
         };
@@ -1037,12 +1104,18 @@ fn repack(tar: &[u8], owner: (u32, u32), chmod: Option<u32>) -> Result<(Vec<u8>,
             }
         }
         if h.entry_type().is_symlink() || h.entry_type().is_hard_link() {
-            let target = e.link_name().map_err(|e| e.to_string())?.unwrap_or_default().into_owned();
-            b.append_link(&mut h, &rel, &target).map_err(|e| e.to_string())?;
+            let target = e
+                .link_name()
+                .map_err(|e| e.to_string())?
+                .unwrap_or_default()
+                .into_owned();
+            b.append_link(&mut h, &rel, &target)
+                .map_err(|e| e.to_string())?;
         } else {
             let mut data = Vec::new();
             std::io::Read::read_to_end(&mut e, &mut data).map_err(|e| e.to_string())?;
-            b.append_data(&mut h, &rel, &data[..]).map_err(|e| e.to_string())?;
+            b.append_data(&mut h, &rel, &data[..])
+                .map_err(|e| e.to_string())?;
         }
     }
     Ok((b.into_inner().map_err(|e| e.to_string())?, is_dir))
@@ -1123,7 +1196,10 @@ mod tests {
             .unwrap()
             .map(|e| {
                 let e = e.unwrap();
-                (e.path().unwrap().display().to_string(), e.header().uid().unwrap())
+                (
+                    e.path().unwrap().display().to_string(),
+                    e.header().uid().unwrap(),
+                )
             })
             .collect();
         assert_eq!(e, vec![("f".to_string(), 3)]);

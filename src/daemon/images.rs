@@ -24,7 +24,7 @@ impl Daemon {
             name: img.name,
             created: img.created,
             source: img.source,
-            config: img.config,
+            config: img.config.into(),
         }
     }
 

@@ -100,6 +100,37 @@ def import_image(source: str, name: str) -> Call[t.ImageInfo]:
     return json_call("POST", "/v1/images", t.ImageInfo.from_json, {"source": source, "name": name})
 
 
+def build_image(
+    context: str,
+    name: str,
+    *,
+    dockerfile: Optional[str] = None,
+    build_args: Optional[Mapping[str, str]] = None,
+    target: Optional[str] = None,
+    no_cache: bool = False,
+    limits: Optional[Mapping[str, Optional[int]]] = None,
+) -> Call[t.BuildResult]:
+    """`buildImage`: `context` (and `dockerfile`, if absolute) are paths on the daemon's host."""
+    body: dict[str, Any] = {"context": context, "name": name}
+    if dockerfile is not None:
+        body["dockerfile"] = dockerfile
+    if build_args:
+        body["build_args"] = dict(build_args)
+    if target is not None:
+        body["target"] = target
+    if no_cache:
+        body["no_cache"] = True
+    if limits:
+        body["limits"] = dict(limits)
+    # A build runs as long as its RUN steps do: no wire timeout.
+    return json_call("POST", "/v1/images/build", t.BuildResult.from_json, body, timeout=None)
+
+
+def list_builds() -> Call[list[t.BuildStatus]]:
+    """`listBuilds`: builds in progress."""
+    return json_call("GET", "/v1/builds", lambda d: [t.BuildStatus.from_json(x) for x in d])
+
+
 def inspect_image(name: str) -> Call[t.ImageInfo]:
     """`inspectImage`."""
     return json_call("GET", f"/v1/images/{segment(name)}", t.ImageInfo.from_json)

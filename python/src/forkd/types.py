@@ -76,14 +76,62 @@ class OpStats(_Model):
 
 
 @dataclass
+class ImageConfig(_Model):
+    """An image's run configuration (ENV, WORKDIR, USER, ENTRYPOINT, CMD, ...)."""
+
+    env: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    entrypoint: list[str] = field(default_factory=list)
+    working_dir: Optional[str] = None
+    user: Optional[str] = None
+    labels: dict[str, str] = field(default_factory=dict)
+    exposed_ports: list[str] = field(default_factory=list)
+    shell: list[str] = field(default_factory=list)
+    stop_signal: Optional[str] = None
+    volumes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ImageInfo(_Model):
-    """An image: its layers (topmost first) and the sandboxes using it."""
+    """An image: its layers (bottom first), the sandboxes using it, its config."""
 
     name: str = ""
     layers: list[str] = field(default_factory=list)
     created: int = 0
     source: str = ""
     used_by: list[str] = field(default_factory=list)
+    config: ImageConfig = field(default_factory=ImageConfig)
+
+
+@dataclass
+class BuildStep(_Model):
+    """One step of an image build: `cache` is `hit`, `miss` or `config`."""
+
+    stage: int = 0
+    line: int = 0
+    instruction: str = ""
+    cache: str = ""
+    layer: Optional[str] = None
+    duration_us: int = 0
+
+
+@dataclass
+class BuildResult(_Model):
+    """`buildImage`: the image and every step's record."""
+
+    image: ImageInfo = field(default_factory=ImageInfo)
+    steps: list[BuildStep] = field(default_factory=list)
+    duration_us: int = 0
+
+
+@dataclass
+class BuildStatus(_Model):
+    """A build in progress (`listBuilds`)."""
+
+    name: str = ""
+    started: int = 0
+    steps: list[BuildStep] = field(default_factory=list)
+    current: Optional[str] = None
 
 
 @dataclass
@@ -236,6 +284,10 @@ SCHEMAS: dict[str, type[_Model]] = {
     "VersionInfo": VersionInfo,
     "OpStats": OpStats,
     "ImageInfo": ImageInfo,
+    "ImageConfig": ImageConfig,
+    "BuildStep": BuildStep,
+    "BuildResult": BuildResult,
+    "BuildStatus": BuildStatus,
     "Limits": Limits,
     "SandboxInfo": SandboxInfo,
     "ExecResult": ExecResult,

@@ -99,7 +99,9 @@ fn match_components(p: &[&str], s: &[&str]) -> bool {
         None => s.is_empty(),
         Some(&"**") => (0..=s.len()).any(|k| match_components(&p[1..], &s[k..])),
         Some(first) => {
-            !s.is_empty() && match_one(first.as_bytes(), s[0].as_bytes()) && match_components(&p[1..], &s[1..])
+            !s.is_empty()
+                && match_one(first.as_bytes(), s[0].as_bytes())
+                && match_components(&p[1..], &s[1..])
         }
     }
 }
@@ -195,15 +197,23 @@ fn clean_source(src: &str) -> Result<Vec<String>, String> {
 impl Context {
     /// Opens a context directory, reading its `.dockerignore` if there is one.
     pub fn open(root: &Path) -> Result<Context, String> {
-        let meta = fs::metadata(root)
-            .map_err(|e| format!("build context {}: {e}", root.display()))?;
+        let meta =
+            fs::metadata(root).map_err(|e| format!("build context {}: {e}", root.display()))?;
         if !meta.is_dir() {
-            return Err(format!("build context {} is not a directory", root.display()));
+            return Err(format!(
+                "build context {} is not a directory",
+                root.display()
+            ));
         }
         let ignore = match fs::read_to_string(root.join(".dockerignore")) {
             Ok(t) => Ignore::parse(&t),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ignore::default(),
-            Err(e) => return Err(format!("read {}: {e}", root.join(".dockerignore").display())),
+            Err(e) => {
+                return Err(format!(
+                    "read {}: {e}",
+                    root.join(".dockerignore").display()
+                ))
+            }
         };
         Ok(Context {
             root: root.to_path_buf(),
@@ -359,7 +369,9 @@ impl Context {
                     }
                 }
                 if matched.is_empty() {
-                    return Err(format!("source {src:?}: no file in the build context matches"));
+                    return Err(format!(
+                        "source {src:?}: no file in the build context matches"
+                    ));
                 }
                 for m in matched {
                     let name = m.rsplit('/').next().unwrap_or(&m).to_string();
@@ -515,7 +527,8 @@ impl Selection {
                     let len = f.metadata().map_err(err)?.len();
                     hdr.set_entry_type(tar::EntryType::Regular);
                     hdr.set_size(len);
-                    b.append_data(&mut hdr, &e.dest_rel, f.take(len)).map_err(err)?;
+                    b.append_data(&mut hdr, &e.dest_rel, f.take(len))
+                        .map_err(err)?;
                 }
                 EntryKind::Symlink { target } => {
                     hdr.set_entry_type(tar::EntryType::Symlink);
@@ -604,11 +617,18 @@ mod tests {
         let s = c.select(&["top.txt".into()], "/x/renamed").unwrap();
         assert!(!s.dest_is_dir);
         assert_eq!(dests(&s), vec!["top.txt"]);
-        let s = c.select(&["src/*.py".into(), "/top.txt".into()], "/d").unwrap();
+        let s = c
+            .select(&["src/*.py".into(), "/top.txt".into()], "/d")
+            .unwrap();
         assert!(s.dest_is_dir);
         assert_eq!(dests(&s), vec!["a.py", "top.txt"]);
         let s = c.select(&["link".into()], "/d/").unwrap();
-        assert_eq!(s.entries[0].kind, EntryKind::Symlink { target: "top.txt".into() });
+        assert_eq!(
+            s.entries[0].kind,
+            EntryKind::Symlink {
+                target: "top.txt".into()
+            }
+        );
         // Whole context, with the ignored file left out.
         let s = c.select(&[".".into()], "/d").unwrap();
         assert!(!dests(&s).contains(&"src/skip.log"));
@@ -640,10 +660,21 @@ mod tests {
         let c = Context::open(t.path()).unwrap();
         let d1 = c.select(&["src".into()], "/app").unwrap().digest().unwrap();
         let f = t.path().join("src/a.py");
-        fs::File::options().write(true).open(&f).unwrap().set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
-        assert_eq!(c.select(&["src".into()], "/app").unwrap().digest().unwrap(), d1);
+        fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap();
+        assert_eq!(
+            c.select(&["src".into()], "/app").unwrap().digest().unwrap(),
+            d1
+        );
         fs::write(&f, "changed").unwrap();
-        assert_ne!(c.select(&["src".into()], "/app").unwrap().digest().unwrap(), d1);
+        assert_ne!(
+            c.select(&["src".into()], "/app").unwrap().digest().unwrap(),
+            d1
+        );
         let s = c.select(&["src".into()], "/app").unwrap();
         let tar = s.tar((7, 8), Some(0o600)).unwrap();
         let mut a = tar::Archive::new(&tar[..]);
@@ -652,7 +683,11 @@ mod tests {
             .unwrap()
             .map(|e| {
                 let e = e.unwrap();
-                (e.path().unwrap().display().to_string(), e.header().uid().unwrap(), e.header().mode().unwrap())
+                (
+                    e.path().unwrap().display().to_string(),
+                    e.header().uid().unwrap(),
+                    e.header().mode().unwrap(),
+                )
             })
             .collect();
         assert_eq!(got[0], ("a.py".into(), 7, 0o600));
@@ -666,7 +701,9 @@ mod tests {
         assert_eq!(resolve_owner("app", passwd, group), Ok((1000, 1000)));
         assert_eq!(resolve_owner("app:staff", passwd, group), Ok((1000, 50)));
         assert_eq!(resolve_owner("5:6", passwd, group), Ok((5, 6)));
-        assert!(resolve_owner("ghost", passwd, group).unwrap_err().contains("ghost"));
+        assert!(resolve_owner("ghost", passwd, group)
+            .unwrap_err()
+            .contains("ghost"));
         assert_eq!(parse_chmod("0755"), Ok(0o755));
         assert!(parse_chmod("999").is_err());
         assert_eq!(archive_kind(&[0x1f, 0x8b, 8]), Some("gzip"));

@@ -71,7 +71,10 @@ pub enum StepKind {
 impl StepKind {
     /// True for steps that change files (and so make a layer).
     pub fn writes_files(&self) -> bool {
-        matches!(self, StepKind::Run(_) | StepKind::Copy(_) | StepKind::Workdir(_))
+        matches!(
+            self,
+            StepKind::Run(_) | StepKind::Copy(_) | StepKind::Workdir(_)
+        )
     }
 }
 
@@ -154,7 +157,12 @@ fn command(c: &Command<'_>, escape: char, line: usize) -> Result<Cmd, PlanError>
     Ok(match c {
         Command::Exec(v) => Cmd::Exec(v.value.iter().map(|s| s.value.to_string()).collect()),
         Command::Shell(s) => Cmd::Shell(words::join_continuations(s.value, escape)),
-        _ => return refuse(line, "a command form this parser version added is not supported"),
+        _ => {
+            return refuse(
+                line,
+                "a command form this parser version added is not supported",
+            )
+        }
     })
 }
 
@@ -202,7 +210,10 @@ fn copy_spec<'a>(
         match s {
             Source::Path(p) => sources.push(p.value.to_string()),
             Source::HereDoc(_) => {
-                return refuse(line, format!("{what} from a here-document is not supported"))
+                return refuse(
+                    line,
+                    format!("{what} from a here-document is not supported"),
+                )
             }
             #[allow(unreachable_patterns)]
             _ => return refuse(line, format!("{what}: unsupported source")),
@@ -247,8 +258,19 @@ pub fn plan(text: &str) -> Result<Plan, PlanError> {
         if let Instruction::From(f) = ins {
             let fl = flags(f.options.iter(), &["platform"], "FROM", line)?;
             if let Some(p) = flag(&fl, "platform") {
-                if !matches!(p.as_str(), "linux/amd64" | "linux/x86_64" | "$BUILDPLATFORM" | "$TARGETPLATFORM" | "${BUILDPLATFORM}" | "${TARGETPLATFORM}") {
-                    return refuse(line, format!("FROM --platform={p}: only linux/amd64 is built here"));
+                if !matches!(
+                    p.as_str(),
+                    "linux/amd64"
+                        | "linux/x86_64"
+                        | "$BUILDPLATFORM"
+                        | "$TARGETPLATFORM"
+                        | "${BUILDPLATFORM}"
+                        | "${TARGETPLATFORM}"
+                ) {
+                    return refuse(
+                        line,
+                        format!("FROM --platform={p}: only linux/amd64 is built here"),
+                    );
                 }
             }
             let name = f.as_.as_ref().map(|(_, n)| n.value.to_ascii_lowercase());
@@ -275,56 +297,65 @@ pub fn plan(text: &str) -> Result<Plan, PlanError> {
                 _ => return refuse(line, "only ARG may come before the first FROM"),
             }
         };
-        let kind = match ins {
-            Instruction::Run(r) => {
-                let fl = flags(r.options.iter(), &["network"], "RUN", line)?;
-                if let Some(net) = flag(&fl, "network") {
-                    if net != "none" {
-                        return refuse(
-                            line,
-                            format!("RUN --network={net}: build steps have no network"),
-                        );
+        let kind =
+            match ins {
+                Instruction::Run(r) => {
+                    let fl = flags(r.options.iter(), &["network"], "RUN", line)?;
+                    if let Some(net) = flag(&fl, "network") {
+                        if net != "none" {
+                            return refuse(
+                                line,
+                                format!("RUN --network={net}: build steps have no network"),
+                            );
+                        }
                     }
+                    if !r.here_docs.is_empty() {
+                        return refuse(line, "RUN with a here-document is not supported");
+                    }
+                    StepKind::Run(command(&r.arguments, escape, line)?)
                 }
-                if !r.here_docs.is_empty() {
-                    return refuse(line, "RUN with a here-document is not supported");
+                Instruction::Copy(c) => {
+                    let fl = flags(
+                        c.options.iter(),
+                        &["from", "chown", "chmod", "link"],
+                        "COPY",
+                        line,
+                    )?;
+                    StepKind::Copy(copy_spec(false, &fl, &c.src, &c.dest.value, line)?)
                 }
-                StepKind::Run(command(&r.arguments, escape, line)?)
-            }
-            Instruction::Copy(c) => {
-                let fl = flags(c.options.iter(), &["from", "chown", "chmod", "link"], "COPY", line)?;
-                StepKind::Copy(copy_spec(false, &fl, &c.src, &c.dest.value, line)?)
-            }
-            Instruction::Add(a) => {
-                let fl = flags(a.options.iter(), &["chown", "chmod", "link"], "ADD", line)?;
-                StepKind::Copy(copy_spec(true, &fl, &a.src, &a.dest.value, line)?)
-            }
-            Instruction::Workdir(w) => StepKind::Workdir(w.arguments.value.to_string()),
-            Instruction::Env(e) => StepKind::Env(e.arguments.value.to_string()),
-            Instruction::Arg(a) => StepKind::Arg(a.arguments.value.to_string()),
-            Instruction::User(u) => StepKind::User(u.arguments.value.to_string()),
-            Instruction::Label(l) => StepKind::Label(l.arguments.value.to_string()),
-            Instruction::Maintainer(m) => {
-                StepKind::Label(format!("maintainer={}", words::quote(&m.name.value)))
-            }
-            Instruction::Expose(e) => {
-                StepKind::Expose(e.arguments.iter().map(|s| s.value.to_string()).collect())
-            }
-            Instruction::Entrypoint(e) => StepKind::Entrypoint(command(&e.arguments, escape, line)?),
-            Instruction::Cmd(c) => StepKind::Cmd(command(&c.arguments, escape, line)?),
-            Instruction::Shell(s) => {
-                StepKind::Shell(s.arguments.iter().map(|s| s.value.to_string()).collect())
-            }
-            Instruction::Stopsignal(s) => StepKind::StopSignal(s.arguments.value.to_string()),
-            Instruction::Volume(v) => StepKind::Volume(strings(&v.arguments)),
-            Instruction::Healthcheck(_) => {
-                return refuse(line, "HEALTHCHECK is not supported: a Harbor task's healthcheck goes in task.toml")
-            }
-            Instruction::Onbuild(_) => return refuse(line, "ONBUILD is not supported"),
-            Instruction::From(_) => unreachable!("handled above"),
-            #[allow(unreachable_patterns)]
-            _ => return refuse(line, "instruction not supported"),
-        };
+                Instruction::Add(a) => {
+                    let fl = flags(a.options.iter(), &["chown", "chmod", "link"], "ADD", line)?;
+                    StepKind::Copy(copy_spec(true, &fl, &a.src, &a.dest.value, line)?)
+                }
+                Instruction::Workdir(w) => StepKind::Workdir(w.arguments.value.to_string()),
+                Instruction::Env(e) => StepKind::Env(e.arguments.value.to_string()),
+                Instruction::Arg(a) => StepKind::Arg(a.arguments.value.to_string()),
+                Instruction::User(u) => StepKind::User(u.arguments.value.to_string()),
+                Instruction::Label(l) => StepKind::Label(l.arguments.value.to_string()),
+                Instruction::Maintainer(m) => {
+                    StepKind::Label(format!("maintainer={}", words::quote(&m.name.value)))
+                }
+                Instruction::Expose(e) => {
+                    StepKind::Expose(e.arguments.iter().map(|s| s.value.to_string()).collect())
+                }
+                Instruction::Entrypoint(e) => {
+                    StepKind::Entrypoint(command(&e.arguments, escape, line)?)
+                }
+                Instruction::Cmd(c) => StepKind::Cmd(command(&c.arguments, escape, line)?),
+                Instruction::Shell(s) => {
+                    StepKind::Shell(s.arguments.iter().map(|s| s.value.to_string()).collect())
+                }
+                Instruction::Stopsignal(s) => StepKind::StopSignal(s.arguments.value.to_string()),
+                Instruction::Volume(v) => StepKind::Volume(strings(&v.arguments)),
+                Instruction::Healthcheck(_) => return refuse(
+                    line,
+                    "HEALTHCHECK is not supported: a Harbor task's healthcheck goes in task.toml",
+                ),
+                Instruction::Onbuild(_) => return refuse(line, "ONBUILD is not supported"),
+                Instruction::From(_) => unreachable!("handled above"),
+                #[allow(unreachable_patterns)]
+                _ => return refuse(line, "instruction not supported"),
+            };
         stage.steps.push(Step {
             line,
             text: text_of(),
@@ -378,21 +409,31 @@ mod tests {
         assert_eq!(p.global_args, vec![(2, "BASE=debian".to_string())]);
         assert_eq!(p.stages.len(), 2);
         let s0 = &p.stages[0];
-        assert_eq!((s0.name.as_deref(), s0.base.as_str(), s0.line), (Some("build"), "${BASE}", 3));
+        assert_eq!(
+            (s0.name.as_deref(), s0.base.as_str(), s0.line),
+            (Some("build"), "${BASE}", 3)
+        );
         let lines: Vec<usize> = s0.steps.iter().map(|s| s.line).collect();
         assert_eq!(lines, vec![4, 7, 8, 9, 10]);
-        assert_eq!(s0.steps[0].kind, StepKind::Run(Cmd::Shell("echo a   && echo b".into())));
+        assert_eq!(
+            s0.steps[0].kind,
+            StepKind::Run(Cmd::Shell("echo a   && echo b".into()))
+        );
         assert_eq!(s0.steps[0].text, "RUN echo a   && echo b");
         assert_eq!(
             s0.steps[1].kind,
             StepKind::Run(Cmd::Exec(vec!["sh".into(), "-c".into(), "echo x".into()]))
         );
-        let StepKind::Copy(c) = &s0.steps[4].kind else { panic!() };
+        let StepKind::Copy(c) = &s0.steps[4].kind else {
+            panic!()
+        };
         assert_eq!(c.chown.as_deref(), Some("1:2"));
         assert_eq!(c.chmod.as_deref(), Some("640"));
         assert_eq!(c.sources, vec!["a*", "b/"]);
         assert_eq!(c.dest, "/dst/");
-        let StepKind::Copy(c) = &p.stages[1].steps[0].kind else { panic!() };
+        let StepKind::Copy(c) = &p.stages[1].steps[0].kind else {
+            panic!()
+        };
         assert_eq!(c.from.as_deref(), Some("build"));
         assert_eq!(p.stage_named("build", 1), Some(0));
         assert_eq!(p.stage_named("0", 1), Some(0));
@@ -408,7 +449,11 @@ mod tests {
             ("FROM a\nRUN x\nFOO bar\n", 3, "FOO"),
             ("FROM a\nHEALTHCHECK CMD true\n", 2, "HEALTHCHECK"),
             ("FROM a\nONBUILD RUN x\n", 2, "ONBUILD"),
-            ("FROM a\n\nRUN --mount=type=cache,target=/x true\n", 3, "--mount"),
+            (
+                "FROM a\n\nRUN --mount=type=cache,target=/x true\n",
+                3,
+                "--mount",
+            ),
             ("FROM a\nRUN --network=host true\n", 2, "no network"),
             ("FROM a\nRUN <<EOF\necho\nEOF\n", 2, "here-document"),
             ("FROM a\nCOPY --parents a /b\n", 2, "--parents"),
@@ -428,6 +473,9 @@ mod tests {
     #[test]
     fn escape_directive_changes_the_continuation() {
         let p = plan("# escape=`\nFROM a\nRUN echo a `\n  b\n").unwrap();
-        assert_eq!(p.stages[0].steps[0].kind, StepKind::Run(Cmd::Shell("echo a   b".into())));
+        assert_eq!(
+            p.stages[0].steps[0].kind,
+            StepKind::Run(Cmd::Shell("echo a   b".into()))
+        );
     }
 }

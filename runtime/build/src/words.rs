@@ -102,9 +102,7 @@ impl Lexer<'_> {
                         }
                         let op = self.peek();
                         if !matches!(op, Some('-' | '+')) {
-                            return Err(format!(
-                                "${{{name}:...}}: only :- and :+ are supported"
-                            ));
+                            return Err(format!("${{{name}:...}}: only :- and :+ are supported"));
                         }
                         self.pos += 1;
                         // The word runs to the matching brace; it is itself expanded.
@@ -323,7 +321,10 @@ mod tests {
 
     #[test]
     fn continuations_join_and_drop_comments() {
-        assert_eq!(join_continuations("echo a \\\n  # c\n\n  && echo b", '\\'), "echo a   && echo b");
+        assert_eq!(
+            join_continuations("echo a \\\n  # c\n\n  && echo b", '\\'),
+            "echo a   && echo b"
+        );
         assert_eq!(join_continuations("a `  \nb", '`'), "a b");
         assert_eq!(join_continuations("plain", '\\'), "plain");
     }
@@ -348,7 +349,11 @@ mod tests {
         let v = vars();
         assert_eq!(
             pairs("X=\"a b\" Y=$A Z=", &v, '\\', true).unwrap(),
-            vec![("X".into(), "a b".into()), ("Y".into(), "1".into()), ("Z".into(), "".into())]
+            vec![
+                ("X".into(), "a b".into()),
+                ("Y".into(), "1".into()),
+                ("Z".into(), "".into())
+            ]
         );
         assert_eq!(
             pairs("PATH $P:/opt/bin now", &v, '\\', true).unwrap(),
@@ -356,7 +361,10 @@ mod tests {
         );
         assert!(pairs("x y", &v, '\\', false).is_err());
         assert!(pairs("=v", &v, '\\', false).is_err());
-        assert_eq!(arg("V=${A}.0", &v, '\\').unwrap(), ("V".into(), Some("1.0".into())));
+        assert_eq!(
+            arg("V=${A}.0", &v, '\\').unwrap(),
+            ("V".into(), Some("1.0".into()))
+        );
         assert_eq!(arg("V", &v, '\\').unwrap(), ("V".into(), None));
         assert!(arg("a-b", &v, '\\').is_err());
     }

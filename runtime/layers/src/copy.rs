@@ -145,7 +145,12 @@ impl Copier<'_, '_> {
         names.sort();
         let base = rel.len();
         for name in names {
-            if depth == 0 && self.skip_top.iter().any(|s| s.as_bytes() == name.as_bytes()) {
+            if depth == 0
+                && self
+                    .skip_top
+                    .iter()
+                    .any(|s| s.as_bytes() == name.as_bytes())
+            {
                 continue;
             }
             if base > 0 {
@@ -302,7 +307,7 @@ impl Copier<'_, '_> {
         let xattrs = fsx::read_xattrs(XattrOf::Fd(src), |n| {
             !upper || !n.starts_with(b"trusted.overlay.") || n == b"trusted.overlay.opaque"
         })
-            .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
+        .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
         for (name, value) in xattrs {
             if let Err(e) = fsx::write_xattr(XattrOf::Fd(dst), &name, &value) {
                 // Attributes that do not change what the layer means (an
