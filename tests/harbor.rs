@@ -1,9 +1,10 @@
 //! Harbor (the PyPI package, 0.25.0, on its own Python 3.13) running tasks in Harbor's
 //! own format on forkd through `harbor run --env forkd.harbor:ForkdEnvironment`:
-//! Harbor's oracle agent solves the fixture task (reward 1.0 in Harbor's result.json),
-//! its nop agent does not (0.0), four attempts are one golden sandbox, one checkpoint and
-//! forks of it (from the daemon's own records), and a trial started from a live forkd
-//! checkpoint (`--ek checkpoint=ID`) inherits its state.
+//! Harbor's oracle agent solves the fixture tasks (reward 1.0 in Harbor's result.json),
+//! its nop agent does not (0.0), four attempts are one image build, one golden sandbox,
+//! one checkpoint and forks of it (from the daemon's own records), a service started by
+//! the image's ENTRYPOINT runs in every trial, a two-stage Dockerfile builds, and a trial
+//! started from a live forkd checkpoint (`--ek checkpoint=ID`) inherits its state.
 
 mod common;
 
@@ -28,7 +29,13 @@ fn harbor_python(name: &str) -> Option<PathBuf> {
 }
 
 fn task() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/harbor/tasks/edit-greeting")
+    task_named("edit-greeting")
+}
+
+fn task_named(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/harbor/tasks")
+        .join(name)
 }
 
 /// `harbor run --env forkd.harbor:ForkdEnvironment -p TASK -o JOBS ARGS...`.
@@ -53,7 +60,17 @@ fn harbor_command(
 
 /// `harbor run` with the forkd backend; returns the job's result.json.
 fn harbor_run(d: &TestDaemon, py: &Path, jobs: &Path, args: &[&str]) -> serde_json::Value {
-    let out = harbor_command(d, py, &task(), jobs, args);
+    harbor_run_task(d, py, &task(), jobs, args)
+}
+
+fn harbor_run_task(
+    d: &TestDaemon,
+    py: &Path,
+    task: &Path,
+    jobs: &Path,
+    args: &[&str],
+) -> serde_json::Value {
+    let out = harbor_command(d, py, task, jobs, args);
     let log = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -116,6 +133,11 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
     let r = harbor_run(&d, &py, &jobs, &["--agent", "nop", "-k", "4", "-n", "4"]);
     assert_eq!(summary(&r), (4, 0, 0.0), "{r}");
     assert_eq!(
+        metric(&d, "buildImage"),
+        1,
+        "environment/Dockerfile built once"
+    );
+    assert_eq!(
         metric(&d, "createSandbox"),
         1,
         "only the golden sandbox is created"
@@ -142,6 +164,11 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
     assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
     assert_eq!(metric(&d, "createSandbox"), 1);
     assert_eq!(metric(&d, "checkpointSandbox"), 1);
+    assert_eq!(
+        metric(&d, "buildImage"),
+        1,
+        "the checkpoint was reused: no build"
+    );
 
     // Inherited start: a live checkpoint of a state whose file is already fixed, with a
     // process still running; nop from it passes, so the trial began in that state.
@@ -177,6 +204,67 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
     // Every trial's sandbox is gone.
     let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A service started by the image's ENTRYPOINT (a start-up script, then `exec "$@"`) is
+/// in the live checkpoint and answers in every trial; a two-stage Dockerfile builds.
+#[test]
+fn harbor_builds_service_and_multi_stage_tasks() {
+    let name = "harbor_builds_service_and_multi_stage_tasks";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("harbor-build");
+    d.import(&debian, "debian");
+    let jobs = d.root.parent().unwrap().join("jobs");
+    for (i, t) in ["service-status", "word-count"].iter().enumerate() {
+        let task = task_named(t);
+        let r = harbor_run_task(
+            &d,
+            &py,
+            &task,
+            &jobs,
+            &["--agent", "oracle", "-k", "2", "-n", "2"],
+        );
+        assert_eq!(summary(&r), (2, 0, 1.0), "{t}: {r}");
+        let r = harbor_run_task(&d, &py, &task, &jobs, &["--agent", "nop"]);
+        assert_eq!(summary(&r), (1, 0, 0.0), "{t}: {r}");
+        assert_eq!(metric(&d, "buildImage"), i as u64 + 1, "{t}: one build");
+        assert_eq!(
+            metric(&d, "checkpointSandbox"),
+            i as u64 + 1,
+            "{t}: one checkpoint"
+        );
+    }
+    let images: Vec<forkd::api::ImageInfo> = d.client.call("GET", "/v1/images", None).unwrap();
+    let svc = images
+        .iter()
+        .find(|i| i.name.starts_with("harbor/service-status"))
+        .unwrap_or_else(|| panic!("{images:?}"));
+    assert_eq!(svc.config.entrypoint, vec!["/usr/local/bin/start-services"]);
+    // The service in a trial is the golden sandbox's, restored: a branch of the task's
+    // checkpoint answers without anything having been started in it.
+    let cks: Vec<forkd::api::CheckpointInfo> =
+        d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    let ck = cks
+        .iter()
+        .find(|c| {
+            c.labels
+                .get("forkd.harbor.task")
+                .is_some_and(|t| t.contains("service-status"))
+        })
+        .unwrap_or_else(|| panic!("{cks:?}"));
+    assert!(ck.live);
+    let b = d.fork(&ck.id, 1, false);
+    let (code, out, err) = d.sh(&b.branches[0].id, "python3 /usr/local/bin/status-client");
+    assert_eq!((code, out.as_str()), (0, "starting\n"), "{err}");
+    d.remove(&b.branches[0].id);
 }
 
 #[test]
@@ -367,7 +455,9 @@ fn forkd_eval_runs_harbor_task_directories() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows = results(&run);
-    assert_eq!(rows.len(), 6);
+    // Three tasks (one built with a service in its ENTRYPOINT, one in two stages), two
+    // agents, three conditions.
+    assert_eq!(rows.len(), 18);
     for r in &rows {
         let want = if r.agent == "oracle" {
             forkd_analysis::Outcome::Pass

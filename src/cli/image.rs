@@ -2,7 +2,7 @@
 
 use super::Ctx;
 use crate::api::{BuildRequest, BuildResult, BuildStatus, BuildStep, ImageInfo};
-use crate::daemon::url_encode;
+use crate::daemon::url_encode_segment;
 use clap::Subcommand;
 
 #[derive(Subcommand)]
@@ -164,16 +164,20 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
         }
         ImageCmd::Rm { names } => {
             for n in names {
-                let _: serde_json::Value =
-                    ctx.client
-                        .call("DELETE", &format!("/v1/images/{}", url_encode(&n)), None)?;
+                let _: serde_json::Value = ctx.client.call(
+                    "DELETE",
+                    &format!("/v1/images/{}", url_encode_segment(&n)),
+                    None,
+                )?;
                 println!("{n}");
             }
         }
         ImageCmd::Inspect { name } => {
-            let img: ImageInfo =
-                ctx.client
-                    .call("GET", &format!("/v1/images/{}", url_encode(&name)), None)?;
+            let img: ImageInfo = ctx.client.call(
+                "GET",
+                &format!("/v1/images/{}", url_encode_segment(&name)),
+                None,
+            )?;
             ctx.print_json(&img);
         }
     }

@@ -183,6 +183,12 @@ pub fn encode(s: &str) -> String {
     out
 }
 
+/// Percent-encodes one path segment: like [`encode`], and `/` too (an image name such as
+/// `library/alpine` is one `{name}` segment).
+pub fn encode_segment(s: &str) -> String {
+    encode(s).replace('/', "%2F")
+}
+
 pub struct Response {
     pub status: u16,
     pub content_type: &'static str,

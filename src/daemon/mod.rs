@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use http::encode as url_encode;
+pub use http::encode_segment as url_encode_segment;
 
 /// Where the daemon keeps its state and listens.
 #[derive(Debug, Clone)]

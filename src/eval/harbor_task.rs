@@ -8,7 +8,8 @@
 //! | Harbor                                | forkd                                          |
 //! |---------------------------------------|------------------------------------------------|
 //! | `[environment] docker_image`          | `[task] image` (a forkd image name)            |
-//! | `[environment] workdir` (default `/app`) | `[task] workdir`; `environment/` copied into it |
+//! | `environment/Dockerfile`              | `[task] build = "environment"`: the image is built from it (when there is no docker_image, or forkd lacks it) |
+//! | `[environment] workdir` (default `/app`) | `[task] workdir`; `environment/` copied into it when it is not a build context (as Harbor uploads it for prebuilt images) |
 //! | `tests/` uploaded to `/tests`, `bash /tests/test.sh` | `[verifier] tests_dir = "/tests"`, that command, `format = "reward"` |
 //! | `/logs/verifier/reward.txt` or `reward.json` | `reward_path` (either file is read)   |
 //! | `[verifier] timeout_sec`, `[agent] timeout_sec` | `timeout_secs` of each                |
@@ -18,8 +19,7 @@
 //! none required, go in a `forkd.toml` beside `task.toml` (Harbor never reads it), with
 //! the evaluator's sections: `[task] kind`, `[environment] setup`, `background`, `live`,
 //! `[agent] max_steps`, `[residual] ignore`; and `predecessors/` as in forkd's tasks.
-//! A task that only has `environment/Dockerfile` is refused by name until forkd builds
-//! Dockerfiles.
+//! A task with neither a `docker_image` nor an `environment/Dockerfile` is refused by name.
 
 use super::task::{
     AgentSection, EnvSection, ResidualSection, TaskSection, TaskToml, VerifierSection,
@@ -47,6 +47,30 @@ struct HarborToml {
 struct HarborEnvironment {
     docker_image: Option<String>,
     workdir: Option<String>,
+    healthcheck: Option<HarborHealthcheck>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct HarborHealthcheck {
+    command: String,
+    interval_sec: Option<f64>,
+    retries: Option<u64>,
+    start_period_sec: Option<f64>,
+}
+
+/// Whether a Dockerfile declares an ENTRYPOINT (whose processes a live state must keep).
+fn declares_entrypoint(dockerfile: &Path) -> bool {
+    std::fs::read_to_string(dockerfile)
+        .ok()
+        .and_then(|t| forkd_build::plan(&t).ok())
+        .map(|p| {
+            p.stages.iter().any(|s| {
+                s.steps
+                    .iter()
+                    .any(|st| matches!(st.kind, forkd_build::StepKind::Entrypoint(_)))
+            })
+        })
+        .unwrap_or(false)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -101,13 +125,36 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
         Ok(t) => toml::from_str(&t).with_context(|| format!("parse {}", ext_path.display()))?,
         Err(_) => Extensions::default(),
     };
-    let Some(image) = h.environment.docker_image.clone() else {
-        anyhow::bail!(
-            "{}: [environment] has no docker_image; building {} is not supported yet: import \
-             the image into forkd and name it in docker_image",
+    let dockerfile = dir.join("environment/Dockerfile");
+    let build = dockerfile.is_file().then(|| "environment".to_string());
+    // A task built from its Dockerfile gets an image of its own, named after its
+    // directory; the build's step cache keeps it current at little cost.
+    let rebuild = h.environment.docker_image.is_none();
+    let image = match (&h.environment.docker_image, &build) {
+        (Some(i), _) => i.clone(),
+        (None, Some(_)) => {
+            let base = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let slug: String = base
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            format!("harbor-task/{}", slug.trim_matches(['.', '-']))
+        }
+        (None, None) => anyhow::bail!(
+            "{}: [environment] has no docker_image and there is no {}: name a forkd image in \
+             docker_image or add the Dockerfile",
             toml_path.display(),
-            dir.join("environment/Dockerfile").display()
-        );
+            dockerfile.display()
+        ),
     };
     let secs = |p: &HarborPhase, default: u64| {
         p.timeout_sec
@@ -126,8 +173,25 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
             image,
             workdir: h.environment.workdir.unwrap_or_else(|| "/app".into()),
             description: None,
+            build,
+            rebuild,
         },
-        environment: ext.environment.unwrap_or_default(),
+        environment: {
+            let mut env = ext.environment.unwrap_or_default();
+            env.entrypoint = true;
+            // A start-up script's services are part of the state: keep them live.
+            if declares_entrypoint(&dockerfile) {
+                env.live = true;
+            }
+            if let (None, Some(hc)) = (&env.ready, &h.environment.healthcheck) {
+                env.ready = Some(hc.command.clone());
+                let tries = hc.retries.unwrap_or(3) as f64;
+                let secs = hc.start_period_sec.unwrap_or(0.0)
+                    + tries * hc.interval_sec.unwrap_or(5.0).max(0.2);
+                env.ready_timeout_secs = secs.ceil().max(5.0) as u64;
+            }
+            env
+        },
         verifier: VerifierSection {
             command: format!("mkdir -p /logs/verifier && bash {TESTS_DIR}/test.sh"),
             tests_dir: TESTS_DIR.into(),
@@ -188,6 +252,19 @@ mod tests {
         std::fs::remove_file(dir.join("forkd.toml")).unwrap();
         let e = to_task_toml("[environment]\nworkdir = \"/app\"\n", &dir).unwrap_err();
         assert!(format!("{e:#}").contains("docker_image"), "{e:#}");
+        // With a Dockerfile and no docker_image, the task's image is built from it.
+        std::fs::create_dir_all(dir.join("environment")).unwrap();
+        std::fs::write(dir.join("environment/Dockerfile"), "FROM debian\n").unwrap();
+        let t = to_task_toml("[environment]\n", &dir).unwrap();
+        assert_eq!(t.task.build.as_deref(), Some("environment"));
+        assert!(t.task.rebuild);
+        assert!(
+            t.task.image.starts_with("harbor-task/forkd-harbor-task-"),
+            "{}",
+            t.task.image
+        );
+        let t = to_task_toml(text, &dir).unwrap();
+        assert_eq!((t.task.image.as_str(), t.task.rebuild), ("debian", false));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -130,31 +130,111 @@ pub fn decision(run_dir: &Path, event: &str, detail: serde_json::Value) -> anyho
     )
 }
 
-/// Imports an image the suite needs from the fixture cache, if the daemon lacks it.
-pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
-    let cache = std::env::var_os("FORKD_CACHE")
+fn fixture_cache() -> PathBuf {
+    std::env::var_os("FORKD_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"));
+        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+}
+
+/// Imports image `name` from the fixture cache (`images/NAME.tar*`) if it is there and
+/// the daemon lacks it.
+fn import_from_cache(s: &Session, name: &str) -> anyhow::Result<()> {
+    let images = fixture_cache().join("images");
+    let src = ["tar.zst", "tar.gz", "tar"]
+        .iter()
+        .map(|e| images.join(format!("{name}.{e}")))
+        .find(|p| p.exists());
+    if let Some(src) = src {
+        s.ensure_image(name, &src)?;
+    }
+    Ok(())
+}
+
+/// The images a Dockerfile starts from (stage references and `scratch` left out).
+fn dockerfile_bases(dockerfile: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(dockerfile) else {
+        return Vec::new();
+    };
+    let Ok(plan) = forkd_build::plan(&text) else {
+        return Vec::new();
+    };
+    let mut args = forkd_build::words::Vars::new();
+    for (_, raw) in &plan.global_args {
+        if let Ok((k, Some(v))) = forkd_build::words::arg(raw, &args, '\\') {
+            args.insert(k, v);
+        }
+    }
+    plan.stages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, st)| {
+            let base = forkd_build::words::expand(&st.base, &args, '\\').ok()?;
+            (base != "scratch" && plan.stage_named(&base, i).is_none()).then_some(base)
+        })
+        .collect()
+}
+
+/// Makes every image the suite needs exist: built from a task's Dockerfile (its base
+/// images imported from the fixture cache first), or imported from the fixture cache.
+/// Returns each image's layers.
+pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     let mut out = BTreeMap::new();
+    // Images built from a task's Dockerfile: always when the task asks to rebuild,
+    // otherwise only when the daemon lacks the image.
+    let mut built = std::collections::BTreeSet::new();
+    for t in tasks {
+        let Some(ctx) = &t.config.task.build else {
+            continue;
+        };
+        let name = &t.config.task.image;
+        if built.contains(name) {
+            continue;
+        }
+        let have = s
+            .client
+            .call::<serde_json::Value>(
+                "GET",
+                &format!("/v1/images/{}", crate::daemon::url_encode_segment(name)),
+                None,
+            )
+            .is_ok();
+        if have && !t.config.task.rebuild {
+            continue;
+        }
+        let context = t.dir.join(ctx);
+        for base in dockerfile_bases(&context.join("Dockerfile")) {
+            import_from_cache(s, &base)?;
+        }
+        eprintln!("build {name} from {}", context.join("Dockerfile").display());
+        let body = serde_json::json!({ "context": context, "name": name });
+        let r: crate::api::BuildResult = s
+            .client
+            .call("POST", "/v1/images/build", Some(&body))
+            .map_err(|e| anyhow::anyhow!("task {}: build {name}: {e}", t.name))?;
+        let ran = r.steps.iter().filter(|x| x.cache == "miss").count();
+        eprintln!(
+            "built {name}: {ran} steps run, {} layers",
+            r.image.layers.len()
+        );
+        built.insert(name.clone());
+    }
     for name in tasks
         .iter()
         .map(|t| t.config.task.image.clone())
         .collect::<std::collections::BTreeSet<_>>()
     {
-        let src = ["tar.zst", "tar.gz", "tar"]
-            .iter()
-            .map(|e| cache.join("images").join(format!("{name}.{e}")))
-            .find(|p| p.exists());
-        if let Some(src) = src {
-            s.ensure_image(&name, &src)?;
-        }
+        import_from_cache(s, &name)?;
         let info: serde_json::Value = s
             .client
-            .call("GET", &format!("/v1/images/{name}"), None)
+            .call(
+                "GET",
+                &format!("/v1/images/{}", crate::daemon::url_encode_segment(&name)),
+                None,
+            )
             .map_err(|e| {
                 anyhow::anyhow!(
                     "image {name} is not in the daemon and not in {}: {e}",
-                    cache.join("images").display()
+                    fixture_cache().join("images").display()
                 )
             })?;
         let layers = info["layers"]
@@ -196,7 +276,8 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
     let wd = task.workdir();
     let sb = s.create(&task.config.task.image, &[("forkd.eval.task", &task.name)])?;
     let built = (|| -> anyhow::Result<String> {
-        if task.dir.join("environment").is_dir() {
+        // A build context went into the image; other environment files are copied in.
+        if task.dir.join("environment").is_dir() && task.config.task.build.is_none() {
             s.put_dir(&sb, &task.dir.join("environment"), wd)?;
         } else {
             s.sh(&sb, &format!("mkdir -p {wd}"), "/", Some(60))?;
@@ -221,7 +302,44 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
             };
             s.exec(&sb, &req, None)?;
         }
-        if !env.background.is_empty() {
+        let mut started = !env.background.is_empty();
+        if env.entrypoint {
+            let name = crate::daemon::url_encode_segment(&task.config.task.image);
+            let img: crate::api::ImageInfo = s
+                .client
+                .call("GET", &format!("/v1/images/{name}"), None)
+                .map_err(|e| anyhow::anyhow!("task {}: image {name}: {e}", task.name))?;
+            if !img.config.entrypoint.is_empty() {
+                let mut argv = img.config.entrypoint.clone();
+                argv.extend(["sh", "-c", "sleep infinity"].map(String::from));
+                let req = forkd_sandbox::proto::ExecRequest {
+                    argv,
+                    detach: true,
+                    log: Some("entrypoint".into()),
+                    ..Default::default()
+                };
+                s.exec(&sb, &req, None)?;
+                started = true;
+            }
+        }
+        if let Some(check) = &env.ready {
+            let deadline = std::time::Instant::now() + Duration::from_secs(env.ready_timeout_secs);
+            loop {
+                let r = s.sh(&sb, check, wd, Some(30))?;
+                if r.code == 0 {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "task {}: the environment never became ready: {check:?} exited {} for {} s: {}",
+                    task.name,
+                    r.code,
+                    env.ready_timeout_secs,
+                    r.err().trim()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        } else if started {
             // Give the processes a moment to reach their steady state.
             std::thread::sleep(Duration::from_millis(500));
         }

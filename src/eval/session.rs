@@ -225,7 +225,11 @@ impl Session {
     pub fn ensure_image(&self, name: &str, source: &Path) -> InfraResult<()> {
         if self
             .client
-            .call::<serde_json::Value>("GET", &format!("/v1/images/{name}"), None)
+            .call::<serde_json::Value>(
+                "GET",
+                &format!("/v1/images/{}", crate::daemon::url_encode_segment(name)),
+                None,
+            )
             .is_ok()
         {
             return Ok(());

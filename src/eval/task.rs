@@ -52,6 +52,14 @@ pub struct TaskSection {
     pub workdir: String,
     #[serde(default)]
     pub description: Option<String>,
+    /// A build context in the task directory (with a `Dockerfile`) that `image` is built
+    /// from (`forkd image build`) when the daemon lacks `image`, or always when `rebuild`.
+    #[serde(default)]
+    pub build: Option<String>,
+    /// Build `image` from `build` on every run (the step cache makes an unchanged
+    /// rebuild cost milliseconds) rather than only when it is missing.
+    #[serde(default)]
+    pub rebuild: bool,
 }
 
 fn default_kind() -> String {
@@ -70,6 +78,20 @@ pub struct EnvSection {
     pub background: Vec<String>,
     #[serde(default)]
     pub live: bool,
+    /// Start the image's ENTRYPOINT (with `sleep infinity` as its command, as Harbor's
+    /// Docker backend does) when the clean state is made. On for Harbor tasks.
+    #[serde(default)]
+    pub entrypoint: bool,
+    /// A command that must succeed before the clean state is checkpointed; tried every
+    /// 200 ms for up to `ready_timeout_secs` (Harbor's `[environment.healthcheck]`).
+    #[serde(default)]
+    pub ready: Option<String>,
+    #[serde(default = "default_ready_timeout")]
+    pub ready_timeout_secs: u64,
+}
+
+fn default_ready_timeout() -> u64 {
+    30
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -13,15 +13,21 @@ Keyword arguments (`--ek key=value`):
 - `socket`: the daemon's socket (default `FORKD_SOCKET`, else /run/forkd/forkd.sock);
 - `checkpoint`: start every trial from this forkd checkpoint instead (a residual or
   rescue state, live processes included): the inherited-start conditions in Harbor;
-- `image`: the forkd image to use (default the task's `docker_image`);
+- `image`: the forkd image to use (default: the task's `docker_image` if forkd has it,
+  else the image built from `environment/Dockerfile`);
 - `live` (default true): checkpoint the golden sandbox with its processes.
 
-What is supported, honestly: a task whose `[environment] docker_image` names a forkd
-image already imported (or the `image` kwarg, or `checkpoint`); building
-`environment/Dockerfile` is refused by name until `forkd image build` exists. `cpus` and
-`memory_mb` become the sandbox's cgroup limits. Sandboxes have no outside network, so
-`network_mode = "no-network"` (`allow_internet = false`) is enforced and any other mode
-is refused before start, as Harbor's contract asks.
+The image: `--ek image=NAME`, else the task's `[environment] docker_image` when forkd has
+an image of that name, else `environment/Dockerfile` built by the daemon (`forkd image
+build`, the environment directory as context; its step cache makes a rebuild of an
+unchanged Dockerfile take milliseconds; `--force-build` runs every step again). As
+Harbor's own Docker backend does, the golden sandbox runs the image's ENTRYPOINT with
+`sleep infinity` as its command (CMD is replaced), so a start-up script that launches
+services and then `exec "$@"` leaves them running; the live checkpoint keeps them, and
+every trial starts with them up. `cpus` and `memory_mb` become the sandbox's cgroup
+limits. Sandboxes have no outside network, so `network_mode = "no-network"`
+(`allow_internet = false`) is enforced and any other mode is refused before start, as
+Harbor's contract asks.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,20 +107,46 @@ class ForkdEnvironment(BaseEnvironment):
     def capabilities(self) -> EnvironmentCapabilities:
         return EnvironmentCapabilities(disable_internet=True)
 
+    def _dockerfile(self) -> Path:
+        return self.environment_dir / "Dockerfile"
+
     def _image(self) -> str | None:
+        """The image named outright (kwarg or docker_image); None means: build it."""
         return self._image_override or self.task_env_config.docker_image
 
     def _validate_definition(self) -> None:
-        if self._start_checkpoint:
+        if self._start_checkpoint or self._image():
             return
-        if not self._image():
-            dockerfile = self.environment_dir / "Dockerfile"
+        if not self._dockerfile().is_file():
             raise ValueError(
-                f"forkd: task environment {self.environment_dir} has no docker_image; building "
-                f"{dockerfile} is not supported by this backend yet: import the image into forkd "
-                "and set [environment] docker_image (or --ek image=NAME), or start from a "
-                "checkpoint (--ek checkpoint=ID)"
+                f"forkd: task environment {self.environment_dir} has neither a docker_image nor "
+                f"a Dockerfile ({self._dockerfile()}): set [environment] docker_image to a forkd "
+                "image (or --ek image=NAME), add the Dockerfile, or start from a checkpoint "
+                "(--ek checkpoint=ID)"
             )
+
+    async def _resolve_image(self, key: str, force_build: bool) -> str:
+        """The image to start the golden sandbox from, building it if need be."""
+        named = self._image()
+        if self._image_override:
+            return self._image_override
+        if named:
+            try:
+                await self.client.inspect_image(named)
+                return named
+            except ForkdError:
+                if not self._dockerfile().is_file():
+                    raise ValueError(
+                        f"forkd: image {named!r} (the task's docker_image) is not in forkd and "
+                        f"{self._dockerfile()} does not exist: import it with `forkd image import`"
+                    ) from None
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", self.environment_name).strip(".-") or "task"
+        name = f"harbor/{slug[:80]}:{key[:12]}"
+        self.logger.info(f"forkd: building {self._dockerfile()} as {name}")
+        res = await self.client.build_image(str(self.environment_dir.resolve()), name, no_cache=force_build)
+        ran = sum(1 for s in res.steps if s.cache == "miss")
+        self.logger.info(f"forkd: built {name}: {ran} steps run, {len(res.steps) - ran} from cache or config")
+        return name
 
     def _validate_network_policy_support(self) -> None:
         super()._validate_network_policy_support()
@@ -130,7 +163,7 @@ class ForkdEnvironment(BaseEnvironment):
     def _key(self) -> str:
         hc = self.task_env_config.healthcheck
         definition = {
-            "image": self._image(),
+            "image": self._image_override or self.task_env_config.docker_image or "Dockerfile",
             "workdir": self.task_env_config.workdir,
             "env": self._startup_env(),
             "healthcheck": hc.model_dump(mode="json") if hc else None,
@@ -155,19 +188,22 @@ class ForkdEnvironment(BaseEnvironment):
             limits["cpu_millis"] = int(float(cpus) * 1000)
         return limits
 
-    async def _golden_checkpoint(self, key: str, golden: _Golden) -> str:
+    async def _golden_checkpoint(self, key: str, golden: _Golden, force_build: bool) -> str:
         async with golden.lock:
             if golden.checkpoint:
                 return golden.checkpoint
-            for ck in await self.client.list_checkpoints():
+            # A checkpoint an earlier run left for this definition, unless told to rebuild.
+            for ck in [] if force_build else await self.client.list_checkpoints():
                 if ck.labels.get(KEY_LABEL) == key:
                     self.logger.info(f"forkd: reusing checkpoint {ck.id} for {self.environment_name}")
                     golden.checkpoint = ck.id
                     return ck.id
-            image = self._image()
-            assert image
+            image = await self._resolve_image(key, force_build)
+            info = await self.client.inspect_image(image)
+            # Harbor's Docker backend replaces CMD with `sleep infinity` and keeps ENTRYPOINT.
+            command = [*info.config.entrypoint, "sh", "-c", "sleep infinity"] if info.config.entrypoint else None
             self.logger.info(f"forkd: starting the golden sandbox of {self.environment_name} ({image})")
-            sb = await self.client.create(image, labels={KEY_LABEL: key, "forkd.harbor": "golden"}, **self._limits())
+            sb = await self.client.create(image, command=command, labels={KEY_LABEL: key, "forkd.harbor": "golden"}, **self._limits())
             self.sandbox_id = sb.id
             try:
                 workdir = self.task_env_config.workdir
@@ -216,7 +252,7 @@ class ForkdEnvironment(BaseEnvironment):
         else:
             key = self._key()
             golden = self._goldens.setdefault(key, _Golden())
-            checkpoint = await self._golden_checkpoint(key, golden)
+            checkpoint = await self._golden_checkpoint(key, golden, force_build)
         self.sandbox_id = await self._fork_coalesced(golden, checkpoint)
         self.logger.debug(f"forkd: trial {self.session_id} on branch {self.sandbox_id} of {checkpoint}")
         # Harbor's output directories are the trial's own: empty them in the branch.
