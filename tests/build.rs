@@ -31,6 +31,8 @@ EXPOSE 8080
 LABEL org.example.task="demo task"
 ENTRYPOINT ["/bin/sh", "/opt/app/main.sh"]
 CMD ["serve"]
+RUN id -u > /tmp/ran-as
+RUN ["/bin/sh", "-c", "echo exec form > /tmp/exec-form"]
 "#;
 
 fn context(base: &Path) -> PathBuf {
@@ -82,7 +84,7 @@ fn image_build_runs_steps_caches_them_and_applies_the_config() {
     let req = serde_json::json!({ "context": ctx, "name": "demo:1" });
 
     let cold = build(&d, req.clone()).expect("cold build");
-    let file_lines = [5, 6, 7, 13, 14, 15, 16, 18];
+    let file_lines = [5, 6, 7, 13, 14, 15, 16, 18, 23, 24];
     for l in file_lines {
         assert_eq!(
             cache_at(&cold, l),
@@ -124,13 +126,14 @@ fn image_build_runs_steps_caches_them_and_applies_the_config() {
     let (code, out, err) = d.sh(
         &sb.id,
         "pwd; id -u; echo $MODE; cat built.txt; ls; cat /opt/pkg/readme; \
-         stat -c '%u %a' secret; test -e /bin/vi || echo vi-removed; sh main.sh x",
+         stat -c '%u %a' secret; test -e /bin/vi || echo vi-removed; sh main.sh x; \
+         cat /tmp/ran-as /tmp/exec-form",
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
         "/opt/app\n65534\na b\nhi from /src\nbuilt.txt\nmain.sh\nsecret\nfrom the tarball\n\
-         65534 600\nvi-removed\nmain x\n"
+         65534 600\nvi-removed\nmain x\n65534\nexec form\n"
     );
     // A request's own values win over the image's.
     let r = d
@@ -224,6 +227,19 @@ fn image_build_runs_steps_caches_them_and_applies_the_config() {
     assert_eq!(b.config.working_dir.as_deref(), Some("/src"));
     let builds: Vec<BuildStatus> = d.client.call("GET", "/v1/builds", None).unwrap();
     assert!(builds.is_empty(), "{builds:?}");
+
+    // FROM a file: a tarball (or OCI layout, docker-save archive) in the context is
+    // imported once, then reused.
+    std::fs::copy(busybox_tar(), ctx.join("base.tar")).unwrap();
+    std::fs::write(ctx.join("Dockerfile.file"), "FROM ./base.tar\nRUN echo on-file-base > /f\n").unwrap();
+    let req = serde_json::json!({ "context": ctx, "dockerfile": "Dockerfile.file", "name": "demo:file" });
+    let first = build(&d, req.clone()).unwrap();
+    assert_eq!(cache_at(&first, 2), "miss");
+    let again = build(&d, req).unwrap();
+    assert_eq!(cache_at(&again, 2), "hit");
+    let sb = d.create(serde_json::json!({ "image": "demo:file" }));
+    assert_eq!(d.sh(&sb.id, "cat /f").1, "on-file-base\n");
+    d.remove(&sb.id);
 }
 
 /// Layer ids in the store.
