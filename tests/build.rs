@@ -231,8 +231,13 @@ fn image_build_runs_steps_caches_them_and_applies_the_config() {
     // FROM a file: a tarball (or OCI layout, docker-save archive) in the context is
     // imported once, then reused.
     std::fs::copy(busybox_tar(), ctx.join("base.tar")).unwrap();
-    std::fs::write(ctx.join("Dockerfile.file"), "FROM ./base.tar\nRUN echo on-file-base > /f\n").unwrap();
-    let req = serde_json::json!({ "context": ctx, "dockerfile": "Dockerfile.file", "name": "demo:file" });
+    std::fs::write(
+        ctx.join("Dockerfile.file"),
+        "FROM ./base.tar\nRUN echo on-file-base > /f\n",
+    )
+    .unwrap();
+    let req =
+        serde_json::json!({ "context": ctx, "dockerfile": "Dockerfile.file", "name": "demo:file" });
     let first = build(&d, req.clone()).unwrap();
     assert_eq!(cache_at(&first, 2), "miss");
     let again = build(&d, req).unwrap();

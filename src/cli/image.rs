@@ -120,7 +120,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 Some(&serde_json::to_value(&req)?),
             );
             if let Some((stop, handle)) = progress {
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                drop(stop);
                 let shown = handle.join().unwrap_or(0);
                 if let Ok(r) = &res {
                     for s in &r.steps[shown.min(r.steps.len())..] {
@@ -196,22 +196,19 @@ fn print_step(s: &BuildStep) {
 }
 
 /// Prints a build's steps as the daemon finishes them (polling `GET /v1/builds`);
-/// returns how many it printed when told to stop.
+/// returns how many it printed when told to stop (a send on the channel, or its drop).
 fn watch_build(
     ctx: &Ctx,
     name: &str,
-) -> (
-    std::sync::Arc<std::sync::atomic::AtomicBool>,
-    std::thread::JoinHandle<usize>,
-) {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<usize>) {
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let client = ctx.client.clone();
     let name = name.to_string();
-    let flag = stop.clone();
     let handle = std::thread::spawn(move || {
         let mut shown = 0;
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(50));
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            stopped.recv_timeout(std::time::Duration::from_millis(100))
+        {
             let Ok(builds) = client.call::<Vec<BuildStatus>>("GET", "/v1/builds", None) else {
                 continue;
             };
