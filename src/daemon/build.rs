@@ -260,7 +260,7 @@ impl Daemon {
             .target(req.target.as_deref())
             .map_err(ApiError::bad_request)?;
         let ctx = forkd_build::Context::open(&ctx_dir).map_err(ApiError::bad_request)?;
-        let users = self.image_users(&req.name);
+        let users = self.users_of(&req.name);
         if !users.is_empty() {
             return Err(ApiError::conflict(format!(
                 "image {} is in use by sandboxes {}: remove them or build under another name",
@@ -426,17 +426,6 @@ impl Daemon {
             .import_upper(&upper, &[".forkd"], &mut |_| {})
             .map_err(|e| ApiError::from_chain("seal the step's layer", &e))?;
         Ok(Some(id))
-    }
-
-    fn image_users(&self, name: &str) -> Vec<String> {
-        let table = self.sandboxes.lock().unwrap();
-        let mut ids: Vec<String> = table
-            .values()
-            .filter(|sb| sb.record.lock().unwrap().image == name)
-            .map(|sb| sb.id.to_string())
-            .collect();
-        ids.sort();
-        ids
     }
 }
 
@@ -897,22 +886,24 @@ impl Job<'_> {
             let ids: Vec<String> = src_layers.iter().map(|l| l.to_string()).collect();
             state.extend_key(&[what, "from", &ids.join(","), &json(&sources), &opts]);
             let dest_is_dir = dest_raw.ends_with('/') || sources.len() > 1;
-            let src_sb = self.d.step_sandbox(
-                &self.req.name,
-                &src_layers,
-                &ImageConfig::default(),
-                &self.req.limits,
-            );
-            let src_sb = src_sb?;
+            // The source stage's files are read in a sandbox of it, made only when the
+            // step runs (a cache hit needs none).
+            let mut src_sb: Option<Arc<Sandbox>> = None;
             let res = self.file_step(state, made, |sb| {
                 let owner = self.owner(sb, chown.as_deref(), line)?;
+                let src_sb = src_sb.insert(self.d.step_sandbox(
+                    &self.req.name,
+                    &src_layers,
+                    &ImageConfig::default(),
+                    &self.req.limits,
+                )?);
                 for s in &sources {
                     let abs = if s.starts_with('/') {
                         s.clone()
                     } else {
                         format!("/{s}")
                     };
-                    let tar = self.d.copy_out(&src_sb, &abs).map_err(|e| {
+                    let tar = self.d.copy_out(src_sb, &abs).map_err(|e| {
                         self.err(line, format!("{what} --from={from}: {}", e.message))
                     })?;
                     let (tar, is_dir) = repack(&tar, owner, chmod)
@@ -927,7 +918,9 @@ impl Job<'_> {
                 }
                 Ok(())
             });
-            let _ = self.d.remove_sandbox(&src_sb, true);
+            if let Some(sb) = src_sb {
+                let _ = self.d.remove_sandbox(&sb, true);
+            }
             return res;
         }
         let sel = self

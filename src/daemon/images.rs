@@ -6,7 +6,7 @@ use crate::api::{ApiError, ImageInfo, ImportImageRequest};
 use forkd_layers::{Image, ImageError, Progress};
 
 impl Daemon {
-    fn users_of(&self, name: &str) -> Vec<String> {
+    pub(super) fn users_of(&self, name: &str) -> Vec<String> {
         let table = self.sandboxes.lock().unwrap();
         let mut ids: Vec<String> = table
             .values()
