@@ -28,6 +28,25 @@ fn harbor_python(name: &str) -> Option<PathBuf> {
     require(name, ok, &why).then_some(py)
 }
 
+/// A daemon with the Debian fixture imported as `debian`, and Harbor's Python; None
+/// (after a SKIP line, or a failure under CI) when root, CRIU (if `criu`), Harbor or the
+/// fixture is missing.
+fn harbor_setup(name: &str, tag: &str, criu: bool) -> Option<(TestDaemon, PathBuf)> {
+    let ok = if criu {
+        can_run_criu(name)
+    } else {
+        can_run(name)
+    };
+    if !ok {
+        return None;
+    }
+    let py = harbor_python(name)?;
+    let debian = fixture(name, "images/debian.tar.zst", "debian")?;
+    let d = TestDaemon::start(tag);
+    d.import(&debian, "debian");
+    Some((d, py))
+}
+
 fn task() -> PathBuf {
     task_named("edit-greeting")
 }
@@ -114,18 +133,13 @@ fn metric(d: &TestDaemon, op: &str) -> u64 {
 
 #[test]
 fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
-    let name = "harbor_runs_tasks_on_forks_of_one_checkpoint";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(py) = harbor_python(name) else {
-        return;
-    };
-    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+    let Some((d, py)) = harbor_setup(
+        "harbor_runs_tasks_on_forks_of_one_checkpoint",
+        "harbor",
+        true,
+    ) else {
         return;
     };
-    let d = TestDaemon::start("harbor");
-    d.import(&debian, "debian");
     let jobs = d.root.parent().unwrap().join("jobs");
 
     // Four attempts of nop, four at a time: one golden sandbox, one checkpoint, and
@@ -210,18 +224,13 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
 /// in the live checkpoint and answers in every trial; a two-stage Dockerfile builds.
 #[test]
 fn harbor_builds_service_and_multi_stage_tasks() {
-    let name = "harbor_builds_service_and_multi_stage_tasks";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(py) = harbor_python(name) else {
-        return;
-    };
-    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+    let Some((d, py)) = harbor_setup(
+        "harbor_builds_service_and_multi_stage_tasks",
+        "harbor-build",
+        true,
+    ) else {
         return;
     };
-    let d = TestDaemon::start("harbor-build");
-    d.import(&debian, "debian");
     let jobs = d.root.parent().unwrap().join("jobs");
     for (i, t) in ["service-status", "word-count"].iter().enumerate() {
         let task = task_named(t);
@@ -328,18 +337,13 @@ fn walk_text(dir: &Path) -> String {
 /// the tmux pane, then declare the task complete) and the confirmation Terminus-2 asks.
 #[test]
 fn terminus_2_drives_tmux_in_a_forkd_sandbox() {
-    let name = "terminus_2_drives_tmux_in_a_forkd_sandbox";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(py) = harbor_python(name) else {
-        return;
-    };
-    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+    let Some((d, py)) = harbor_setup(
+        "terminus_2_drives_tmux_in_a_forkd_sandbox",
+        "terminus",
+        true,
+    ) else {
         return;
     };
-    let d = TestDaemon::start("terminus");
-    d.import(&debian, "debian");
     let work = d.root.parent().unwrap().to_path_buf();
     let turn = |commands: serde_json::Value, done: bool| {
         serde_json::json!({ "content": serde_json::json!({
@@ -475,18 +479,13 @@ fn forkd_eval_runs_harbor_task_directories() {
 /// never passes fails the trial by name, and no checkpoint or sandbox is left behind.
 #[test]
 fn failing_healthcheck_leaves_no_checkpoint() {
-    let name = "failing_healthcheck_leaves_no_checkpoint";
-    if !can_run(name) {
-        return;
-    }
-    let Some(py) = harbor_python(name) else {
-        return;
-    };
-    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+    let Some((d, py)) = harbor_setup(
+        "failing_healthcheck_leaves_no_checkpoint",
+        "harbor-health",
+        false,
+    ) else {
         return;
     };
-    let d = TestDaemon::start("harbor-health");
-    d.import(&debian, "debian");
     let work = d.root.parent().unwrap().to_path_buf();
     let t = work.join("unhealthy");
     copy_dir(&task(), &t);

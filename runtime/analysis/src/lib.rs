@@ -58,7 +58,7 @@
 mod analysis;
 mod cells;
 mod error;
-mod glob;
+use forkd_glob as glob;
 pub mod inherited;
 mod load;
 mod model;

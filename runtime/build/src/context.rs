@@ -85,64 +85,7 @@ pub fn has_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-/// Matches a `/`-separated path against a pattern: `*` and `?` within one component,
-/// `[...]` classes (`^` or `!` negates, ranges), `\` escapes, and `**` as a whole
-/// component for any number of components.
-pub fn glob_match(pattern: &str, path: &str) -> bool {
-    let p: Vec<&str> = pattern.split('/').collect();
-    let s: Vec<&str> = path.split('/').collect();
-    match_components(&p, &s)
-}
-
-fn match_components(p: &[&str], s: &[&str]) -> bool {
-    match p.first() {
-        None => s.is_empty(),
-        Some(&"**") => (0..=s.len()).any(|k| match_components(&p[1..], &s[k..])),
-        Some(first) => {
-            !s.is_empty()
-                && match_one(first.as_bytes(), s[0].as_bytes())
-                && match_components(&p[1..], &s[1..])
-        }
-    }
-}
-
-fn match_one(p: &[u8], s: &[u8]) -> bool {
-    if p.is_empty() {
-        return s.is_empty();
-    }
-    match p[0] {
-        b'*' => (0..=s.len()).any(|k| match_one(&p[1..], &s[k..])),
-        b'?' => !s.is_empty() && match_one(&p[1..], &s[1..]),
-        b'[' => {
-            let Some(close) = p[1..].iter().position(|c| *c == b']').map(|i| i + 1) else {
-                return !s.is_empty() && s[0] == b'[' && match_one(&p[1..], &s[1..]);
-            };
-            if s.is_empty() {
-                return false;
-            }
-            let mut class = &p[1..close];
-            let negate = matches!(class.first(), Some(b'^' | b'!'));
-            if negate {
-                class = &class[1..];
-            }
-            let c = s[0];
-            let mut hit = false;
-            let mut i = 0;
-            while i < class.len() {
-                if i + 2 < class.len() && class[i + 1] == b'-' {
-                    hit |= class[i] <= c && c <= class[i + 2];
-                    i += 3;
-                } else {
-                    hit |= class[i] == c;
-                    i += 1;
-                }
-            }
-            hit != negate && match_one(&p[close + 1..], &s[1..])
-        }
-        b'\\' if p.len() > 1 => !s.is_empty() && s[0] == p[1] && match_one(&p[2..], &s[1..]),
-        c => !s.is_empty() && s[0] == c && match_one(&p[1..], &s[1..]),
-    }
-}
+pub use forkd_glob::glob_match;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
@@ -564,19 +507,6 @@ pub fn archive_kind(head: &[u8]) -> Option<&'static str> {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*.txt", "a.txt"));
-        assert!(!glob_match("*.txt", "d/a.txt"));
-        assert!(glob_match("**/*.txt", "d/e/a.txt"));
-        assert!(glob_match("**/*.txt", "a.txt"));
-        assert!(glob_match("d/**", "d/e/f"));
-        assert!(glob_match("file?.[a-c]", "file1.b"));
-        assert!(!glob_match("file?.[!a-c]", "file1.b"));
-        assert!(glob_match("\\*", "*"));
-        assert!(!glob_match("\\*", "x"));
-    }
 
     #[test]
     fn dockerignore_last_match_wins_and_covers_children() {

@@ -1,7 +1,10 @@
-//! Shell-style glob matching for operands (`src/*.go`) and file filters
-//! (`grep --include='*.py'`, `rg -g '**/tests/*'`): `*`, `?`, `[...]`
-//! (with `!`/`^` negation and ranges), `**`, and `**/` matching zero or
-//! more whole directories. `*` and `?` do not match `/`.
+//! Shell-style glob matching, one implementation for all of forkd: the evaluator's
+//! operands (`src/*.go`) and file filters (`grep --include='*.py'`, `rg -g
+//! '**/tests/*'`), and image builds' COPY sources and `.dockerignore` patterns: `*`,
+//! `?`, `[...]` (with `!`/`^` negation and ranges), `\` escapes, `**`, and `**/`
+//! matching zero or more whole directories. `*` and `?` do not match `/`.
+
+#![forbid(unsafe_code)]
 
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
