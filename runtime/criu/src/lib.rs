@@ -22,7 +22,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The oldest CRIU that works on the kernels forkd targets.
-pub const MIN_VERSION: (u32, u32) = (4, 0);
+/// 4.2: earlier CRIU asks every socket for SO_PASSCRED, which Linux 6.16 and later
+/// answer only for Unix and netlink sockets, so no TCP or UDP socket could be dumped.
+pub const MIN_VERSION: (u32, u32) = (4, 2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CriuError {
@@ -540,6 +542,9 @@ fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
     // Sandboxes have no outside network: nothing to lock, and no iptables dependency.
     o.set_network_lock(rpc::Criu_network_lock_method::SKIP);
     o.set_file_locks(true);
+    // TCP connections between a sandbox's own processes (over its loopback) are dumped
+    // and restored with TCP repair, in-flight data included; both ends are in the tree.
+    o.set_tcp_established(true);
     o
 }
 

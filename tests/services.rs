@@ -1,0 +1,167 @@
+//! Network services in live checkpoints: TCP listeners, TCP connections between a
+//! sandbox's own processes (with data in flight), UDP sockets, IPv4 and IPv6 loopback,
+//! each restored in every branch's own network namespace.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+/// Waits until `line` prints `want` in sandbox `id` (a service coming up).
+fn wait_for(d: &TestDaemon, id: &str, line: &str, want: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let (code, out, err) = d.sh(id, line);
+        if code == 0 && out.contains(want) {
+            return out;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{line:?} in {id}: exit {code}, {out:?} {err:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn busybox_httpd_answers_in_every_branch() {
+    if !can_run_criu("busybox_httpd_answers_in_every_branch") {
+        return;
+    }
+    let d = TestDaemon::start("svc-httpd");
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "mkdir -p /www && echo served > /www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /www" }
+    }));
+    wait_for(&d, &sb.id, "wget -qO- http://127.0.0.1:8080/", "served");
+    let ck = d.checkpoint(&sb.id, true);
+    let fork = d.fork(&ck.id, 3, false);
+    assert_eq!(fork.branches.len(), 3);
+    for (i, b) in fork.branches.iter().enumerate() {
+        // Each branch serves from its own files, on the same port in its own namespace.
+        let (code, _, err) = d.sh(&b.id, &format!("echo branch-{i} > /www/index.html"));
+        assert_eq!(code, 0, "{err}");
+        let (code, out, err) = d.sh(&b.id, "wget -qO- http://127.0.0.1:8080/");
+        assert_eq!((code, out.as_str()), (0, format!("branch-{i}\n").as_str()), "{err}");
+    }
+}
+
+/// Three kinds of traffic in one process tree, each writing a counter: a TCP connection
+/// over 127.0.0.1 whose server holds unread data at the checkpoint, UDP over 127.0.0.1
+/// (bound server, connected client), and TCP over ::1.
+const SERVICES: &str = r#"
+import os, socket, sys, threading, time
+
+def put(path, value):
+    with open(path + ".t", "wb") as f:
+        f.write(value)
+    os.rename(path + ".t", path)
+
+def tcp(fam, host, port, out):
+    srv = socket.socket(fam)
+    srv.bind((host, port)); srv.listen(1)
+    def serve():
+        c, _ = srv.accept()
+        n = 0
+        for line in c.makefile("rb"):
+            n += 1
+            c.sendall(b"%d\n" % n)
+    threading.Thread(target=serve, daemon=True).start()
+    cl = socket.create_connection((host, port))
+    r = cl.makefile("rb")
+    while True:
+        cl.sendall(b"ping\n")
+        put(out, r.readline().strip())
+        time.sleep(0.05)
+
+def udp(out):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 7001))
+    def serve():
+        n = 0
+        while True:
+            _, a = srv.recvfrom(64)
+            n += 1
+            srv.sendto(b"%d" % n, a)
+    threading.Thread(target=serve, daemon=True).start()
+    cl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    cl.connect(("127.0.0.1", 7001)); cl.settimeout(5)
+    while True:
+        cl.send(b"x")
+        put(out, cl.recv(64))
+        time.sleep(0.05)
+
+def in_flight():
+    # The server does not read until /tmp/go exists: what the client sent before the
+    # checkpoint sits in the connection's receive queue when it is dumped.
+    srv = socket.socket(); srv.bind(("127.0.0.1", 7002)); srv.listen(1)
+    cl = socket.create_connection(("127.0.0.1", 7002))
+    c, _ = srv.accept()
+    cl.sendall(b"sent before the checkpoint\n")
+    put("/tmp/in-flight-sent", b"1")
+    while not os.path.exists("/tmp/go"):
+        time.sleep(0.05)
+    put("/tmp/got", c.makefile("rb").readline())
+
+for target, args in [(tcp, (socket.AF_INET, "127.0.0.1", 7000, "/tmp/tcp4")),
+                     (tcp, (socket.AF_INET6, "::1", 7003, "/tmp/tcp6")),
+                     (udp, ("/tmp/udp4",)), (in_flight, ())]:
+    threading.Thread(target=target, args=args, daemon=True).start()
+while True:
+    time.sleep(1)
+"#;
+
+#[test]
+fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
+    let name = "tcp_and_udp_sockets_survive_live_checkpoints_and_forks";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("svc-sockets");
+    d.import(&debian, "debian");
+    let sb = d.create(serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }));
+    let script = d.root.parent().unwrap().join("services.py");
+    std::fs::write(&script, SERVICES).unwrap();
+    let out = d.cli(&["cp", script.to_str().unwrap(), &format!("{}:/services.py", sb.id)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    d.exec(&sb.id, serde_json::json!({ "argv": ["python3", "/services.py"], "detach": true, "log": "svc" }))
+        .unwrap();
+    let counters = ["/tmp/tcp4", "/tmp/tcp6", "/tmp/udp4"];
+    for c in counters {
+        wait_for(&d, &sb.id, &format!("cat {c}"), "");
+        let n = d.read_number(&sb.id, c);
+        assert!(n >= 1, "{c}: {n}");
+    }
+    wait_for(&d, &sb.id, "cat /tmp/in-flight-sent", "1");
+    let before: Vec<u64> = counters.iter().map(|c| d.read_number(&sb.id, c)).collect();
+    let ck = d.checkpoint(&sb.id, true);
+    d.remove(&sb.id);
+    let fork = d.fork(&ck.id, 3, false);
+    assert_eq!(fork.branches.len(), 3);
+    for b in &fork.branches {
+        for (c, was) in counters.iter().zip(&before) {
+            // The connection goes on where it was: the counters continue past the
+            // checkpoint's values (not from 1, which a new connection would give).
+            let t = Instant::now();
+            let mut now = d.read_number(&b.id, c);
+            while now <= *was + 5 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+                now = d.read_number(&b.id, c);
+            }
+            assert!(now > *was + 5, "branch {}: {c} went from {was} to {now}", b.id);
+        }
+    }
+    // The data in flight is delivered, in the branch that lets its server read it only.
+    let (first, rest) = fork.branches.split_first().unwrap();
+    let (code, _, err) = d.sh(&first.id, "touch /tmp/go");
+    assert_eq!(code, 0, "{err}");
+    let got = wait_for(&d, &first.id, "cat /tmp/got", "sent");
+    assert_eq!(got, "sent before the checkpoint\n");
+    for b in rest {
+        let (code, _, _) = d.sh(&b.id, "test -e /tmp/got");
+        assert_ne!(code, 0, "branch {} read data it was never let read", b.id);
+    }
+}
