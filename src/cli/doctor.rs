@@ -26,8 +26,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where `fixtures/setup.sh criu` installs the pinned CRIU.
 const DEFAULT_CRIU: &str = "/opt/forkd/criu/bin/criu";
-/// The oldest CRIU that works here (Debian 12's 3.17 fails `criu check` on new kernels).
-const MIN_CRIU: (u32, u32) = (4, 0);
+/// The oldest CRIU that works here (Debian 12's 3.17 fails `criu check` on new kernels,
+/// and before 4.2 no TCP or UDP socket can be dumped on Linux >= 6.16).
+const MIN_CRIU: (u32, u32) = forkd_criu::MIN_VERSION;
 
 /// What `forkd doctor` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -646,11 +647,22 @@ fn check_criu(explicit: Option<&Path>) -> Check {
     let last = criu_check_summary(&check_out.stdout, &check_out.stderr, passed);
     let last = last.unwrap_or("no output");
     if passed {
-        Check::ok(
-            NAME,
-            true,
-            format!("{version_text} ({shown}); check: {last}"),
-        )
+        let detail = format!("{version_text} ({shown}); check: {last}");
+        // Set-up re-resolved the bundle because the pinned files had left the mirror:
+        // it works, but it is not what the pins say, and that must be seen.
+        let note = criu.parent().and_then(|bin| bin.parent()).map(|p| p.join(".resolved"));
+        match note.and_then(|p| std::fs::read_to_string(p).ok()) {
+            Some(text) => {
+                let installed = text.lines().nth(1).unwrap_or("").trim();
+                Check::new(
+                    NAME,
+                    Status::Warn,
+                    true,
+                    format!("{detail}; NOT the pinned bundle ({installed}): run fixtures/criu/install.sh --repin and commit pins.txt"),
+                )
+            }
+            None => Check::ok(NAME, true, detail),
+        }
     } else {
         let status = check_out.status;
         let detail = format!("{version_text} ({shown}); `criu check` failed ({status}): {last}");
@@ -873,8 +885,8 @@ mod tests {
     fn criu_4_0_is_the_minimum() {
         assert!(!criu_version_ok((3, 17, 1)));
         assert!(!criu_version_ok((3, 99, 99)));
-        assert!(criu_version_ok((4, 0, 0)));
-        assert!(criu_version_ok((4, 1, 1)));
+        assert!(!criu_version_ok((4, 1, 1)), "4.1 cannot dump TCP or UDP sockets");
+        assert!(criu_version_ok((4, 2, 1)));
         assert!(criu_version_ok((5, 0, 0)));
     }
 
