@@ -42,7 +42,11 @@ fn busybox_httpd_answers_in_every_branch() {
         let (code, _, err) = d.sh(&b.id, &format!("echo branch-{i} > /www/index.html"));
         assert_eq!(code, 0, "{err}");
         let (code, out, err) = d.sh(&b.id, "wget -qO- http://127.0.0.1:8080/");
-        assert_eq!((code, out.as_str()), (0, format!("branch-{i}\n").as_str()), "{err}");
+        assert_eq!(
+            (code, out.as_str()),
+            (0, format!("branch-{i}\n").as_str()),
+            "{err}"
+        );
     }
 }
 
@@ -122,13 +126,26 @@ fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
     };
     let d = TestDaemon::start("svc-sockets");
     d.import(&debian, "debian");
-    let sb = d.create(serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }));
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
     let script = d.root.parent().unwrap().join("services.py");
     std::fs::write(&script, SERVICES).unwrap();
-    let out = d.cli(&["cp", script.to_str().unwrap(), &format!("{}:/services.py", sb.id)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    d.exec(&sb.id, serde_json::json!({ "argv": ["python3", "/services.py"], "detach": true, "log": "svc" }))
-        .unwrap();
+    let out = d.cli(&[
+        "cp",
+        script.to_str().unwrap(),
+        &format!("{}:/services.py", sb.id),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d.exec(
+        &sb.id,
+        serde_json::json!({ "argv": ["python3", "/services.py"], "detach": true, "log": "svc" }),
+    )
+    .unwrap();
     let counters = ["/tmp/tcp4", "/tmp/tcp6", "/tmp/udp4"];
     for c in counters {
         wait_for(&d, &sb.id, &format!("cat {c}"), "");
@@ -151,7 +168,11 @@ fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
                 std::thread::sleep(Duration::from_millis(50));
                 now = d.read_number(&b.id, c);
             }
-            assert!(now > *was + 5, "branch {}: {c} went from {was} to {now}", b.id);
+            assert!(
+                now > *was + 5,
+                "branch {}: {c} went from {was} to {now}",
+                b.id
+            );
         }
     }
     // The data in flight is delivered, in the branch that lets its server read it only.

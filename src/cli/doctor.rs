@@ -650,7 +650,10 @@ fn check_criu(explicit: Option<&Path>) -> Check {
         let detail = format!("{version_text} ({shown}); check: {last}");
         // Set-up re-resolved the bundle because the pinned files had left the mirror:
         // it works, but it is not what the pins say, and that must be seen.
-        let note = criu.parent().and_then(|bin| bin.parent()).map(|p| p.join(".resolved"));
+        let note = criu
+            .parent()
+            .and_then(|bin| bin.parent())
+            .map(|p| p.join(".resolved"));
         match note.and_then(|p| std::fs::read_to_string(p).ok()) {
             Some(text) => {
                 let installed = text.lines().nth(1).unwrap_or("").trim();
@@ -885,7 +888,10 @@ mod tests {
     fn criu_4_0_is_the_minimum() {
         assert!(!criu_version_ok((3, 17, 1)));
         assert!(!criu_version_ok((3, 99, 99)));
-        assert!(!criu_version_ok((4, 1, 1)), "4.1 cannot dump TCP or UDP sockets");
+        assert!(
+            !criu_version_ok((4, 1, 1)),
+            "4.1 cannot dump TCP or UDP sockets"
+        );
         assert!(criu_version_ok((4, 2, 1)));
         assert!(criu_version_ok((5, 0, 0)));
     }

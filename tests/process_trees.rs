@@ -1,0 +1,226 @@
+//! The process trees real machines have, through live checkpoints and forks: daemons
+//! whose session leader exited, the classic double fork, job control under an
+//! interactive shell in a pty, multi-threaded processes in several process groups. In
+//! every branch the `pid ppid pgid sid` table (and each process's thread count) equals
+//! the one taken before the checkpoint, and every process goes on running.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+/// Prints `pid ppid pgid sid comm threads` of every process but itself and its parent
+/// (the exec's relay), sorted. Relays of execs that have just finished (an `init` with
+/// no child left) are the sandbox's plumbing, on their way out: left out too.
+const TABLE: &str = r#"
+import os
+skip = {os.getpid(), os.getppid()}
+rows = []
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) in skip:
+        continue
+    try:
+        s = open(f"/proc/{p}/stat").read()
+        threads = len(os.listdir(f"/proc/{p}/task"))
+    except OSError:
+        continue
+    comm = s[s.index("(") + 1:s.rindex(")")]
+    f = s[s.rindex(")") + 2:].split()
+    rows.append((int(p), int(f[1]), int(f[2]), int(f[3]), comm, threads))
+parents = {r[1] for r in rows}
+for r in sorted(rows):
+    if r[4] == "init" and r[0] != 1 and r[0] not in parents:
+        continue
+    print(*r)
+"#;
+
+/// Starts the shapes. Each keeps a counter in /tmp/c-NAME; the counters sleep with
+/// `read -t` on a FIFO nobody writes, so no process comes and goes between two tables.
+const TREES: &str = r#"
+set -e
+counter='mkfifo /tmp/f-$0; exec 9<>/tmp/f-$0; i=0; while :; do i=$((i+1)); echo $i > /tmp/c-$0; read -t 0.1 -u 9 || :; done'
+# setsid, and the new session's leader exits.
+setsid bash -c "bash -c '$counter' setsid </dev/null >/dev/null 2>&1 &"
+# The classic daemon: fork, setsid, fork, and both parents exit.
+python3 - "$counter" <<'PY'
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("bash", ["bash", "-c", sys.argv[1], "double"])
+    os._exit(0)
+os.wait()
+PY
+# Job control: an interactive bash in tmux's pty, with background pipelines (each its
+# own process group in the shell's session); tmux's server daemonizes itself.
+tmux new-session -d -s jobs bash -i
+tmux send-keys -t jobs "bash -c '$counter' jobs | cat > /dev/null &" Enter
+tmux send-keys -t jobs "sleep 100000 | cat &" Enter
+# Threads, in processes of two process groups (and sessions).
+for g in a b; do
+    setsid python3 -c "
+import os, threading, time
+def tick(k):
+    n = 0
+    while True:
+        n += 1
+        with open('/tmp/c-thr$g' + k, 'w') as f:
+            f.write(str(n))
+        time.sleep(0.1)
+for k in 'xy':
+    threading.Thread(target=tick, args=(k,), daemon=True).start()
+time.sleep(10**6)
+" </dev/null >/dev/null 2>&1 &
+done
+"#;
+
+const COUNTERS: &[&str] = &[
+    "/tmp/c-setsid",
+    "/tmp/c-double",
+    "/tmp/c-jobs",
+    "/tmp/c-thrax",
+    "/tmp/c-thray",
+    "/tmp/c-thrbx",
+    "/tmp/c-thrby",
+];
+
+fn table(d: &TestDaemon, id: &str) -> String {
+    let (code, out, err) = d.sh(id, "python3 /table.py");
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+/// Waits until the table stops changing (the shapes have settled).
+fn settled_table(d: &TestDaemon, id: &str) -> String {
+    let t = Instant::now();
+    let mut last = table(d, id);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = table(d, id);
+        if now == last
+            && COUNTERS
+                .iter()
+                .all(|c| d.sh(id, &format!("test -s {c}")).0 == 0)
+        {
+            return now;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the trees never settled:\n{now}"
+        );
+        last = now;
+    }
+}
+
+fn assert_running(d: &TestDaemon, id: &str) {
+    for c in COUNTERS {
+        let n = d.read_number(id, c);
+        let t = Instant::now();
+        while d.read_number(id, c) <= n + 2 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{id}: {c} stopped at {n}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn daemons_job_control_and_threads_keep_their_tree_in_every_branch() {
+    let name = "daemons_job_control_and_threads_keep_their_tree_in_every_branch";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("trees");
+    d.import(&debian, "debian");
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
+    let dir = d.root.parent().unwrap().to_path_buf();
+    for (file, text) in [("table.py", TABLE), ("trees.sh", TREES)] {
+        std::fs::write(dir.join(file), text).unwrap();
+        let out = d.cli(&[
+            "cp",
+            dir.join(file).to_str().unwrap(),
+            &format!("{}:/{file}", sb.id),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (code, _, err) = d.sh(&sb.id, "bash /trees.sh");
+    assert_eq!(code, 0, "{err}");
+    let before = settled_table(&d, &sb.id);
+    // The shapes are what they claim: sessions whose leader is gone, a job's own group.
+    let rows: Vec<Vec<&str>> = before.lines().map(|l| l.split(' ').collect()).collect();
+    let pids: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    let leaderless = rows.iter().filter(|r| !pids.contains(&r[3])).count();
+    assert!(leaderless >= 2, "sessions without their leader:\n{before}");
+    assert!(
+        rows.iter().any(|r| r[4] == "python3" && r[5] == "3"),
+        "{before}"
+    );
+    let ck = d.checkpoint(&sb.id, true);
+    d.remove(&sb.id);
+    let fork = d.fork(&ck.id, 3, false);
+    assert_eq!(fork.branches.len(), 3);
+    for b in &fork.branches {
+        assert_eq!(
+            table(&d, &b.id),
+            before,
+            "branch {}: pid ppid pgid sid comm threads",
+            b.id
+        );
+        assert_running(&d, &b.id);
+    }
+    // The shell still does job control in a branch: its jobs are listed.
+    let b = &fork.branches[0].id;
+    let (code, out, err) = d.sh(
+        b,
+        "tmux send-keys -t jobs 'jobs > /tmp/jobs.txt' Enter; sleep 0.5; cat /tmp/jobs.txt",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Running") && out.contains("sleep 100000"),
+        "{out}"
+    );
+}
+
+/// The case as a user first meets it, on busybox: `setsid` a background sleep from a
+/// shell that then exits.
+#[test]
+fn setsid_daemon_with_an_exited_leader_forks() {
+    if !can_run_criu("setsid_daemon_with_an_exited_leader_forks") {
+        return;
+    }
+    let d = TestDaemon::start("trees-bb");
+    let sb = d.create(
+        serde_json::json!({ "image": "busybox", "command": { "argv": ["sleep", "100000"] } }),
+    );
+    let (code, _, err) = d.sh(
+        &sb.id,
+        "setsid sh -c 'sleep 100000 </dev/null >/dev/null 2>&1 &'; sleep 0.3",
+    );
+    assert_eq!(code, 0, "{err}");
+    let (_, before, _) = d.sh(
+        &sb.id,
+        "ps -o pid,ppid,pgid,sid,args | grep '[s]leep 100000'",
+    );
+    // The main command and the setsid'ed one, whose session's leader (the `sh`) exited.
+    assert_eq!(before.lines().count(), 2, "{before}");
+    let ck = d.checkpoint(&sb.id, true);
+    let fork = d.fork(&ck.id, 3, false);
+    for b in &fork.branches {
+        let (_, after, _) = d.sh(
+            &b.id,
+            "ps -o pid,ppid,pgid,sid,args | grep '[s]leep 100000'",
+        );
+        assert_eq!(after, before, "branch {}", b.id);
+    }
+}
