@@ -149,6 +149,39 @@ impl Checkpoint {
     }
 }
 
+/// Waits, up to `limit`, until no exec relay of the sandbox is left whose command has
+/// ended: a process running the init's binary (`comm` "init"), other than the init
+/// itself, with no child. Relays of commands still running have their command as a
+/// child and stay.
+fn wait_for_exiting_relays(cg: &Cgroup, init_pid: i32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let pids = cg.pids().unwrap_or_default();
+        let stat = |pid: i32| -> Option<(String, i32)> {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let comm = s.get(s.find('(')? + 1..s.rfind(')')?)?.to_string();
+            let ppid = s
+                .get(s.rfind(')')? + 2..)?
+                .split(' ')
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((comm, ppid))
+        };
+        let procs: Vec<(i32, String, i32)> = pids
+            .iter()
+            .filter_map(|&p| stat(p).map(|(c, pp)| (p, c, pp)))
+            .collect();
+        let exiting = procs.iter().any(|(pid, comm, _)| {
+            *pid != init_pid && comm == "init" && !procs.iter().any(|(_, _, pp)| pp == pid)
+        });
+        if !exiting || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -304,6 +337,13 @@ impl Daemon {
                 // so that cost every dump 100 ms. Given a frozen cgroup CRIU seizes the
                 // tasks at once and freezes it again when it lets them go (leave-running,
                 // or a failed dump); the thaw below is the daemon's in every case.
+                // An exec's relay closes its connection just before it exits, so one can
+                // still be on its way out when the checkpoint starts; dumped mid-exit, its
+                // memory restores broken (CRIU's restorer fails reading its pages). Wait
+                // for such relays to be gone first.
+                let t = Instant::now();
+                wait_for_exiting_relays(&cg, rec.init_pid.unwrap_or(0), Duration::from_secs(2));
+                phases.insert("relays".into(), t.elapsed().as_micros() as u64);
                 let freezer = cg.freezer_dir().is_some();
                 if freezer {
                     let t = Instant::now();

@@ -592,12 +592,52 @@ fn check(
     if message.trim().is_empty() {
         message = "no reason given; see the log".into();
     }
+    if let Some(why) = explain(&errors) {
+        message.push_str(": ");
+        message.push_str(&why);
+    }
     Err(CriuError::Failed {
         action,
         message: message.trim().to_string(),
         log: log.to_path_buf(),
         tail: log_tail(log),
     })
+}
+
+/// What a known CRIU failure means here, in forkd's terms.
+fn explain(errors: &[String]) -> Option<String> {
+    if errors.iter().any(|e| e.starts_with("Can't get rlimit")) {
+        // `Dump core (pid: N) failed`: the process CRIU could not read.
+        let who = errors
+            .iter()
+            .find_map(|e| {
+                e.split("(pid: ")
+                    .nth(1)?
+                    .split(')')
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .and_then(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let field = |k: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(k))
+                        .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+                };
+                Some(format!(" ({}, uid {})", field("Name:")?, field("Uid:")?))
+            })
+            .unwrap_or_default();
+        return Some(format!(
+            "a process of the tree{who} runs as a user other than root; CRIU reads every \
+             process's resource limits with prlimit(2), which for another user's process \
+             needs CAP_SYS_RESOURCE, and this machine does not grant it. Services that drop \
+             privileges (PostgreSQL, nginx's workers, a Dockerfile's USER) cannot be \
+             checkpointed live here yet: run them as root, or checkpoint the files only"
+        ));
+    }
+    None
 }
 
 /// Error lines of a CRIU log without their timestamp and source location, harmless
@@ -716,6 +756,20 @@ fn bundle_launch(wrapper: &Path) -> Option<(PathBuf, Vec<std::ffi::OsString>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn known_failures_are_explained() {
+        let e = vec![
+            "Can't get rlimit 0: Operation not permitted".to_string(),
+            "Dump core (pid: 4000000000) failed with -1".to_string(),
+        ];
+        let why = explain(&e).unwrap();
+        assert!(
+            why.contains("CAP_SYS_RESOURCE") && why.contains("other than root"),
+            "{why}"
+        );
+        assert_eq!(explain(&["Can't dump fd 5".to_string()]), None);
+    }
 
     #[test]
     fn versions_parse() {
