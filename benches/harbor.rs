@@ -1,8 +1,9 @@
 //! Harbor benchmark: `harbor run` of 8 concurrent trials of one task (`-k 8 -n 8`),
 //! from the start of `harbor run` to each trial's first agent command, and Harbor's own
-//! record of each trial's environment start-up; forkd's backend cold (the golden
-//! checkpoint built in the run) and warm (reused), next to Harbor's podman backend in
-//! the same run where it runs here (it needs podman-compose on PATH).
+//! record of each trial's environment start-up; forkd's backend cold (the task's
+//! Dockerfile built and the golden checkpoint made in the run) and warm (reused), next to
+//! Harbor's podman backend building the same Dockerfile (FROM podman's copy of the
+//! fixture) in the same run where it runs here (it needs podman-compose on PATH).
 //!
 //! The measuring is in `benches/harbor/bench.py`, run with the Harbor environment's
 //! Python (`fixtures/setup.sh harbor`); this file starts a private daemon, imports the

@@ -5,9 +5,10 @@ For 8 concurrent trials of one task (`-k 8 -n 8`), with the first-command agent
 - `to_first_command`: from the start of `harbor run` to the trial's first agent command
   returning (what a user waits for);
 - `environment_setup`: Harbor's own record of the trial's environment start-up.
-Runs forkd's backend cold (no checkpoint of the definition yet: the golden sandbox is
-built and checkpointed in the run) and warm (the checkpoint is reused), then Harbor's
-podman backend on a copy of the task naming the podman image, when it can run here.
+Runs forkd's backend cold (no image or checkpoint of the definition yet: the Dockerfile
+is built, the golden sandbox started and checkpointed in the run) and warm (the
+checkpoint is reused), then Harbor's podman backend on a copy of the task whose
+Dockerfile starts FROM the podman copy of the same image, when it can run here.
 
     python bench.py --task DIR --podman-image IMG --out DIR
 """
@@ -73,12 +74,18 @@ def main() -> int:
     print("[harbor bench] forkd, warm", file=sys.stderr)
     report["forkd_warm"] = run(forkd_env, a.task, a.scratch / "forkd-warm", {})
     if a.podman_image:
-        # The same task naming the podman image. Harbor's podman backend refuses
+        # The same task on the podman image. Harbor's podman backend refuses
         # network_mode 'no-network', so the copy allows the (absent) internet.
         task = a.scratch / "podman-task" / a.task.name
         shutil.copytree(a.task, task)
         toml = (task / "task.toml").read_text()
         toml = toml.replace('docker_image = "debian"', f'docker_image = "{a.podman_image}"')
+        # The same Dockerfile, FROM the podman copy of the Debian fixture (podman has no
+        # image called plain "debian", and no network to look for one).
+        dockerfile = task / "environment" / "Dockerfile"
+        if dockerfile.is_file():
+            text = dockerfile.read_text()
+            dockerfile.write_text(text.replace("FROM debian", f"FROM {a.podman_image}"))
         toml = toml.replace("allow_internet = false", "allow_internet = true")
         (task / "task.toml").write_text(toml)
         # This machine lacks CAP_SYS_RESOURCE: containers need rlimits within the hard ones.
