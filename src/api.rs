@@ -194,6 +194,10 @@ pub struct BuildRequest {
     /// Limits for the sandboxes steps run in.
     #[serde(default)]
     pub limits: Limits,
+    /// Kill a RUN step's whole process tree after this many seconds, failing the build
+    /// (default: no limit).
+    #[serde(default)]
+    pub step_timeout_secs: Option<u64>,
 }
 
 /// One step of a build.

@@ -334,6 +334,22 @@ fn image_build_failures_name_the_line_and_leave_nothing_behind() {
         stderr.contains("line 4:") && stderr.contains("failing-output"),
         "{stderr}"
     );
+    // A RUN past its step timeout: its processes are killed and the build fails there.
+    std::fs::write(
+        ctx.join("Dockerfile.slow"),
+        "FROM busybox\nRUN echo started; sleep 600\n",
+    )
+    .unwrap();
+    let err = build(
+        &d,
+        serde_json::json!({ "context": ctx, "dockerfile": "Dockerfile.slow", "name": "slow", "step_timeout_secs": 1 }),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("line 2:") && err.contains("timed out after 1 s") && err.contains("started"),
+        "{err}"
+    );
+    assert_eq!(layers(&d), layers_before);
     // Refusals before any work: network, a relative context.
     let err = build(
         &d,

@@ -32,6 +32,9 @@ pub enum ImageCmd {
         /// Run every step, ignoring the step cache
         #[arg(long)]
         no_cache: bool,
+        /// Kill a RUN step (and fail the build) after this many seconds
+        #[arg(long, value_name = "SECS")]
+        step_timeout: Option<u64>,
     },
     /// List images
     Ls {
@@ -75,6 +78,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
             build_args,
             target,
             no_cache,
+            step_timeout,
         } => {
             let abs = std::fs::canonicalize(&context)
                 .map_err(|e| anyhow::anyhow!("build context {context}: {e}"))?;
@@ -107,6 +111,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 build_args: args,
                 target,
                 no_cache,
+                step_timeout_secs: step_timeout,
                 ..Default::default()
             };
             let progress = if ctx.json {

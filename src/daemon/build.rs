@@ -744,6 +744,7 @@ impl Job<'_> {
                     cwd: state.config.working_dir.clone(),
                     user: state.config.user.clone(),
                     merge_stderr: true,
+                    timeout_ms: self.req.step_timeout_secs.map(|s| s.saturating_mul(1000)),
                     ..Default::default()
                 };
                 let text = step.text.clone();
@@ -755,9 +756,13 @@ impl Job<'_> {
                         return Ok(());
                     }
                     let output = crate::api::b64::decode(&out.output_b64).unwrap_or_default();
-                    let how = match out.exit.signal {
-                        Some(s) => format!("was killed by signal {s}"),
-                        None => format!("exited with code {}", out.exit.exit_code),
+                    let how = match (out.exit.timed_out, out.exit.signal) {
+                        (true, _) => format!(
+                            "timed out after {} s (step_timeout_secs); its processes were killed",
+                            self.req.step_timeout_secs.unwrap_or(0)
+                        ),
+                        (false, Some(s)) => format!("was killed by signal {s}"),
+                        (false, None) => format!("exited with code {}", out.exit.exit_code),
                     };
                     Err(self.err(
                         line,

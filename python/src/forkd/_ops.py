@@ -109,6 +109,7 @@ def build_image(
     target: Optional[str] = None,
     no_cache: bool = False,
     limits: Optional[Mapping[str, Optional[int]]] = None,
+    step_timeout: Optional[int] = None,
 ) -> Call[t.BuildResult]:
     """`buildImage`: `context` (and `dockerfile`, if absolute) are paths on the daemon's host."""
     body: dict[str, Any] = {"context": context, "name": name}
@@ -122,6 +123,8 @@ def build_image(
         body["no_cache"] = True
     if limits:
         body["limits"] = dict(limits)
+    if step_timeout is not None:
+        body["step_timeout_secs"] = int(step_timeout)
     # A build runs as long as its RUN steps do: no wire timeout.
     return json_call("POST", "/v1/images/build", t.BuildResult.from_json, body, timeout=None)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,10 @@ class ForkdEnvironment(BaseEnvironment):
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", self.environment_name).strip(".-") or "task"
         name = f"harbor/{slug[:80]}:{key[:12]}"
         self.logger.info(f"forkd: building {self._dockerfile()} as {name}")
-        res = await self.client.build_image(str(self.environment_dir.resolve()), name, no_cache=force_build)
+        # Harbor's build_timeout_sec bounds the build; forkd bounds each RUN step by it.
+        budget = getattr(self.task_env_config, "build_timeout_sec", None)
+        step_timeout = max(1, math.ceil(budget)) if budget else None
+        res = await self.client.build_image(str(self.environment_dir.resolve()), name, no_cache=force_build, step_timeout=step_timeout)
         ran = sum(1 for s in res.steps if s.cache == "miss")
         self.logger.info(f"forkd: built {name}: {ran} steps run, {len(res.steps) - ran} from cache or config")
         return name
