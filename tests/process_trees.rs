@@ -224,3 +224,40 @@ fn setsid_daemon_with_an_exited_leader_forks() {
         assert_eq!(after, before, "branch {}", b.id);
     }
 }
+
+/// The same daemon started by the sandbox's main command (a detached exec), whose relay
+/// stays: the daemon is adopted by the init, where CRIU can recreate its dead leader.
+#[test]
+fn daemon_of_the_main_command_forks() {
+    if !can_run_criu("daemon_of_the_main_command_forks") {
+        return;
+    }
+    let d = TestDaemon::start("trees-main");
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "setsid sh -c 'sleep 100000 </dev/null >/dev/null 2>&1 &'; exec sleep 200000" }
+    }));
+    let line = "ps -o pid,ppid,pgid,sid,args | grep '[s]leep [12]00000'";
+    let t = std::time::Instant::now();
+    let before = loop {
+        let (_, out, _) = d.sh(&sb.id, line);
+        if out.lines().count() == 2 {
+            break out;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{out}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The daemon's parent is the init (pid 1), not the main command's relay.
+    assert!(
+        before
+            .lines()
+            .any(|l| l.contains("sleep 100000") && l.split_whitespace().nth(1) == Some("1")),
+        "{before}"
+    );
+    let ck = d.checkpoint(&sb.id, true);
+    let fork = d.fork(&ck.id, 3, false);
+    for b in &fork.branches {
+        let (_, after, _) = d.sh(&b.id, line);
+        assert_eq!(after, before, "branch {}", b.id);
+    }
+}

@@ -2,13 +2,16 @@
 //!
 //! It reads the [`ExecRequest`], starts the command in a new session (on a fresh
 //! pseudo-terminal when asked), and shuttles stdin/stdout/stderr between the command
-//! and the connection as frames. The relay is a child subreaper, so every descendant of
-//! the command that is orphaned comes back to it instead of escaping to the init: a
-//! timeout (or the client hanging up) therefore kills the command's whole tree,
-//! grandchildren that changed session included, and nothing else.
+//! and the connection as frames. For a command run to completion the relay is a child
+//! subreaper, so every descendant of the command that is orphaned comes back to it
+//! instead of escaping to the init: a timeout (or the client hanging up) therefore kills
+//! the command's whole tree, grandchildren that changed session included, and nothing
+//! else.
 //!
 //! Detached commands write their output to `/.forkd/logs/<name>.log`; the relay stays
-//! behind as their waiter and records the exit status in `/.forkd/logs/<name>.exit`.
+//! behind as their waiter and records the exit status in `/.forkd/logs/<name>.exit`. It
+//! is not a subreaper: a detached command's orphans (a daemon whose parent exited) are
+//! adopted by the init, where CRIU can restore them with their dead leaders.
 
 use crate::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -72,7 +75,7 @@ impl DetachedWaiter {
         let exit = exit_of(status, false, self.started.elapsed());
         let exit_path = format!("{}/{}.exit", crate::setup::LOG_DIR, self.name);
         let _ = std::fs::write(&exit_path, serde_json::to_vec(&exit).unwrap_or_default());
-        // Keep reaping adopted descendants until none is left, so they stay in our tree.
+        // Reap what is left of our own children (none are adopted: see the module header).
         loop {
             match waitpid(Pid::from_raw(-1), None) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
@@ -90,7 +93,15 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
         None => return Ok(None),
     };
     req.validate()?;
-    nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("set subreaper: {e}"))?;
+    // A command run to completion keeps its orphans below the relay, so that a timeout
+    // or a hang-up kills its whole tree. A detached command's orphans go to the init
+    // instead, as a daemon's do on a real machine: CRIU restores a process whose session
+    // or group leader has exited only when it is a child of the tree's root (it recreates
+    // the dead leader as a helper there), so a daemon adopted by a relay could be
+    // checkpointed but never restored ("Can't find a session leader").
+    if !req.detach {
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("set subreaper: {e}"))?;
+    }
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.thread_block()
