@@ -27,22 +27,6 @@ fn sh_ok(d: &TestDaemon, id: &str, line: &str) -> String {
     out
 }
 
-/// Runs `line` until it succeeds with output containing `want`.
-fn wait_for(d: &TestDaemon, id: &str, line: &str, want: &str) -> String {
-    let t = Instant::now();
-    loop {
-        let (code, out, err) = d.sh(id, line);
-        if code == 0 && out.contains(want) {
-            return out;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "{line:?} in {id}: {code} {out:?} {err:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A client holding one TCP connection to redis across the checkpoint: `INCR n` every
 /// 50 ms, the answer written to /tmp/c-redis.
 const REDIS_CLIENT: &str = r#"
@@ -72,26 +56,15 @@ fn redis_with_a_connected_client_forks_into_branches() {
         &sb.id,
         "redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no",
     );
-    wait_for(&d, &sb.id, "redis-cli ping", "PONG");
+    d.wait_for(&sb.id, "redis-cli ping", "PONG");
     sh_ok(&d, &sb.id, "redis-cli set k before-the-checkpoint");
-    let client = d.root.parent().unwrap().join("client.py");
-    std::fs::write(&client, REDIS_CLIENT).unwrap();
-    let out = d.cli(&[
-        "cp",
-        client.to_str().unwrap(),
-        &format!("{}:/client.py", sb.id),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    d.put_file(&sb.id, "/client.py", REDIS_CLIENT.as_bytes());
     d.exec(
         &sb.id,
         serde_json::json!({ "argv": ["python3", "/client.py"], "detach": true, "log": "client" }),
     )
     .unwrap();
-    wait_for(&d, &sb.id, "cat /tmp/c-redis", "");
+    d.wait_for(&sb.id, "cat /tmp/c-redis", "");
     let before = d.read_number(&sb.id, "/tmp/c-redis");
     let ck = d.checkpoint(&sb.id, true);
     d.remove(&sb.id);
@@ -157,7 +130,7 @@ fn postgres_is_refused_with_the_reason_it_cannot_be_checkpointed() {
              echo 'SELECT 41 + 1;' > /tmp/psql-in"
         ),
     );
-    wait_for(&d, &sb.id, "cat /tmp/psql-out", "42");
+    d.wait_for(&sb.id, "cat /tmp/psql-out", "42");
     // PostgreSQL will not run as root, and CRIU cannot read a non-root process's
     // resource limits without CAP_SYS_RESOURCE, which this machine withholds: the live
     // checkpoint is refused, naming the process and the reason, and nothing is lost.
@@ -182,7 +155,7 @@ fn postgres_is_refused_with_the_reason_it_cannot_be_checkpointed() {
         &sb.id,
         "echo 'SELECT 1000 + count(*) FROM t;' > /tmp/psql-in",
     );
-    wait_for(&d, &sb.id, "cat /tmp/psql-out", "1100");
+    d.wait_for(&sb.id, "cat /tmp/psql-out", "1100");
     // A filesystem checkpoint of the same state works, and a branch of it starts the
     // server again on the data written before (the session is gone, as on a reboot).
     let ck = d.checkpoint(&sb.id, false);
@@ -219,7 +192,7 @@ fn nginx_master_and_workers_serve_in_every_branch() {
         "sed -i 's/^user .*;/user root;/' /etc/nginx/nginx.conf && \
          echo before > /var/www/html/index.html && nginx",
     );
-    wait_for(&d, &sb.id, get, "before");
+    d.wait_for(&sb.id, get, "before");
     // The master daemonized itself (its parent is the init) and forked its workers.
     let ps = sh_ok(&d, &sb.id, "ps -o ppid=,args= -C nginx");
     assert!(ps.lines().count() >= 3, "a master and its workers: {ps}");

@@ -140,20 +140,8 @@ fn daemons_job_control_and_threads_keep_their_tree_in_every_branch() {
     let sb = d.create(
         serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
     );
-    let dir = d.root.parent().unwrap().to_path_buf();
-    for (file, text) in [("table.py", TABLE), ("trees.sh", TREES)] {
-        std::fs::write(dir.join(file), text).unwrap();
-        let out = d.cli(&[
-            "cp",
-            dir.join(file).to_str().unwrap(),
-            &format!("{}:/{file}", sb.id),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    d.put_file(&sb.id, "/table.py", TABLE.as_bytes());
+    d.put_file(&sb.id, "/trees.sh", TREES.as_bytes());
     let (code, _, err) = d.sh(&sb.id, "bash /trees.sh");
     assert_eq!(code, 0, "{err}");
     let before = settled_table(&d, &sb.id);

@@ -7,22 +7,6 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-/// Waits until `line` prints `want` in sandbox `id` (a service coming up).
-fn wait_for(d: &TestDaemon, id: &str, line: &str, want: &str) -> String {
-    let t = Instant::now();
-    loop {
-        let (code, out, err) = d.sh(id, line);
-        if code == 0 && out.contains(want) {
-            return out;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{line:?} in {id}: exit {code}, {out:?} {err:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn busybox_httpd_answers_in_every_branch() {
     if !can_run_criu("busybox_httpd_answers_in_every_branch") {
@@ -33,7 +17,7 @@ fn busybox_httpd_answers_in_every_branch() {
         "image": "busybox",
         "command": { "shell": "mkdir -p /www && echo served > /www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /www" }
     }));
-    wait_for(&d, &sb.id, "wget -qO- http://127.0.0.1:8080/", "served");
+    d.wait_for(&sb.id, "wget -qO- http://127.0.0.1:8080/", "served");
     let ck = d.checkpoint(&sb.id, true);
     let fork = d.fork(&ck.id, 3, false);
     assert_eq!(fork.branches.len(), 3);
@@ -129,18 +113,7 @@ fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
     let sb = d.create(
         serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
     );
-    let script = d.root.parent().unwrap().join("services.py");
-    std::fs::write(&script, SERVICES).unwrap();
-    let out = d.cli(&[
-        "cp",
-        script.to_str().unwrap(),
-        &format!("{}:/services.py", sb.id),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    d.put_file(&sb.id, "/services.py", SERVICES.as_bytes());
     d.exec(
         &sb.id,
         serde_json::json!({ "argv": ["python3", "/services.py"], "detach": true, "log": "svc" }),
@@ -148,11 +121,11 @@ fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
     .unwrap();
     let counters = ["/tmp/tcp4", "/tmp/tcp6", "/tmp/udp4"];
     for c in counters {
-        wait_for(&d, &sb.id, &format!("cat {c}"), "");
+        d.wait_for(&sb.id, &format!("cat {c}"), "");
         let n = d.read_number(&sb.id, c);
         assert!(n >= 1, "{c}: {n}");
     }
-    wait_for(&d, &sb.id, "cat /tmp/in-flight-sent", "1");
+    d.wait_for(&sb.id, "cat /tmp/in-flight-sent", "1");
     let before: Vec<u64> = counters.iter().map(|c| d.read_number(&sb.id, c)).collect();
     let ck = d.checkpoint(&sb.id, true);
     d.remove(&sb.id);
@@ -179,7 +152,7 @@ fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
     let (first, rest) = fork.branches.split_first().unwrap();
     let (code, _, err) = d.sh(&first.id, "touch /tmp/go");
     assert_eq!(code, 0, "{err}");
-    let got = wait_for(&d, &first.id, "cat /tmp/got", "sent");
+    let got = d.wait_for(&first.id, "cat /tmp/got", "sent");
     assert_eq!(got, "sent before the checkpoint\n");
     for b in rest {
         let (code, _, _) = d.sh(&b.id, "test -e /tmp/got");

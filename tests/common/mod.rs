@@ -401,3 +401,56 @@ pub fn results(run: &Path) -> Vec<forkd_analysis::TrialRow> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+impl TestDaemon {
+    /// Writes `contents` at `path` in sandbox `id` (through the API's file copy).
+    pub fn put_file(&self, id: &str, path: &str, contents: &[u8]) {
+        let name = std::path::Path::new(path)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o755);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(contents.len() as u64);
+        b.append_data(&mut h, name, contents).unwrap();
+        let tar = b.into_inner().unwrap();
+        let resp = self
+            .client
+            .raw(
+                "PUT",
+                &format!(
+                    "/v1/sandboxes/{id}/files?path={}",
+                    forkd::daemon::url_encode(path)
+                ),
+                &tar,
+            )
+            .expect("copy into the sandbox");
+        assert!(
+            resp.status < 300,
+            "put {path} into {id}: {}",
+            String::from_utf8_lossy(&resp.body)
+        );
+    }
+
+    /// Runs `line` in sandbox `id` until it exits 0 with output containing `want`;
+    /// returns that output. Fails after 30 s.
+    pub fn wait_for(&self, id: &str, line: &str, want: &str) -> String {
+        let t = Instant::now();
+        loop {
+            let (code, out, err) = self.sh(id, line);
+            if code == 0 && out.contains(want) {
+                return out;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{line:?} in {id}: exit {code}, {out:?} {err:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
