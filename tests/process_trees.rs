@@ -196,20 +196,28 @@ fn setsid_daemon_with_an_exited_leader_forks() {
         "setsid sh -c 'sleep 100000 </dev/null >/dev/null 2>&1 &'; sleep 0.3",
     );
     assert_eq!(code, 0, "{err}");
-    let (_, before, _) = d.sh(
-        &sb.id,
-        "ps -o pid,ppid,pgid,sid,args | grep '[s]leep 100000'",
-    );
-    // The main command and the setsid'ed one, whose session's leader (the `sh`) exited.
-    assert_eq!(before.lines().count(), 2, "{before}");
+    // The main command and the setsid'ed one, whose session's leader (the `sh`) exited;
+    // only once both run `sleep 100000` (ps shows interim names while they start).
+    let line = "ps -o pid,ppid,pgid,sid,args | awk '$5 == \"sleep\" && $6 == \"100000\"'";
+    let before = settled_lines(&d, &sb.id, line, 2);
     let ck = d.checkpoint(&sb.id, true);
     let fork = d.fork(&ck.id, 3, false);
     for b in &fork.branches {
-        let (_, after, _) = d.sh(
-            &b.id,
-            "ps -o pid,ppid,pgid,sid,args | grep '[s]leep 100000'",
-        );
+        let (_, after, _) = d.sh(&b.id, line);
         assert_eq!(after, before, "branch {}", b.id);
+    }
+}
+
+/// The output of `line` once it has `n` lines.
+fn settled_lines(d: &TestDaemon, id: &str, line: &str, n: usize) -> String {
+    let t = Instant::now();
+    loop {
+        let (_, out, _) = d.sh(id, line);
+        if out.lines().count() == n {
+            return out;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{line}: {out}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -225,16 +233,10 @@ fn daemon_of_the_main_command_forks() {
         "image": "busybox",
         "command": { "shell": "setsid sh -c 'sleep 100000 </dev/null >/dev/null 2>&1 &'; exec sleep 200000" }
     }));
-    let line = "ps -o pid,ppid,pgid,sid,args | grep '[s]leep [12]00000'";
-    let t = std::time::Instant::now();
-    let before = loop {
-        let (_, out, _) = d.sh(&sb.id, line);
-        if out.lines().count() == 2 {
-            break out;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "{out}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    // Only the processes whose command line is final (`sleep N`): while the shell starts
+    // them, ps shows them under their interim names.
+    let line = "ps -o pid,ppid,pgid,sid,args | awk '$5 == \"sleep\" && ($6 == \"100000\" || $6 == \"200000\")'";
+    let before = settled_lines(&d, &sb.id, line, 2);
     // The daemon's parent is the init (pid 1), not the main command's relay.
     assert!(
         before
