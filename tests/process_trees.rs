@@ -169,15 +169,10 @@ fn daemons_job_control_and_threads_keep_their_tree_in_every_branch() {
     }
     // The shell still does job control in a branch: its jobs are listed.
     let b = &fork.branches[0].id;
-    let (code, out, err) = d.sh(
-        b,
-        "tmux send-keys -t jobs 'jobs > /tmp/jobs.txt' Enter; sleep 0.5; cat /tmp/jobs.txt",
-    );
+    let (code, _, err) = d.sh(b, "tmux send-keys -t jobs 'jobs > /tmp/jobs.txt' Enter");
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("Running") && out.contains("sleep 100000"),
-        "{out}"
-    );
+    let out = d.wait_for(b, "cat /tmp/jobs.txt", "sleep 100000");
+    assert!(out.contains("Running"), "{out}");
 }
 
 /// The case as a user first meets it, on busybox: `setsid` a background sleep from a
