@@ -608,7 +608,12 @@ impl Job<'_> {
         }
         let img =
             forkd_layers::import_image(&self.d.layers, &self.d.images, &path, &name, &mut |_| {})
-                .map_err(|e| self.err(line, format!("FROM {}: {}", path.display(), chain(&e))))?;
+                .map_err(|e| {
+                self.err(
+                    line,
+                    ApiError::from_chain(&format!("FROM {}", path.display()), &e).message,
+                )
+            })?;
         made.images.push(name);
         made.layers.extend(img.layers.iter().cloned());
         Ok(img)
@@ -946,8 +951,8 @@ impl Job<'_> {
                         Some(k @ ("xz" | "bzip2")) => {
                             return Err(self.err(line, format!("ADD: {} is a {k} archive, which is not supported (use gzip, zstd or plain tar)", e.src.display())))
                         }
-                        Some(k) => {
-                            archives.push((e, k));
+                        Some(_) => {
+                            archives.push(e);
                             continue;
                         }
                         None => {}
@@ -964,7 +969,7 @@ impl Job<'_> {
             .digest()
             .map_err(|e| self.err(line, format!("{what}: {e}")))?;
         let mut arch_digest = String::new();
-        for (e, _) in &archives {
+        for e in &archives {
             let one = Selection {
                 entries: vec![e.clone()],
                 dest_is_dir: true,
@@ -992,8 +997,8 @@ impl Job<'_> {
                     .copy_in(sb, &at, &tar)
                     .map_err(|e| self.err(line, format!("{what}: {}", e.message)))?;
             }
-            for (e, kind) in &archives {
-                let tar = unpack(&e.src, kind)
+            for e in &archives {
+                let tar = unpack(&e.src)
                     .map_err(|x| self.err(line, format!("ADD: unpack {}: {x}", e.src.display())))?;
                 self.d
                     .copy_in(sb, &dest_abs, &tar)
@@ -1054,22 +1059,13 @@ fn read_head(p: &Path, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// A local archive as a plain tar.
-fn unpack(p: &Path, kind: &str) -> std::io::Result<Vec<u8>> {
+/// A local archive as a plain tar (the layer store's decompression, which sniffs gzip
+/// and zstd from the first bytes).
+fn unpack(p: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let f = std::fs::File::open(p)?;
+    let (mut r, _) = forkd_layers::extract::decompress(std::fs::File::open(p)?)?;
     let mut out = Vec::new();
-    match kind {
-        "gzip" => {
-            flate2::read::MultiGzDecoder::new(f).read_to_end(&mut out)?;
-        }
-        "zstd" => {
-            zstd::stream::read::Decoder::new(f)?.read_to_end(&mut out)?;
-        }
-        _ => {
-            std::io::BufReader::new(f).read_to_end(&mut out)?;
-        }
-    }
+    r.read_to_end(&mut out)?;
     Ok(out)
 }
 
@@ -1145,17 +1141,6 @@ fn tail(out: &[u8]) -> String {
     }
     t.push_str(&lines[start..].join("\n"));
     t
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
-        src = x.source();
-    }
-    s
 }
 
 #[cfg(test)]

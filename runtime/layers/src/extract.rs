@@ -60,7 +60,7 @@ const COPY_BUF: usize = 256 * 1024;
 
 /// What compression a stream uses, from its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Compression {
+pub enum Compression {
     None,
     Gzip,
     Zstd,
@@ -82,10 +82,9 @@ pub(crate) fn sniff(head: &[u8]) -> Compression {
     }
 }
 
-/// Wraps `r` in the decompressor its first bytes call for.
-pub(crate) fn decompress<'a, R: Read + 'a>(
-    mut r: R,
-) -> io::Result<(Box<dyn Read + 'a>, Compression)> {
+/// Wraps `r` in the decompressor its first bytes call for (gzip, zstd, or none; xz and
+/// bzip2 are refused).
+pub fn decompress<'a, R: Read + 'a>(mut r: R) -> io::Result<(Box<dyn Read + 'a>, Compression)> {
     let mut head = [0u8; 6];
     let mut n = 0;
     while n < head.len() {
