@@ -249,6 +249,41 @@ pub struct CreateSandboxRequest {
     pub limits: Limits,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// What the sandbox may reach beyond itself (default: nothing; loopback only).
+    #[serde(default)]
+    pub network: Network,
+}
+
+/// A sandbox's network mode: `{"mode": "none"}`, `{"mode": "egress"}` or
+/// `{"mode": "allowlist", "hosts": ["198.18.0.1", "pypi.example", "10.0.0.0/8"]}`.
+pub use forkd_net::Network;
+
+/// A sandbox's network as it is (absent for mode `none`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkInfo {
+    pub mode: Network,
+    /// The sandbox's address on `eth0`, and its gateway (the host's end of the veth).
+    pub address: String,
+    pub gateway: String,
+    /// The host-side veth.
+    pub link: String,
+    /// Allowlist: the networks its rules allow (names resolved at create time).
+    pub allowed: Vec<String>,
+    /// Egress: the name servers in its `/etc/resolv.conf`.
+    pub nameservers: Vec<String>,
+}
+
+impl From<&forkd_net::Lease> for NetworkInfo {
+    fn from(l: &forkd_net::Lease) -> NetworkInfo {
+        NetworkInfo {
+            mode: l.network.clone(),
+            address: l.address().to_string(),
+            gateway: l.gateway().to_string(),
+            link: l.link.clone(),
+            allowed: l.allowed.iter().map(|n| n.to_string()).collect(),
+            nameservers: l.nameservers.iter().map(|n| n.to_string()).collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,6 +320,9 @@ pub struct SandboxInfo {
     pub oom_kills: u64,
     /// Set-up latency, microseconds (create to ready for the first exec).
     pub create_us: u64,
+    /// Its network beyond loopback, while it runs with one.
+    #[serde(default)]
+    pub network: Option<NetworkInfo>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -478,6 +516,10 @@ pub struct ForkRequest {
     pub fresh: bool,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The branches' network; by default the checkpointed sandbox's (same mode, same
+    /// resolved allowlist), each branch with an address of its own.
+    #[serde(default)]
+    pub network: Option<Network>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

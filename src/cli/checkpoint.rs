@@ -60,6 +60,10 @@ pub struct ForkArgs {
     pub lazy: bool,
     #[arg(short, long = "label")]
     pub labels: Vec<String>,
+    /// The branches' network (none, egress, allowlist=HOST,...); by default the
+    /// checkpointed sandbox's, each branch with an address of its own
+    #[arg(long, value_parser = clap::value_parser!(crate::api::Network))]
+    pub network: Option<crate::api::Network>,
 }
 
 pub fn labels(list: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -185,7 +189,7 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
 }
 
 pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
-    let body = serde_json::json!({ "count": args.count, "lazy": args.lazy, "labels": labels(&args.labels)? });
+    let body = serde_json::json!({ "count": args.count, "lazy": args.lazy, "labels": labels(&args.labels)?, "network": args.network });
     if !ctx.json {
         eprintln!(
             "forking {} branch(es) from {} ...",

@@ -29,6 +29,11 @@ pub struct RunArgs {
     /// Labels (KEY=VALUE)
     #[arg(short, long = "label")]
     pub labels: Vec<String>,
+    /// What the sandbox may reach: none (loopback only), egress (the outside world,
+    /// never the host or other sandboxes), or allowlist=HOST,... (IPv4 addresses,
+    /// networks, or names resolved now)
+    #[arg(long, default_value = "none", value_parser = clap::value_parser!(crate::api::Network))]
+    pub network: crate::api::Network,
     #[command(flatten)]
     pub opts: ExecOpts,
     pub image: String,
@@ -59,7 +64,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("label {l:?} is not KEY=VALUE"))?;
         labels.insert(k.into(), v.into());
     }
-    let mut body = serde_json::json!({ "image": args.image, "limits": limits, "labels": labels, "hostname": args.hostname });
+    let mut body = serde_json::json!({ "image": args.image, "limits": limits, "labels": labels, "hostname": args.hostname, "network": args.network });
     let detached_cmd = args.detach && !args.command.is_empty();
     if detached_cmd {
         body["command"] = serde_json::to_value(build_request(&args.opts, &args.command))?;

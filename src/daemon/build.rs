@@ -403,10 +403,12 @@ impl Daemon {
             cgroup: format!("forkd/{id}"),
             create_us: 0,
             config: config.clone(),
+            network: forkd_net::Network::None,
+            lease: None,
         };
         let dir = self.sandbox_dir(&id);
         self.start_or_undo(&dir, record, started, |d, dir, rec| {
-            d.start_init_in(dir, rec)
+            d.start_init_in(dir, rec, None)
         })
     }
 

@@ -129,6 +129,12 @@ pub struct CheckpointRecord {
     /// The source sandbox's image config, which its branches keep.
     #[serde(default)]
     pub config: forkd_layers::ImageConfig,
+    /// The source sandbox's network mode and lease when it was checkpointed: its branches
+    /// get the same policy, each with an address of its own.
+    #[serde(default)]
+    pub network: forkd_net::Network,
+    #[serde(default)]
+    pub lease: Option<forkd_net::Lease>,
 }
 
 pub struct Checkpoint {
@@ -353,6 +359,24 @@ impl Daemon {
                     })?;
                     phases.insert("freeze".into(), t.elapsed().as_micros() as u64);
                 }
+                // Sockets that leave the sandbox cannot be restored in a branch, which
+                // has another address (forkd_net::sockets). Looked for with the tree
+                // frozen, so none appears between the look and the dump.
+                let outside = forkd_net::sockets::outside(
+                    rec.init_pid.unwrap_or(0),
+                    &cg.pids().unwrap_or_default(),
+                );
+                if !outside.is_empty() {
+                    if freezer {
+                        let _ = cg.set_frozen(false, Duration::from_secs(10));
+                    }
+                    let list: Vec<String> = outside.iter().map(|o| o.to_string()).collect();
+                    return Err(ApiError::conflict(format!(
+                        "live checkpoint of sandbox {}: {}; a branch has an address of its own, so a socket bound to the sandbox's address or connected outside it cannot be restored there (close it first; sockets on loopback or bound to the wildcard address are kept)",
+                        sb.id,
+                        list.join("; ")
+                    )));
+                }
                 let dumped = criu.dump(
                     &forkd_criu::DumpOpts {
                         pid: rec.init_pid.unwrap_or(0),
@@ -454,6 +478,8 @@ impl Daemon {
             phases_us: phases,
             images_bytes: dir_size(&stage.join("criu")),
             config: rec.config.clone(),
+            network: rec.network.clone(),
+            lease: rec.lease.clone(),
         };
         let dir = self.data.join("checkpoints").join(id.as_str());
         if let Err(e) =
@@ -601,6 +627,15 @@ impl Daemon {
                 c.id
             )));
         }
+        // The branches' network: as asked, or the checkpointed sandbox's own policy (its
+        // allowlist as resolved then, so that every branch allows the same addresses).
+        let (network, policy) = match &req.network {
+            Some(n) => (n.clone(), self.network_policy(n)?),
+            None => (
+                ck.network.clone(),
+                ck.lease.as_ref().map(forkd_net::Policy::of),
+            ),
+        };
         let criu = if ck.live && !req.fresh {
             Some(
                 self.criu
@@ -632,6 +667,8 @@ impl Daemon {
                 cgroup: format!("forkd/{id}"),
                 create_us: 0,
                 config: ck.config.clone(),
+                network: network.clone(),
+                lease: None,
             };
             let dir = self.sandbox_dir(&id);
             let mut phases = BTreeMap::new();
@@ -648,8 +685,18 @@ impl Daemon {
             let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
                 prepared_at.set(Some(started.elapsed()));
                 let Some(criu) = criu else {
-                    return d.start_init_in(dir, rec);
+                    return d.start_init_in(dir, rec, policy.as_ref());
                 };
+                // With egress, the branch's namespace is made and plumbed first and CRIU
+                // restores the tree into it; without, CRIU makes a bare one.
+                let connected = match &policy {
+                    Some(p) => Some(d.connect(&rec.id, p, &dir.join("rootfs"), &rec.hostname)?),
+                    None => None,
+                };
+                let netns = connected.map(|c| {
+                    rec.lease = Some(c.lease);
+                    std::sync::Arc::new(c.netns)
+                });
                 let work = dir.join("criu");
                 std::fs::create_dir_all(&work)
                     .map_err(|e| ApiError::internal(format!("create {}: {e}", work.display())))?;
@@ -670,6 +717,7 @@ impl Daemon {
                     lazy_pages: lazy,
                     join_cgroup_procs: cg.procs_files(),
                     cgroup_roots: cg.roots(),
+                    netns,
                 });
                 let restored = match restored {
                     Ok(r) => r,

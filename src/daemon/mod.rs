@@ -15,6 +15,7 @@ mod files;
 mod http;
 mod images;
 mod metrics;
+mod network;
 mod routes;
 mod sandboxes;
 
@@ -63,6 +64,10 @@ pub struct Daemon {
     pub metrics: metrics::Metrics,
     /// Image builds in progress.
     pub builds: build::Builds,
+    /// Sandbox egress: the pool, the nftables table, `nft`.
+    pub egress: forkd_net::Egress,
+    /// The network lease of every sandbox that holds one.
+    pub leases: Mutex<HashMap<forkd_sandbox::SandboxId, forkd_net::Lease>>,
     pub runtime: tokio::runtime::Handle,
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -245,6 +250,15 @@ impl Daemon {
             Ok(_) => {}
         }
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
+        // The table's name comes from the data directory, so that daemons on one host
+        // (one per state root) never share rules.
+        let tag = {
+            use sha2::Digest;
+            let h = sha2::Sha256::digest(data.as_os_str().as_encoded_bytes());
+            h.iter().take(4).map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
+        let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);
         let daemon = Arc::new(Daemon {
             root: cfg.root.clone(),
             data,
@@ -261,6 +275,8 @@ impl Daemon {
             sandboxes: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::default(),
             builds: build::Builds::default(),
+            egress,
+            leases: Mutex::new(HashMap::new()),
             runtime,
             _lock: lock,
             next_request: AtomicU64::new(1),

@@ -55,6 +55,12 @@ pub struct SandboxRecord {
     /// every exec the API runs in this sandbox.
     #[serde(default)]
     pub config: ImageConfig,
+    /// The network the sandbox asked for.
+    #[serde(default)]
+    pub network: forkd_net::Network,
+    /// Its lease while it runs with egress.
+    #[serde(default)]
+    pub lease: Option<forkd_net::Lease>,
 }
 
 /// A sandbox in the table. The mutex serialises lifecycle changes; execs only read the
@@ -122,6 +128,7 @@ impl Daemon {
             oom_kills: cg.oom_kills(),
             cgroup: rec.cgroup,
             create_us: rec.create_us,
+            network: rec.lease.as_ref().map(crate::api::NetworkInfo::from),
         }
     }
 
@@ -147,6 +154,7 @@ impl Daemon {
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
+        let policy = self.network_policy(&req.network)?;
         let id = SandboxId::random();
         let hostname = req
             .hostname
@@ -175,10 +183,12 @@ impl Daemon {
             cgroup: format!("forkd/{id}"),
             create_us: 0,
             config: image.config.clone(),
+            network: req.network.clone(),
+            lease: None,
         };
         let dir = self.sandbox_dir(&id);
         let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
-            d.start_init_in(dir, rec)
+            d.start_init_in(dir, rec, policy.as_ref())
         })?;
         if let Some(mut cmd) = req.command {
             self.apply_image_defaults(&sb, &mut cmd);
@@ -228,7 +238,7 @@ impl Daemon {
                 super::write_json_atomic(dir, "state.json", &record, super::Survive::DaemonCrash)
             });
         if let Err(e) = res {
-            self.teardown(dir, &record.cgroup, record.init_pid);
+            self.teardown(&record.id, dir, &record.cgroup, record.init_pid);
             self.delete_sandbox_dir(dir);
             return Err(e);
         }
@@ -293,21 +303,33 @@ impl Daemon {
         }
     }
 
-    /// Starts a fresh init in a prepared sandbox.
+    /// Starts a fresh init in a prepared sandbox, with egress when `policy` says so.
     pub(super) fn start_init_in(
         &self,
         dir: &Path,
         record: &mut SandboxRecord,
+        policy: Option<&forkd_net::Policy>,
     ) -> Result<(), ApiError> {
         let id = record.id.clone();
         let ctx = |step: &str| format!("sandbox {id}: {step}");
+        let rootfs = dir.join("rootfs");
+        let connected = match policy {
+            Some(p) => Some(self.connect(&id, p, &rootfs, &record.hostname)?),
+            None => None,
+        };
         let spec = SetupSpec {
             id: id.clone(),
-            rootfs: dir.join("rootfs"),
+            rootfs,
             hostname: record.hostname.clone(),
             cgroup: Some((self.hierarchy.clone(), record.cgroup.clone())),
+            name_files: connected.is_some(),
+            netns_fd: None,
         };
-        let pid = host::start_init(&self.exe, &spec)
+        if let Some(c) = &connected {
+            record.lease = Some(c.lease.clone());
+        }
+        let netns = connected.as_ref().map(|c| std::os::fd::AsFd::as_fd(&c.netns));
+        let pid = host::start_init(&self.exe, &spec, netns)
             .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
         record.init_pid = Some(pid);
         record.init_start = forkd_sys::process_start_time(pid);
@@ -316,8 +338,9 @@ impl Daemon {
         Ok(())
     }
 
-    /// Kills what runs, unmounts and removes the cgroup. Idempotent; failures are logged.
-    pub(super) fn teardown(&self, dir: &Path, cgroup: &str, pid: Option<i32>) {
+    /// Kills what runs, unmounts, removes the cgroup and gives back the network lease.
+    /// Idempotent; failures are logged.
+    pub(super) fn teardown(&self, id: &SandboxId, dir: &Path, cgroup: &str, pid: Option<i32>) {
         let cg = Cgroup::new(&self.hierarchy, cgroup);
         if let Some(pid) = pid {
             if let Ok(fd) = forkd_sys::pidfd_open(pid) {
@@ -337,6 +360,7 @@ impl Daemon {
         if let Err(e) = cg.remove() {
             log::warn(&format!("remove cgroup {cgroup}: {e}"));
         }
+        self.disconnect(id);
     }
 
     /// SIGTERM to the init (which passes it on), SIGKILL for all after `grace`.
@@ -357,7 +381,8 @@ impl Daemon {
                 }
             }
         }
-        self.teardown(&sb.dir, &rec.cgroup, rec.init_pid);
+        self.teardown(&sb.id, &sb.dir, &rec.cgroup, rec.init_pid);
+        rec.lease = None;
         rec.status = SandboxStatus::Stopped;
         rec.init_pid = None;
         rec.init_start = None;
@@ -425,6 +450,7 @@ impl Daemon {
         let dir = self.data.join("sandboxes");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
+        let (mut alive_leases, mut gone) = (Vec::new(), Vec::new());
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
@@ -438,7 +464,7 @@ impl Daemon {
                 .filter(|r| r.id == id && r.version == RECORD_VERSION);
             let Some(mut rec) = rec else {
                 log::info(&format!("removing half-made sandbox {id}"));
-                self.teardown(&path, &format!("forkd/{id}"), None);
+                self.teardown(&id, &path, &format!("forkd/{id}"), None);
                 self.delete_sandbox_dir(&path);
                 continue;
             };
@@ -449,7 +475,8 @@ impl Daemon {
                 });
             if rec.status == SandboxStatus::Running && !alive {
                 log::info(&format!("sandbox {id}: init is gone; cleaning up"));
-                self.teardown(&path, &rec.cgroup, None);
+                self.teardown(&id, &path, &rec.cgroup, None);
+                gone.extend(rec.lease.take());
                 rec.status = SandboxStatus::Stopped;
                 rec.init_pid = None;
                 rec.init_start = None;
@@ -460,11 +487,17 @@ impl Daemon {
                 dir: path,
                 record: Mutex::new(rec),
             });
+            if alive {
+                if let Some(l) = &sb.record.lock().unwrap().lease {
+                    alive_leases.push((id.clone(), l.clone()));
+                }
+            }
             self.sandboxes.lock().unwrap().insert(id, sb.clone());
             if alive {
                 self.watch(sb);
             }
         }
+        self.recover_network(alive_leases, gone);
         Ok(())
     }
 

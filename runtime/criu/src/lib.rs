@@ -121,6 +121,9 @@ pub struct RestoreOpts {
     /// (controller, path) roots for the restored tree's cgroups (`--cgroup-root`); an
     /// empty controller means every controller (cgroup v2).
     pub cgroup_roots: Vec<(String, String)>,
+    /// The network namespace the tree is restored into (one the caller has set up, e.g.
+    /// with a veth); without one, a new namespace with only loopback up.
+    pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// What the CRIU process of one exchange gets besides its request.
@@ -128,8 +131,10 @@ pub struct RestoreOpts {
 struct Child<'a> {
     /// `cgroup.procs` files it is moved into before the request is sent.
     join_cgroup_procs: &'a [PathBuf],
-    /// A descriptor number at which it finds a new network namespace.
+    /// A descriptor number at which it finds a network namespace to restore into.
     netns_fd: Option<i32>,
+    /// That namespace, when the caller gives one; else a new one is made.
+    netns: Option<&'a std::os::fd::OwnedFd>,
 }
 
 /// The outcome of a dump.
@@ -386,6 +391,7 @@ impl Criu {
         let child = Child {
             join_cgroup_procs: &opts.join_cgroup_procs,
             netns_fd: Some(NETNS_FD),
+            netns: opts.netns.as_deref(),
         };
         let resp = self.call(rpc::Criu_req_type::RESTORE, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;
@@ -459,10 +465,13 @@ impl Criu {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        forkd_sys::inherit_fds(&mut cmd, vec![(theirs.as_raw_fd(), 3)]);
-        if let Some(fd) = child_setup.netns_fd {
-            forkd_sys::fresh_netns_fd(&mut cmd, fd);
+        let mut fds = vec![(theirs.as_raw_fd(), 3)];
+        match (child_setup.netns_fd, child_setup.netns) {
+            (Some(fd), Some(ns)) => fds.push((ns.as_raw_fd(), fd)),
+            (Some(fd), None) => forkd_sys::fresh_netns_fd(&mut cmd, fd),
+            (None, _) => {}
         }
+        forkd_sys::inherit_fds(&mut cmd, fds);
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;

@@ -51,8 +51,21 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
 }
 
 /// Starts the sandbox's init by running `exe __setup`; returns the init's host pid.
-pub fn start_init(exe: &Path, spec: &SetupSpec) -> Result<i32, HostError> {
-    let mut child = Command::new(exe)
+pub fn start_init(
+    exe: &Path,
+    spec: &SetupSpec,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<i32, HostError> {
+    let mut cmd = Command::new(exe);
+    let mut spec = spec.clone();
+    if let Some(ns) = netns {
+        use std::os::fd::AsRawFd;
+        const NETNS_FD: i32 = 3;
+        forkd_sys::inherit_fds(&mut cmd, vec![(ns.as_raw_fd(), NETNS_FD)]);
+        spec.netns_fd = Some(NETNS_FD);
+    }
+    let spec = &spec;
+    let mut child = cmd
         .arg("__setup")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

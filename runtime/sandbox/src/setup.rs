@@ -73,6 +73,14 @@ pub struct SetupSpec {
     pub hostname: String,
     /// The sandbox's cgroup, created and limited by the caller.
     pub cgroup: Option<(Hierarchy, String)>,
+    /// Bind `/.forkd/net/{resolv.conf,hosts}` read-only over the same names in `/etc`
+    /// (a sandbox with egress; the daemon wrote the files).
+    #[serde(default)]
+    pub name_files: bool,
+    /// A network namespace to join (inherited at this descriptor) instead of a new one:
+    /// a sandbox with egress, whose namespace the daemon has already given a veth.
+    #[serde(default)]
+    pub netns_fd: Option<i32>,
 }
 
 /// What the set-up process prints on stdout.
@@ -123,17 +131,24 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
         let cg = Cgroup::new(hierarchy, name);
         step("join cgroup", cg.add_pid(std::process::id() as i32))?;
     }
-    step(
-        "unshare namespaces",
-        unshare(
-            CloneFlags::CLONE_NEWNS
-                | CloneFlags::CLONE_NEWUTS
-                | CloneFlags::CLONE_NEWIPC
-                | CloneFlags::CLONE_NEWNET
-                | CloneFlags::CLONE_NEWCGROUP
-                | CloneFlags::CLONE_NEWPID,
-        ),
-    )?;
+    let mut flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWCGROUP
+        | CloneFlags::CLONE_NEWPID;
+    match spec.netns_fd {
+        Some(fd) => {
+            // Reopened through /proc: a descriptor of our own for the same namespace. The
+            // inherited one is closed with every other before the init execs.
+            let ns = step(
+                "join network namespace",
+                std::fs::File::open(format!("/proc/self/fd/{fd}")),
+            )?;
+            step("join network namespace", nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET))?;
+        }
+        None => flags |= CloneFlags::CLONE_NEWNET,
+    }
+    step("unshare namespaces", unshare(flags))?;
     let (rd, wr) = step(
         "create pipe",
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC),
@@ -171,6 +186,31 @@ fn mnt(
 ) -> StepResult<()> {
     mount(Some(src), target, Some(fstype), flags, data)
         .map_err(|e| ("mount", format!("{fstype} on {}: {e}", target.display())))
+}
+
+/// Binds forkd's name-service files over `/etc/resolv.conf` and `/etc/hosts`, read-only.
+/// Runs after `pivot_root`, so a symlink at either path resolves inside the sandbox. A
+/// missing file is created empty as the mount point; a dangling symlink (an image that
+/// expects a resolver daemon) or an image without `/etc` is left alone.
+fn bind_name_files() -> StepResult<()> {
+    for name in ["resolv.conf", "hosts"] {
+        let src = Path::new("/").join(FORKD_DIR.trim_start_matches('/')).join("net").join(name);
+        let dst = Path::new("/etc").join(name);
+        if !src.is_file() || !Path::new("/etc").is_dir() {
+            continue;
+        }
+        if std::fs::symlink_metadata(&dst).is_err() {
+            std::fs::write(&dst, b"").map_err(|e| ("network", format!("create {}: {e}", dst.display())))?;
+        } else if !dst.exists() {
+            continue;
+        }
+        mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| ("network", format!("bind {} over {}: {e}", src.display(), dst.display())))?;
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        mount(None::<&str>, &dst, None::<&str>, ro, None::<&str>)
+            .map_err(|e| ("network", format!("make {} read-only: {e}", dst.display())))?;
+    }
+    Ok(())
 }
 
 /// Runs as PID 1 of the new namespaces; only returns on error.
@@ -244,6 +284,9 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
         .map_err(|e| ("pivot_root", format!("detach old root: {e}")))?;
     chdir("/").map_err(|e| ("pivot_root", e.to_string()))?;
 
+    if spec.name_files {
+        bind_name_files()?;
+    }
     sethostname(&spec.hostname).map_err(|e| ("hostname", e.to_string()))?;
     forkd_sys::interface_up(c"lo").map_err(|e| ("network", format!("bring up lo: {e}")))?;
     setsid().map_err(|e| ("stdio", format!("setsid: {e}")))?;

@@ -182,10 +182,22 @@ pub fn process_alive(pid: libc::pid_t) -> bool {
 /// close-on-exec in the parent, so no other child started concurrently inherits them.
 pub fn inherit_fds(cmd: &mut std::process::Command, fds: Vec<(RawFd, RawFd)>) {
     use std::os::unix::process::CommandExt;
+    let mut fds = fds;
     // SAFETY: the hook runs between fork and exec; it only calls dup2/fcntl (async-signal
-    // safe) and reads a Vec allocated before the fork.
+    // safe) and changes, without allocating, a Vec allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
+            // First move every source out of the way (to 64 and up), so that placing one
+            // descriptor never overwrites another's source.
+            for (src, dst) in fds.iter_mut() {
+                if *src != *dst {
+                    let moved = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64);
+                    if moved < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    *src = moved;
+                }
+            }
             for &(src, dst) in &fds {
                 if src == dst {
                     let flags = libc::fcntl(src, libc::F_GETFD);

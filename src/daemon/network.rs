@@ -1,0 +1,115 @@
+//! Sandbox networks in the daemon: which sandbox holds which lease, and the points of a
+//! sandbox's life where a lease is made (create, fork) and given back (stop, remove, a
+//! failed start, a restart that finds the sandbox gone). The mechanism (veth pairs,
+//! rules, name files) is `forkd_net`; see docs/NETWORK.md.
+
+use super::{log, Daemon};
+use crate::api::ApiError;
+use forkd_net::{Lease, NetError, Network, Policy};
+use forkd_sandbox::SandboxId;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+/// The daemon's egress pool: `FORKD_EGRESS_POOL` (an IPv4 network, /8 to /29) or
+/// [`forkd_net::DEFAULT_POOL`].
+pub(super) fn pool() -> anyhow::Result<forkd_net::Net4> {
+    let text = std::env::var("FORKD_EGRESS_POOL").unwrap_or_else(|_| forkd_net::DEFAULT_POOL.into());
+    let pool: forkd_net::Net4 = text
+        .parse()
+        .map_err(|e| anyhow::anyhow!("FORKD_EGRESS_POOL: {e}"))?;
+    if !(8..=29).contains(&pool.prefix) {
+        anyhow::bail!("FORKD_EGRESS_POOL {pool}: the prefix length must be 8 to 29");
+    }
+    Ok(pool)
+}
+
+fn api_error(context: &str, e: NetError) -> ApiError {
+    match e {
+        NetError::Invalid(m) => ApiError::bad_request(format!("network: {m}")),
+        NetError::Unavailable(_) | NetError::PoolExhausted(_) => {
+            ApiError::conflict(format!("{context}: {e}"))
+        }
+        other => ApiError::from_chain(context, &other),
+    }
+}
+
+/// What a sandbox gets: nothing, or a network namespace already plumbed and its lease.
+pub(super) struct Connected {
+    pub netns: OwnedFd,
+    pub lease: Lease,
+}
+
+impl Daemon {
+    /// Checks and resolves a requested network, before anything is made.
+    pub(super) fn network_policy(&self, network: &Network) -> Result<Option<Policy>, ApiError> {
+        Policy::resolve(network).map_err(|e| api_error("network", e))
+    }
+
+    /// A new network namespace for sandbox `id` with a veth, an address, its rules, and
+    /// the name files under `rootfs` (bound over `/etc` by the sandbox's set-up, or
+    /// restored as mounts by CRIU).
+    pub(super) fn connect(
+        &self,
+        id: &SandboxId,
+        policy: &Policy,
+        rootfs: &Path,
+        hostname: &str,
+    ) -> Result<Connected, ApiError> {
+        let ctx = format!("sandbox {id}: network");
+        let netns = forkd_net::netlink::new_netns()
+            .map_err(|e| ApiError::from_chain(&format!("{ctx}: create a network namespace"), &e))?;
+        let taken: Vec<_> = self.leases.lock().unwrap().values().map(|l| l.block).collect();
+        let lease = self
+            .egress
+            .lease(policy, &forkd_net::link_name(id.as_str()), &taken, netns.as_fd())
+            .map_err(|e| api_error(&ctx, e))?;
+        self.leases.lock().unwrap().insert(id.clone(), lease.clone());
+        if let Err(e) = forkd_net::dns::write(rootfs, &lease, hostname) {
+            self.disconnect(id);
+            return Err(ApiError::internal(format!(
+                "{ctx}: write {}: {e}",
+                rootfs.join(forkd_net::dns::DIR).display()
+            )));
+        }
+        log::info(&format!(
+            "sandbox {id}: {} on {} ({} via {})",
+            lease.network,
+            forkd_net::SANDBOX_LINK,
+            lease.address(),
+            lease.link
+        ));
+        Ok(Connected { netns, lease })
+    }
+
+    /// Gives back sandbox `id`'s lease, if it holds one: its rules and its link go.
+    pub(super) fn disconnect(&self, id: &SandboxId) {
+        let (lease, remaining) = {
+            let mut leases = self.leases.lock().unwrap();
+            let Some(lease) = leases.remove(id) else {
+                return;
+            };
+            (lease, leases.values().cloned().collect::<Vec<_>>())
+        };
+        let remaining: Vec<&Lease> = remaining.iter().collect();
+        if let Err(e) = self.egress.release(&lease, &remaining) {
+            log::warn(&format!("sandbox {id}: release its network {}: {e}", lease.address()));
+        }
+    }
+
+    /// After a restart: the leases of the sandboxes still running are held again, links
+    /// left by sandboxes that went meanwhile are deleted, and the table is rewritten to
+    /// hold exactly the rules of the held leases (or deleted, with none).
+    pub(super) fn recover_network(&self, alive: Vec<(SandboxId, Lease)>, gone: Vec<Lease>) {
+        for l in &gone {
+            if let Err(e) = forkd_net::netlink::Route::open().and_then(|mut r| r.delete_link(&l.link)) {
+                log::warn(&format!("delete link {}: {e}", l.link));
+            }
+        }
+        let mut leases = self.leases.lock().unwrap();
+        leases.extend(alive);
+        let held: Vec<&Lease> = leases.values().collect();
+        if let Err(e) = self.egress.reconcile(&held) {
+            log::warn(&format!("egress rules not restored: {e}"));
+        }
+    }
+}
