@@ -271,11 +271,15 @@ pub struct NetworkInfo {
     pub allowed: Vec<String>,
     /// Egress: the name servers in its `/etc/resolv.conf`.
     pub nameservers: Vec<String>,
+    /// The daemon's nftables table (`inet <table>`) holding its rules, in chain
+    /// `sb_<link>`.
+    pub table: String,
 }
 
-impl From<&forkd_net::Lease> for NetworkInfo {
-    fn from(l: &forkd_net::Lease) -> NetworkInfo {
+impl NetworkInfo {
+    pub fn of(l: &forkd_net::Lease, table: &str) -> NetworkInfo {
         NetworkInfo {
+            table: table.to_string(),
             mode: l.network.clone(),
             address: l.address().to_string(),
             gateway: l.gateway().to_string(),

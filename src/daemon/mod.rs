@@ -255,7 +255,10 @@ impl Daemon {
         let tag = {
             use sha2::Digest;
             let h = sha2::Sha256::digest(data.as_os_str().as_encoded_bytes());
-            h.iter().take(4).map(|b| format!("{b:02x}")).collect::<String>()
+            h.iter()
+                .take(4)
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         };
         let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
         let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);

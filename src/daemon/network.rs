@@ -13,7 +13,8 @@ use std::path::Path;
 /// The daemon's egress pool: `FORKD_EGRESS_POOL` (an IPv4 network, /8 to /29) or
 /// [`forkd_net::DEFAULT_POOL`].
 pub(super) fn pool() -> anyhow::Result<forkd_net::Net4> {
-    let text = std::env::var("FORKD_EGRESS_POOL").unwrap_or_else(|_| forkd_net::DEFAULT_POOL.into());
+    let text =
+        std::env::var("FORKD_EGRESS_POOL").unwrap_or_else(|_| forkd_net::DEFAULT_POOL.into());
     let pool: forkd_net::Net4 = text
         .parse()
         .map_err(|e| anyhow::anyhow!("FORKD_EGRESS_POOL: {e}"))?;
@@ -58,12 +59,26 @@ impl Daemon {
         let ctx = format!("sandbox {id}: network");
         let netns = forkd_net::netlink::new_netns()
             .map_err(|e| ApiError::from_chain(&format!("{ctx}: create a network namespace"), &e))?;
-        let taken: Vec<_> = self.leases.lock().unwrap().values().map(|l| l.block).collect();
+        let taken: Vec<_> = self
+            .leases
+            .lock()
+            .unwrap()
+            .values()
+            .map(|l| l.block)
+            .collect();
         let lease = self
             .egress
-            .lease(policy, &forkd_net::link_name(id.as_str()), &taken, netns.as_fd())
+            .lease(
+                policy,
+                &forkd_net::link_name(id.as_str()),
+                &taken,
+                netns.as_fd(),
+            )
             .map_err(|e| api_error(&ctx, e))?;
-        self.leases.lock().unwrap().insert(id.clone(), lease.clone());
+        self.leases
+            .lock()
+            .unwrap()
+            .insert(id.clone(), lease.clone());
         if let Err(e) = forkd_net::dns::write(rootfs, &lease, hostname) {
             self.disconnect(id);
             return Err(ApiError::internal(format!(
@@ -92,7 +107,10 @@ impl Daemon {
         };
         let remaining: Vec<&Lease> = remaining.iter().collect();
         if let Err(e) = self.egress.release(&lease, &remaining) {
-            log::warn(&format!("sandbox {id}: release its network {}: {e}", lease.address()));
+            log::warn(&format!(
+                "sandbox {id}: release its network {}: {e}",
+                lease.address()
+            ));
         }
     }
 
@@ -101,7 +119,9 @@ impl Daemon {
     /// hold exactly the rules of the held leases (or deleted, with none).
     pub(super) fn recover_network(&self, alive: Vec<(SandboxId, Lease)>, gone: Vec<Lease>) {
         for l in &gone {
-            if let Err(e) = forkd_net::netlink::Route::open().and_then(|mut r| r.delete_link(&l.link)) {
+            if let Err(e) =
+                forkd_net::netlink::Route::open().and_then(|mut r| r.delete_link(&l.link))
+            {
                 log::warn(&format!("delete link {}: {e}", l.link));
             }
         }

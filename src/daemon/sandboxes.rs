@@ -128,7 +128,10 @@ impl Daemon {
             oom_kills: cg.oom_kills(),
             cgroup: rec.cgroup,
             create_us: rec.create_us,
-            network: rec.lease.as_ref().map(crate::api::NetworkInfo::from),
+            network: rec
+                .lease
+                .as_ref()
+                .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
         }
     }
 
@@ -328,7 +331,9 @@ impl Daemon {
         if let Some(c) = &connected {
             record.lease = Some(c.lease.clone());
         }
-        let netns = connected.as_ref().map(|c| std::os::fd::AsFd::as_fd(&c.netns));
+        let netns = connected
+            .as_ref()
+            .map(|c| std::os::fd::AsFd::as_fd(&c.netns));
         let pid = host::start_init(&self.exe, &spec, netns)
             .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
         record.init_pid = Some(pid);

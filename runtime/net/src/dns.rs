@@ -65,7 +65,10 @@ pub fn hosts(lease: &Lease, hostname: &str) -> String {
 pub fn write(root: &Path, lease: &Lease, hostname: &str) -> std::io::Result<()> {
     let dir = root.join(DIR);
     std::fs::create_dir_all(&dir)?;
-    for (name, text) in [("resolv.conf", resolv_conf(lease)), ("hosts", hosts(lease, hostname))] {
+    for (name, text) in [
+        ("resolv.conf", resolv_conf(lease)),
+        ("hosts", hosts(lease, hostname)),
+    ] {
         let tmp = dir.join(format!(".{name}.tmp"));
         std::fs::write(&tmp, text)?;
         std::fs::rename(&tmp, dir.join(name))?;

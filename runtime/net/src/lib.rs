@@ -157,7 +157,9 @@ pub fn locate_nft(criu: Option<&Path>) -> Result<PathBuf, String> {
         .chain(criu.and_then(Path::parent).map(|d| d.join("nft")))
         .chain([PathBuf::from("/opt/forkd/criu/bin/nft")])
         .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
-            std::env::split_paths(&p).map(|d| d.join("nft")).collect::<Vec<_>>()
+            std::env::split_paths(&p)
+                .map(|d| d.join("nft"))
+                .collect::<Vec<_>>()
         }));
     for c in candidates {
         if c.is_file() {
@@ -272,7 +274,9 @@ impl Egress {
             r.set_up(i)?;
             r.add_default_route(i, gw)
         })
-        .map_err(io(format!("configure {SANDBOX_LINK} ({addr}) in the sandbox")))
+        .map_err(io(format!(
+            "configure {SANDBOX_LINK} ({addr}) in the sandbox"
+        )))
     }
 
     /// Undoes a lease: its rules, then its link (which the namespace's end goes with).
@@ -323,7 +327,8 @@ impl Egress {
             *made = false;
         } else {
             enable_forwarding()?;
-            nft::apply(nft, &nft::rebuild(&self.table, self.pool, leases)).map_err(NetError::Rules)?;
+            nft::apply(nft, &nft::rebuild(&self.table, self.pool, leases))
+                .map_err(NetError::Rules)?;
             *made = true;
         }
         Ok(())

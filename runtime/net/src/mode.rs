@@ -15,7 +15,9 @@ pub enum Network {
     #[default]
     None,
     Egress,
-    Allowlist { hosts: Vec<String> },
+    Allowlist {
+        hosts: Vec<String>,
+    },
 }
 
 /// One allowlist entry, checked for form (names are resolved later, by [`resolve`]).
@@ -70,7 +72,9 @@ impl FromStr for Net4 {
     type Err = String;
     fn from_str(s: &str) -> Result<Net4, String> {
         let (a, p) = s.split_once('/').unwrap_or((s, "32"));
-        let addr: Ipv4Addr = a.parse().map_err(|_| format!("{s:?} is not an IPv4 address"))?;
+        let addr: Ipv4Addr = a
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IPv4 address"))?;
         let prefix: u8 = p
             .parse()
             .ok()
@@ -228,17 +232,42 @@ mod tests {
 
     #[test]
     fn modes_parse_and_print() {
-        for s in ["none", "egress", "allowlist=198.18.0.1,example.org,10.0.0.0/8"] {
+        for s in [
+            "none",
+            "egress",
+            "allowlist=198.18.0.1,example.org,10.0.0.0/8",
+        ] {
             let n: Network = s.parse().unwrap();
             assert_eq!(n.to_string(), s);
         }
-        assert!("allowlist=".parse::<Network>().unwrap_err().contains("empty host"));
-        assert!("bridge".parse::<Network>().unwrap_err().contains("unknown network mode"));
-        assert!("allowlist=a..b".parse::<Network>().unwrap_err().contains("valid DNS name"));
-        assert!("allowlist=300.1.1.1".parse::<Network>().unwrap_err().contains("IPv4"));
-        assert!("allowlist=::1".parse::<Network>().unwrap_err().contains("IPv6"));
-        assert!("allowlist=1.2.3.4/33".parse::<Network>().unwrap_err().contains("prefix"));
-        assert!("allowlist=h:80".parse::<Network>().unwrap_err().contains("ports"));
+        assert!("allowlist="
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("empty host"));
+        assert!("bridge"
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("unknown network mode"));
+        assert!("allowlist=a..b"
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("valid DNS name"));
+        assert!("allowlist=300.1.1.1"
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("IPv4"));
+        assert!("allowlist=::1"
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("IPv6"));
+        assert!("allowlist=1.2.3.4/33"
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("prefix"));
+        assert!("allowlist=h:80"
+            .parse::<Network>()
+            .unwrap_err()
+            .contains("ports"));
         assert!("allowlist=-x.org".parse::<Network>().is_err());
     }
 
@@ -246,8 +275,16 @@ mod tests {
     fn api_form_is_tagged() {
         let n: Network =
             serde_json::from_str(r#"{"mode":"allowlist","hosts":["198.18.0.1"]}"#).unwrap();
-        assert_eq!(n, Network::Allowlist { hosts: vec!["198.18.0.1".into()] });
-        assert_eq!(serde_json::to_string(&Network::Egress).unwrap(), r#"{"mode":"egress"}"#);
+        assert_eq!(
+            n,
+            Network::Allowlist {
+                hosts: vec!["198.18.0.1".into()]
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&Network::Egress).unwrap(),
+            r#"{"mode":"egress"}"#
+        );
         assert!(serde_json::from_str::<Network>(r#"{"mode":"bridge"}"#).is_err());
     }
 
@@ -259,7 +296,11 @@ mod tests {
         assert!(!n.contains("10.2.0.1".parse().unwrap()));
         assert!(n.overlaps(&"10.1.7.0/30".parse().unwrap()));
         assert!(!n.overlaps(&"10.2.0.0/30".parse().unwrap()));
-        let r = resolve(&[Host::Addr("1.2.3.4".parse().unwrap()), Host::Net("1.2.3.0".parse().unwrap(), 24)]).unwrap();
+        let r = resolve(&[
+            Host::Addr("1.2.3.4".parse().unwrap()),
+            Host::Net("1.2.3.0".parse().unwrap(), 24),
+        ])
+        .unwrap();
         assert_eq!(r.nets.len(), 2);
     }
 }

@@ -59,11 +59,14 @@ impl Msg {
         buf[4..6].copy_from_slice(&kind.to_ne_bytes());
         buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
         buf.extend_from_slice(family_header);
-        Msg { buf, open: Vec::new() }
+        Msg {
+            buf,
+            open: Vec::new(),
+        }
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while self.buf.len() & 3 != 0 {
             self.buf.push(0);
         }
     }
@@ -156,7 +159,10 @@ impl Route {
                 let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap());
                 let got = u32::from_ne_bytes(buf[off + 8..off + 12].try_into().unwrap());
                 if len < 16 || off + len > n {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated netlink answer"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "truncated netlink answer",
+                    ));
                 }
                 if kind == NLMSG_ERROR && got == seq && len >= 20 {
                     let err = i32::from_ne_bytes(buf[off + 16..off + 20].try_into().unwrap());
@@ -209,7 +215,8 @@ impl Route {
         h[1] = prefix;
         h[4..8].copy_from_slice(&index.to_ne_bytes());
         let mut m = Msg::new(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &h);
-        m.attr(IFA_LOCAL, &addr.octets()).attr(IFA_ADDRESS, &addr.octets());
+        m.attr(IFA_LOCAL, &addr.octets())
+            .attr(IFA_ADDRESS, &addr.octets());
         self.request(m)
     }
 
@@ -229,9 +236,8 @@ impl Route {
 
 /// The index of interface `name` in the calling thread's network namespace.
 pub fn index_of(name: &str) -> io::Result<u32> {
-    nix::net::if_::if_nametoindex(name).map_err(|e| {
-        io::Error::new(io::Error::from(e).kind(), format!("interface {name}: {e}"))
-    })
+    nix::net::if_::if_nametoindex(name)
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("interface {name}: {e}")))
 }
 
 /// Runs `f` on a thread of its own that has joined the network namespace `ns`.
@@ -241,8 +247,12 @@ pub fn in_netns<T: Send>(
 ) -> io::Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("join network namespace: {e}")))?;
+            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("join network namespace: {e}"),
+                )
+            })?;
             f()
         })
         .join()
@@ -255,8 +265,12 @@ pub fn in_netns<T: Send>(
 pub fn new_netns() -> io::Result<OwnedFd> {
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<OwnedFd> {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("unshare network namespace: {e}")))?;
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("unshare network namespace: {e}"),
+                )
+            })?;
             forkd_sys::interface_up(c"lo")?;
             let f = std::fs::File::open("/proc/thread-self/ns/net")?;
             Ok(OwnedFd::from(f))
@@ -273,14 +287,26 @@ mod tests {
     #[test]
     fn nested_attributes_carry_their_lengths() {
         let mut m = Msg::new(RTM_NEWLINK, 0, &ifinfomsg(0, 0, 0));
-        m.attr_str(IFLA_IFNAME, "ab").begin(IFLA_LINKINFO).attr_str(IFLA_INFO_KIND, "veth").end();
+        m.attr_str(IFLA_IFNAME, "ab")
+            .begin(IFLA_LINKINFO)
+            .attr_str(IFLA_INFO_KIND, "veth")
+            .end();
         let b = m.finish(7);
-        assert_eq!(u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize, b.len());
+        assert_eq!(
+            u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize,
+            b.len()
+        );
         assert_eq!(u32::from_ne_bytes(b[8..12].try_into().unwrap()), 7);
         // ifname: 4 + "ab\0" = 7, padded to 8; then the nest: 4 + (4 + "veth\0" = 9 -> 12).
         let nest = 16 + 16 + 8;
-        assert_eq!(u16::from_ne_bytes(b[nest..nest + 2].try_into().unwrap()), 16);
-        assert_eq!(u16::from_ne_bytes(b[nest + 2..nest + 4].try_into().unwrap()), IFLA_LINKINFO);
+        assert_eq!(
+            u16::from_ne_bytes(b[nest..nest + 2].try_into().unwrap()),
+            16
+        );
+        assert_eq!(
+            u16::from_ne_bytes(b[nest + 2..nest + 4].try_into().unwrap()),
+            IFLA_LINKINFO
+        );
         assert_eq!(b.len(), nest + 16);
     }
 }

@@ -82,21 +82,35 @@ pub fn add(table: &str, lease: &Lease) -> String {
     let (c, link) = (chain(lease), &lease.link);
     let mut s = String::new();
     let _ = writeln!(s, "add chain inet {table} {c}");
-    let _ = writeln!(s, "add rule inet {table} {c} ip saddr != {} drop", lease.address());
+    let _ = writeln!(
+        s,
+        "add rule inet {table} {c} ip saddr != {} drop",
+        lease.address()
+    );
     let _ = writeln!(s, "add rule inet {table} {c} meta nfproto ipv6 jump refuse");
     if lease.allowlisted() {
         let set = set(lease);
-        let _ = writeln!(s, "add set inet {table} {set} {{ type ipv4_addr; flags interval; }}");
+        let _ = writeln!(
+            s,
+            "add set inet {table} {set} {{ type ipv4_addr; flags interval; }}"
+        );
         if !lease.allowed.is_empty() {
             let elems: Vec<String> = lease.allowed.iter().map(|n| n.to_string()).collect();
-            let _ = writeln!(s, "add element inet {table} {set} {{ {} }}", elems.join(", "));
+            let _ = writeln!(
+                s,
+                "add element inet {table} {set} {{ {} }}",
+                elems.join(", ")
+            );
         }
         let _ = writeln!(s, "add rule inet {table} {c} ip daddr @{set} accept");
         let _ = writeln!(s, "add rule inet {table} {c} jump refuse");
     } else {
         let _ = writeln!(s, "add rule inet {table} {c} accept");
     }
-    let _ = writeln!(s, "add element inet {table} links {{ \"{link}\" : jump {c} }}");
+    let _ = writeln!(
+        s,
+        "add element inet {table} links {{ \"{link}\" : jump {c} }}"
+    );
     s
 }
 
@@ -104,7 +118,10 @@ pub fn add(table: &str, lease: &Lease) -> String {
 pub fn remove(table: &str, lease: &Lease) -> String {
     let (c, link) = (chain(lease), &lease.link);
     let mut s = String::new();
-    let _ = writeln!(s, "delete element inet {table} links {{ \"{link}\" : jump {c} }}");
+    let _ = writeln!(
+        s,
+        "delete element inet {table} links {{ \"{link}\" : jump {c} }}"
+    );
     let _ = writeln!(s, "flush chain inet {table} {c}");
     let _ = writeln!(s, "delete chain inet {table} {c}");
     if lease.allowlisted() {
@@ -179,14 +196,18 @@ mod tests {
         assert!(s.contains("add rule inet forkd_t sb_fkd0123456789ab ip saddr != 10.213.0.6 drop"));
         assert!(s.contains("sb_fkd0123456789ab accept"));
         assert!(!s.contains("add set"));
-        assert!(s.contains("add element inet forkd_t links { \"fkd0123456789ab\" : jump sb_fkd0123456789ab }"));
+        assert!(s.contains(
+            "add element inet forkd_t links { \"fkd0123456789ab\" : jump sb_fkd0123456789ab }"
+        ));
         assert!(!remove("forkd_t", &l).contains("delete set"));
     }
 
     #[test]
     fn allowlist_chain_refuses_what_is_not_listed() {
         let l = lease(
-            Network::Allowlist { hosts: vec!["198.18.0.1".into()] },
+            Network::Allowlist {
+                hosts: vec!["198.18.0.1".into()],
+            },
             &["198.18.0.1/32", "10.9.0.0/16"],
         );
         let s = add("forkd_t", &l);

@@ -43,7 +43,8 @@ fn inside(a: IpAddr) -> bool {
         IpAddr::V6(v) => {
             v.is_loopback()
                 || v.is_unspecified()
-                || v.to_ipv4_mapped().is_some_and(|m| m.is_loopback() || m.is_unspecified())
+                || v.to_ipv4_mapped()
+                    .is_some_and(|m| m.is_loopback() || m.is_unspecified())
         }
     }
 }
@@ -52,7 +53,9 @@ fn parse_addr(s: &str) -> Option<SocketAddr> {
     let (a, p) = s.split_once(':')?;
     let port = u16::from_str_radix(p, 16).ok()?;
     let ip = match a.len() {
-        8 => IpAddr::V4(Ipv4Addr::from(u32::from_str_radix(a, 16).ok()?.to_ne_bytes())),
+        8 => IpAddr::V4(Ipv4Addr::from(
+            u32::from_str_radix(a, 16).ok()?.to_ne_bytes(),
+        )),
         32 => {
             let mut b = [0u8; 16];
             for i in 0..4 {
@@ -105,7 +108,12 @@ pub fn parse_table(proto: &'static str, text: &str) -> Vec<(u64, OutsideSocket)>
 /// processes, searched for the holder of each.
 pub fn outside(init_pid: i32, pids: &[i32]) -> Vec<OutsideSocket> {
     let mut found = Vec::new();
-    for (file, proto) in [("tcp", "TCP"), ("tcp6", "TCP"), ("udp", "UDP"), ("udp6", "UDP")] {
+    for (file, proto) in [
+        ("tcp", "TCP"),
+        ("tcp6", "TCP"),
+        ("udp", "UDP"),
+        ("udp6", "UDP"),
+    ] {
         if let Ok(text) = std::fs::read_to_string(format!("/proc/{init_pid}/net/{file}")) {
             found.extend(parse_table(proto, &text));
         }
@@ -162,8 +170,14 @@ mod tests {
         let inodes: Vec<u64> = got.iter().map(|(i, _)| *i).collect();
         assert_eq!(inodes, vec![1004, 1005]);
         let s = &got[0].1;
-        assert_eq!(s.to_string(), "a process holds a TCP connection 10.213.0.6:40000 -> 198.18.0.1:80");
-        assert_eq!(got[1].1.to_string(), "a process holds a TCP socket bound to 10.213.0.6:8080");
+        assert_eq!(
+            s.to_string(),
+            "a process holds a TCP connection 10.213.0.6:40000 -> 198.18.0.1:80"
+        );
+        assert_eq!(
+            got[1].1.to_string(),
+            "a process holds a TCP socket bound to 10.213.0.6:8080"
+        );
     }
 
     #[test]

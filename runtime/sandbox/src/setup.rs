@@ -144,7 +144,10 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
                 "join network namespace",
                 std::fs::File::open(format!("/proc/self/fd/{fd}")),
             )?;
-            step("join network namespace", nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET))?;
+            step(
+                "join network namespace",
+                nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET),
+            )?;
         }
         None => flags |= CloneFlags::CLONE_NEWNET,
     }
@@ -194,19 +197,39 @@ fn mnt(
 /// expects a resolver daemon) or an image without `/etc` is left alone.
 fn bind_name_files() -> StepResult<()> {
     for name in ["resolv.conf", "hosts"] {
-        let src = Path::new("/").join(FORKD_DIR.trim_start_matches('/')).join("net").join(name);
+        let src = Path::new("/")
+            .join(FORKD_DIR.trim_start_matches('/'))
+            .join("net")
+            .join(name);
         let dst = Path::new("/etc").join(name);
         if !src.is_file() || !Path::new("/etc").is_dir() {
             continue;
         }
         if std::fs::symlink_metadata(&dst).is_err() {
-            std::fs::write(&dst, b"").map_err(|e| ("network", format!("create {}: {e}", dst.display())))?;
+            std::fs::write(&dst, b"")
+                .map_err(|e| ("network", format!("create {}: {e}", dst.display())))?;
         } else if !dst.exists() {
             continue;
         }
-        mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .map_err(|e| ("network", format!("bind {} over {}: {e}", src.display(), dst.display())))?;
-        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        mount(
+            Some(&src),
+            &dst,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| {
+            (
+                "network",
+                format!("bind {} over {}: {e}", src.display(), dst.display()),
+            )
+        })?;
+        let ro = MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC;
         mount(None::<&str>, &dst, None::<&str>, ro, None::<&str>)
             .map_err(|e| ("network", format!("make {} read-only: {e}", dst.display())))?;
     }
