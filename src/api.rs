@@ -254,9 +254,9 @@ pub struct CreateSandboxRequest {
     pub network: Network,
 }
 
-/// A sandbox's network mode: `{"mode": "none"}`, `{"mode": "egress"}` or
+/// A sandbox's network: `{"mode": "none"}`, `{"mode": "egress"}` or
 /// `{"mode": "allowlist", "hosts": ["198.18.0.1", "pypi.example", "10.0.0.0/8"]}`.
-pub use forkd_net::Network;
+pub use forkd_net::{Mode as NetworkMode, Network};
 
 /// A sandbox's network as it is (absent for mode `none`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

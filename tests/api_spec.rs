@@ -670,6 +670,15 @@ fn sample_info(with_values: bool) -> SandboxInfo {
         memory_bytes: with_values.then_some(1 << 20),
         oom_kills: 0,
         create_us: 12_345,
+        network: with_values.then(|| api::NetworkInfo {
+            mode: api::Network::allowlist(vec!["198.18.0.1".into(), "10.9.0.0/16".into()]),
+            address: "10.213.0.6".into(),
+            gateway: "10.213.0.5".into(),
+            link: "fkd0123456789ab".into(),
+            allowed: vec!["198.18.0.1/32".into(), "10.9.0.0/16".into()],
+            nameservers: vec![],
+            table: "forkd_0a1b2c3d".into(),
+        }),
     }
 }
 

@@ -411,7 +411,7 @@ fn forks_get_their_own_address_and_outside_sockets_stop_a_checkpoint() {
             nb.address
         );
         seen.push(nb.address.clone());
-        assert_eq!(nb.mode, forkd::api::Network::Egress);
+        assert_eq!(nb.mode, forkd::api::Network::egress());
         // What the branch's processes see: eth0 with the branch's own address, and the
         // hosts file saying so; the restored listener (on the wildcard) still answers.
         let (_, addr, _) = d.sh(&b.id, "ip -4 addr show eth0");

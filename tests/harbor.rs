@@ -276,19 +276,10 @@ fn harbor_builds_service_and_multi_stage_tasks() {
     d.remove(&b.branches[0].id);
 }
 
-#[test]
-fn harbor_task_the_backend_cannot_honour_is_refused_by_name() {
-    let name = "harbor_task_the_backend_cannot_honour_is_refused_by_name";
-    if !can_run(name) {
-        return;
-    }
-    let Some(py) = harbor_python(name) else {
-        return;
-    };
-    let d = TestDaemon::start("harbor-refuse");
-    let work = d.root.parent().unwrap().to_path_buf();
-    // Internet access asked for: forkd sandboxes have none, so the task is refused.
-    let t = work.join("online");
+/// A copy of the fixture task `edit-greeting` under `work/name` whose `[environment]`
+/// network line is `network`.
+fn task_with_network(work: &Path, name: &str, network: &str) -> PathBuf {
+    let t = work.join(name);
     std::fs::create_dir_all(&t).unwrap();
     for f in ["instruction.md", "tests", "solution", "environment"] {
         let _ = Command::new("cp")
@@ -298,23 +289,70 @@ fn harbor_task_the_backend_cannot_honour_is_refused_by_name() {
             .status();
     }
     let toml = std::fs::read_to_string(task().join("task.toml")).unwrap();
+    assert!(toml.contains("allow_internet = false"));
     std::fs::write(
         t.join("task.toml"),
-        toml.replace("allow_internet = false", "allow_internet = true"),
+        toml.replace("allow_internet = false", network),
     )
     .unwrap();
-    let out = harbor_command(&d, &py, &t, &work.join("jobs"), &["--agent", "nop"]);
+    t
+}
+
+#[test]
+fn harbor_network_policies_become_sandbox_networks() {
+    let name = "harbor_network_policies_become_sandbox_networks";
+    let Some((d, py)) = harbor_setup(name, "harbor-net", true) else {
+        return;
+    };
+    let work = d.root.parent().unwrap().to_path_buf();
+    // Wildcard hostnames cannot be enforced by address: refused before anything starts.
+    let t = task_with_network(
+        &work,
+        "wildcard",
+        "network_mode = \"allowlist\"\nallowed_hosts = [\"*.example.org\"]",
+    );
+    let out = harbor_command(&d, &py, &t, &work.join("jobs-refused"), &["--agent", "nop"]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let results = walk_text(&work.join("jobs"));
+    let results = walk_text(&work.join("jobs-refused"));
+    // Harbor's console wraps the message in a box: compare with the frame taken out.
+    let flat = |s: &str| {
+        s.split(|c: char| c.is_whitespace() || c == '│')
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let want = "network_mode='allowlist' with wildcard hostnames is not supported by forkd";
     assert!(
-        text.contains("no outside network") || results.contains("no outside network"),
+        flat(&text).contains(want) || flat(&results).contains(want),
         "{text}\n{results}"
     );
     assert_eq!(metric(&d, "createSandbox"), 0, "nothing was started");
+
+    // Public internet: the golden sandbox and the trial run with egress, and the oracle
+    // still solves the task.
+    let t = task_with_network(&work, "online", "allow_internet = true");
+    let r = harbor_run_task(&d, &py, &t, &work.join("jobs"), &["--agent", "oracle"]);
+    assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
+    let log = walk_text_named(&work, "daemon-");
+    assert!(
+        log.matches(": egress on eth0").count() >= 2,
+        "golden and trial with egress:\n{log}"
+    );
+}
+
+/// Text of the files directly in `dir` whose names start with `prefix`.
+fn walk_text_named(dir: &Path, prefix: &str) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with(prefix) {
+            out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    out
 }
 
 /// Every text file under `dir`, concatenated (Harbor writes a trial's exception there).

@@ -403,7 +403,7 @@ impl Daemon {
             cgroup: format!("forkd/{id}"),
             create_us: 0,
             config: config.clone(),
-            network: forkd_net::Network::None,
+            network: forkd_net::Network::none(),
             lease: None,
         };
         let dir = self.sandbox_dir(&id);

@@ -152,6 +152,21 @@ def list_sandboxes() -> Call[list[t.SandboxInfo]]:
     return json_call("GET", "/v1/sandboxes", lambda d: [t.SandboxInfo.from_json(x) for x in d])
 
 
+NetworkArg = Union[None, str, "t.Network", Mapping[str, Any]]
+
+
+def network_body(network: Union[str, "t.Network", Mapping[str, Any]]) -> dict[str, Any]:
+    """A network as the API takes it, from `"egress"` / `"allowlist=a,b"`, a
+    `types.Network`, or the API's own object."""
+    if isinstance(network, str):
+        network = t.Network.parse(network)
+    if isinstance(network, t.Network):
+        return {"mode": network.mode, "hosts": list(network.hosts)}
+    if isinstance(network, Mapping):
+        return dict(network)
+    raise TypeError(f"network: expected a string, a Network or a mapping, got {type(network).__name__}")
+
+
 def create_sandbox(
     image: str,
     *,
@@ -161,9 +176,12 @@ def create_sandbox(
     pids: Optional[int] = None,
     cpu_millis: Optional[int] = None,
     labels: Optional[Mapping[str, str]] = None,
+    network: NetworkArg = None,
 ) -> Call[t.SandboxInfo]:
     """`createSandbox`."""
     body: dict[str, Any] = {"image": image, "labels": _labels(labels)}
+    if network is not None:
+        body["network"] = network_body(network)
     limits = {"memory_bytes": memory_bytes, "pids": pids, "cpu_millis": cpu_millis}
     if any(v is not None for v in limits.values()):
         body["limits"] = limits
@@ -296,11 +314,15 @@ def fork(
     lazy: bool = False,
     fresh: bool = False,
     labels: Optional[Mapping[str, str]] = None,
+    network: NetworkArg = None,
 ) -> Call[t.ForkResult]:
-    """`forkCheckpoint`: `count` branches, each a running sandbox."""
+    """`forkCheckpoint`: `count` branches, each a running sandbox (with the checkpointed
+    sandbox's network unless `network` names another)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    body = {"count": count, "lazy": lazy, "fresh": fresh, "labels": _labels(labels)}
+    body: dict[str, Any] = {"count": count, "lazy": lazy, "fresh": fresh, "labels": _labels(labels)}
+    if network is not None:
+        body["network"] = network_body(network)
     return json_call("POST", f"/v1/checkpoints/{segment(id)}/fork", t.ForkResult.from_json, body)
 
 

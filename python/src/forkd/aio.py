@@ -113,9 +113,9 @@ class AsyncClient:
         """Every sandbox, running or stopped."""
         return await self._send(_ops.list_sandboxes())
 
-    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None) -> t.SandboxInfo:
-        """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out are unlimited (`cpu_millis` is thousandths of a CPU)."""
-        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels))
+    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None) -> t.SandboxInfo:
+        """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out are unlimited (`cpu_millis` is thousandths of a CPU). `network` is `"none"` (the default: loopback only), `"egress"` or `"allowlist=HOST,..."` (or a `types.Network`)."""
+        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network))
 
     async def inspect(self, id: str) -> t.SandboxInfo:
         """One sandbox (a full id or a unique prefix of at least 4)."""
@@ -174,9 +174,9 @@ class AsyncClient:
         """Removes a checkpoint; returns its id."""
         return await self._send(_ops.remove_checkpoint(id, force))
 
-    async def fork(self, checkpoint: str, count: int = 1, *, lazy: bool = False, fresh: bool = False, labels: Optional[Mapping[str, str]] = None) -> t.ForkResult:
+    async def fork(self, checkpoint: str, count: int = 1, *, lazy: bool = False, fresh: bool = False, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None) -> t.ForkResult:
         """Starts `count` branches of a checkpoint, each a running sandbox (a live checkpoint's processes resume in each; `fresh` starts a new init over its files instead)."""
-        return await self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels))
+        return await self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels, network=network))
 
     async def export_checkpoint(self, id: str, path: str) -> t.ExportResult:
         """Writes a checkpoint as one verified archive at `path` on the daemon's host."""

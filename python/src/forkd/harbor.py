@@ -25,9 +25,15 @@ Harbor's own Docker backend does, the golden sandbox runs the image's ENTRYPOINT
 `sleep infinity` as its command (CMD is replaced), so a start-up script that launches
 services and then `exec "$@"` leaves them running; the live checkpoint keeps them, and
 every trial starts with them up. `cpus` and `memory_mb` become the sandbox's cgroup
-limits. Sandboxes have no outside network, so `network_mode = "no-network"`
-(`allow_internet = false`) is enforced and any other mode is refused before start, as
-Harbor's contract asks.
+limits. The task's network policy becomes the sandbox's network (docs/NETWORK.md):
+`no-network` (`allow_internet = false`) is forkd's `none`, loopback only; `public` is
+`egress` (the outside world, never the host or another sandbox); `allowlist` with
+`allowed_hosts` is forkd's allowlist (exact hostnames, IPv4 addresses and IPv4 networks;
+wildcard hostnames and IPv6 are refused before start, as Harbor's contract asks). The
+golden sandbox runs with the policy, and so does every trial branched from it, each with
+an address of its own. forkd cannot change a running sandbox's policy, so a task whose
+phases differ gets the broadest one for all of them (Harbor's own rule for such
+environments).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
-from harbor.models.task.config import NetworkMode
+from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from .aio import AsyncClient
 from .errors import ForkdError
@@ -106,7 +112,22 @@ class ForkdEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True)
+        return EnvironmentCapabilities(
+            disable_internet=True,
+            network_allowlist=True,
+            network_allowlist_hostnames=True,
+            network_allowlist_ipv4_addresses=True,
+            network_allowlist_ipv4_cidrs=True,
+        )
+
+    @staticmethod
+    def _forkd_network(policy: NetworkPolicy) -> dict[str, Any]:
+        """A Harbor network policy as forkd's network."""
+        if policy.network_mode == NetworkMode.NO_NETWORK:
+            return {"mode": "none"}
+        if policy.network_mode == NetworkMode.PUBLIC:
+            return {"mode": "egress"}
+        return {"mode": "allowlist", "hosts": list(policy.allowed_hosts)}
 
     def _dockerfile(self) -> Path:
         return self.environment_dir / "Dockerfile"
@@ -152,16 +173,6 @@ class ForkdEnvironment(BaseEnvironment):
         self.logger.info(f"forkd: built {name}: {ran} steps run, {len(res.steps) - ran} from cache or config")
         return name
 
-    def _validate_network_policy_support(self) -> None:
-        super()._validate_network_policy_support()
-        for policy in [self._network_policy, *self._phase_network_policies]:
-            if policy.network_mode != NetworkMode.NO_NETWORK:
-                raise ValueError(
-                    f"forkd: network_mode={policy.network_mode.value!r} is not supported: forkd "
-                    "sandboxes have no outside network; set allow_internet = false "
-                    "(network_mode 'no-network') in the task's [environment]"
-                )
-
     # --- start: one golden checkpoint per definition, trials as coalesced forks ----------
 
     def _key(self) -> str:
@@ -174,6 +185,7 @@ class ForkdEnvironment(BaseEnvironment):
             "cpus": self._effective_cpus,
             "memory_mb": self._effective_memory_mb,
             "live": self._live,
+            "network": self._forkd_network(self._network_policy),
             "environment_dir": sorted(
                 (str(p.relative_to(self.environment_dir)), hashlib.sha256(p.read_bytes()).hexdigest())
                 for p in self.environment_dir.rglob("*")
@@ -207,7 +219,13 @@ class ForkdEnvironment(BaseEnvironment):
             # Harbor's Docker backend replaces CMD with `sleep infinity` and keeps ENTRYPOINT.
             command = [*info.config.entrypoint, "sh", "-c", "sleep infinity"] if info.config.entrypoint else None
             self.logger.info(f"forkd: starting the golden sandbox of {self.environment_name} ({image})")
-            sb = await self.client.create(image, command=command, labels={KEY_LABEL: key, "forkd.harbor": "golden"}, **self._limits())
+            sb = await self.client.create(
+                image,
+                command=command,
+                labels={KEY_LABEL: key, "forkd.harbor": "golden"},
+                network=self._forkd_network(self._network_policy),
+                **self._limits(),
+            )
             self.sandbox_id = sb.id
             try:
                 workdir = self.task_env_config.workdir
@@ -236,7 +254,9 @@ class ForkdEnvironment(BaseEnvironment):
         await asyncio.sleep(COALESCE_SEC)
         batch, golden.waiting, golden.flusher = golden.waiting, [], None
         try:
-            res = await self.client.fork(checkpoint, len(batch), labels={"forkd.harbor": "trial"})
+            res = await self.client.fork(
+                checkpoint, len(batch), labels={"forkd.harbor": "trial"}, network=self._forkd_network(self._network_policy)
+            )
         except Exception as e:  # noqa: BLE001 - handed to every waiter
             for f in batch:
                 f.set_exception(e)

@@ -144,6 +144,41 @@ class Limits(_Model):
 
 
 @dataclass
+class Network(_Model):
+    """What a sandbox may reach: mode `none` (loopback only), `egress`, or `allowlist`
+    (egress to `hosts` only: IPv4 addresses, IPv4 networks, DNS names)."""
+
+    mode: str = "none"
+    hosts: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str) -> "Network":
+        """The command-line form: `none`, `egress` or `allowlist=HOST,...`."""
+        text = text.strip()
+        if text in ("none", "egress"):
+            return cls(mode=text)
+        kind, sep, rest = text.partition("=")
+        if kind == "allowlist" and sep:
+            return cls(mode="allowlist", hosts=[h.strip() for h in rest.split(",")])
+        raise ValueError(f"unknown network mode {text!r}: use none, egress or allowlist=HOST,...")
+
+
+@dataclass
+class NetworkInfo(_Model):
+    """A running sandbox's network beyond loopback: `eth0` at `address`, `gateway` the
+    host's end of the veth `link`; its rules are chain `sb_<link>` of nftables table
+    `inet <table>`."""
+
+    mode: Network = field(default_factory=Network)
+    address: str = ""
+    gateway: str = ""
+    link: str = ""
+    allowed: list[str] = field(default_factory=list)
+    nameservers: list[str] = field(default_factory=list)
+    table: str = ""
+
+
+@dataclass
 class SandboxInfo(_Model):
     """A sandbox, as `inspect` shows it."""
 
@@ -161,6 +196,7 @@ class SandboxInfo(_Model):
     memory_bytes: Optional[int] = None
     oom_kills: int = 0
     create_us: int = 0
+    network: Optional[NetworkInfo] = None
 
     @property
     def running(self) -> bool:
@@ -290,6 +326,8 @@ SCHEMAS: dict[str, type[_Model]] = {
     "BuildStatus": BuildStatus,
     "Limits": Limits,
     "SandboxInfo": SandboxInfo,
+    "Network": Network,
+    "NetworkInfo": NetworkInfo,
     "ExecResult": ExecResult,
     "ExecRecord": ExecRecord,
     "CheckpointInfo": CheckpointInfo,

@@ -21,7 +21,7 @@ pub mod netlink;
 pub mod nft;
 pub mod sockets;
 
-pub use mode::{Net4, Network};
+pub use mode::{Mode, Net4, Network};
 
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
@@ -84,7 +84,7 @@ impl Lease {
         Ipv4Addr::from(u32::from(self.block) + 2)
     }
     pub fn allowlisted(&self) -> bool {
-        matches!(self.network, Network::Allowlist { .. })
+        self.network.mode == mode::Mode::Allowlist
     }
 }
 
@@ -106,15 +106,15 @@ impl Policy {
     /// Checks and resolves `network` now. `None` for mode `none`.
     pub fn resolve(network: &Network) -> Result<Option<Policy>, NetError> {
         let hosts = network.validate().map_err(NetError::Invalid)?;
-        Ok(match network {
-            Network::None => None,
-            Network::Egress => Some(Policy {
+        Ok(match network.mode {
+            mode::Mode::None => None,
+            mode::Mode::Egress => Some(Policy {
                 network: network.clone(),
                 allowed: Vec::new(),
                 names: Vec::new(),
                 nameservers: dns::host_nameservers(),
             }),
-            Network::Allowlist { .. } => {
+            mode::Mode::Allowlist => {
                 let r = mode::resolve(&hosts).map_err(NetError::Invalid)?;
                 Some(Policy {
                     network: network.clone(),

@@ -1,8 +1,8 @@
 //! What network a sandbox asks for: `none` (loopback only, the default), `egress` (the
 //! outside world through NAT, never the host or other sandboxes) or `allowlist` (egress
 //! to the listed hosts only). Written `none`, `egress`, `allowlist=HOST,...` on command
-//! lines and in task files; a tagged object (`{"mode": "allowlist", "hosts": [...]}`) in
-//! the API.
+//! lines and in task files; an object (`{"mode": "allowlist", "hosts": [...]}`) in the
+//! API.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -10,14 +10,21 @@ use std::net::{Ipv4Addr, ToSocketAddrs};
 use std::str::FromStr;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "mode", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Network {
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub mode: Mode,
+    /// Allowlist only: IPv4 addresses, IPv4 networks, DNS names.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
     #[default]
     None,
     Egress,
-    Allowlist {
-        hosts: Vec<String>,
-    },
+    Allowlist,
 }
 
 /// One allowlist entry, checked for form (names are resolved later, by [`resolve`]).
@@ -98,19 +105,37 @@ impl From<Net4> for String {
 }
 
 impl Network {
+    pub fn none() -> Network {
+        Network::default()
+    }
+    pub fn egress() -> Network {
+        Network {
+            mode: Mode::Egress,
+            hosts: Vec::new(),
+        }
+    }
+    pub fn allowlist(hosts: Vec<String>) -> Network {
+        Network {
+            mode: Mode::Allowlist,
+            hosts,
+        }
+    }
     pub fn is_none(&self) -> bool {
-        matches!(self, Network::None)
+        self.mode == Mode::None
     }
 
     /// Checks every allowlist entry's form; names are not resolved here.
     pub fn validate(&self) -> Result<Vec<Host>, String> {
-        match self {
-            Network::None | Network::Egress => Ok(Vec::new()),
-            Network::Allowlist { hosts } => {
-                if hosts.is_empty() {
+        match self.mode {
+            Mode::None | Mode::Egress if !self.hosts.is_empty() => {
+                Err(format!("hosts are only for mode allowlist, not {self}"))
+            }
+            Mode::None | Mode::Egress => Ok(Vec::new()),
+            Mode::Allowlist => {
+                if self.hosts.is_empty() {
                     return Err("allowlist: name at least one host (or use --network none)".into());
                 }
-                hosts.iter().map(|h| parse_host(h)).collect()
+                self.hosts.iter().map(|h| parse_host(h)).collect()
             }
         }
     }
@@ -198,12 +223,12 @@ impl FromStr for Network {
     type Err = String;
     fn from_str(s: &str) -> Result<Network, String> {
         let n = match s.trim() {
-            "none" => Network::None,
-            "egress" => Network::Egress,
+            "none" => Network::none(),
+            "egress" => Network::egress(),
             other => match other.split_once('=') {
-                Some(("allowlist", list)) => Network::Allowlist {
-                    hosts: list.split(',').map(|h| h.trim().to_string()).collect(),
-                },
+                Some(("allowlist", list)) => {
+                    Network::allowlist(list.split(',').map(|h| h.trim().to_string()).collect())
+                }
                 _ => {
                     return Err(format!(
                         "unknown network mode {other:?}: use none, egress or allowlist=HOST,..."
@@ -218,10 +243,10 @@ impl FromStr for Network {
 
 impl fmt::Display for Network {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Network::None => f.write_str("none"),
-            Network::Egress => f.write_str("egress"),
-            Network::Allowlist { hosts } => write!(f, "allowlist={}", hosts.join(",")),
+        match self.mode {
+            Mode::None => f.write_str("none"),
+            Mode::Egress => f.write_str("egress"),
+            Mode::Allowlist => write!(f, "allowlist={}", self.hosts.join(",")),
         }
     }
 }
@@ -272,20 +297,26 @@ mod tests {
     }
 
     #[test]
-    fn api_form_is_tagged() {
+    fn api_form_is_an_object() {
         let n: Network =
             serde_json::from_str(r#"{"mode":"allowlist","hosts":["198.18.0.1"]}"#).unwrap();
+        assert_eq!(n, Network::allowlist(vec!["198.18.0.1".into()]));
         assert_eq!(
-            n,
-            Network::Allowlist {
-                hosts: vec!["198.18.0.1".into()]
-            }
+            serde_json::to_string(&Network::egress()).unwrap(),
+            r#"{"mode":"egress","hosts":[]}"#
         );
-        assert_eq!(
-            serde_json::to_string(&Network::Egress).unwrap(),
-            r#"{"mode":"egress"}"#
-        );
+        let e: Network = serde_json::from_str(r#"{"mode":"egress"}"#).unwrap();
+        assert_eq!(e, Network::egress());
         assert!(serde_json::from_str::<Network>(r#"{"mode":"bridge"}"#).is_err());
+        assert!(serde_json::from_str::<Network>(r#"{"mode":"egress","ports":[]}"#).is_err());
+        let bad = Network {
+            mode: Mode::Egress,
+            hosts: vec!["1.2.3.4".into()],
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .contains("only for mode allowlist"));
     }
 
     #[test]

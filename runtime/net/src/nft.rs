@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn egress_chain_accepts_after_the_source_check() {
-        let l = lease(Network::Egress, &[]);
+        let l = lease(Network::egress(), &[]);
         let s = add("forkd_t", &l);
         assert!(s.contains("add rule inet forkd_t sb_fkd0123456789ab ip saddr != 10.213.0.6 drop"));
         assert!(s.contains("sb_fkd0123456789ab accept"));
@@ -205,9 +205,7 @@ mod tests {
     #[test]
     fn allowlist_chain_refuses_what_is_not_listed() {
         let l = lease(
-            Network::Allowlist {
-                hosts: vec!["198.18.0.1".into()],
-            },
+            Network::allowlist(vec!["198.18.0.1".into()]),
             &["198.18.0.1/32", "10.9.0.0/16"],
         );
         let s = add("forkd_t", &l);
@@ -220,7 +218,7 @@ mod tests {
 
     #[test]
     fn rebuild_replaces_the_table() {
-        let l = lease(Network::Egress, &[]);
+        let l = lease(Network::egress(), &[]);
         let s = rebuild("forkd_t", "10.213.0.0/16".parse().unwrap(), &[&l]);
         assert!(s.starts_with("add table inet forkd_t\ndelete table inet forkd_t\n"));
         assert!(s.contains("ip saddr 10.213.0.0/16 oifname != \"fkd*\" masquerade"));
