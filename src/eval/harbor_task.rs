@@ -14,6 +14,7 @@
 //! | `/logs/verifier/reward.txt` or `reward.json` | `reward_path` (either file is read)   |
 //! | `[verifier] timeout_sec`, `[agent] timeout_sec` | `timeout_secs` of each                |
 //! | `solution/solve.sh`                   | the oracle's solution                          |
+//! | `[environment] network_mode` / `allow_internet`, `allowed_hosts` | `[environment] network`: `no-network` is `none`, `public` (Harbor's default) is `egress`, `allowlist` is `allowlist=HOSTS` |
 //!
 //! Harbor tasks are machines, so they are `kind = "terminal"`. forkd's own extensions,
 //! none required, go in a `forkd.toml` beside `task.toml` (Harbor never reads it), with
@@ -48,6 +49,41 @@ struct HarborEnvironment {
     docker_image: Option<String>,
     workdir: Option<String>,
     healthcheck: Option<HarborHealthcheck>,
+    /// `public` (Harbor's default), `no-network` or `allowlist`.
+    network_mode: Option<String>,
+    allowed_hosts: Option<Vec<String>>,
+    /// The older spelling: false is `no-network`, true `public`.
+    allow_internet: Option<bool>,
+}
+
+impl HarborEnvironment {
+    /// The task's network policy in forkd's task-file form.
+    fn network(&self, task: &Path) -> anyhow::Result<String> {
+        let mode = match (&self.network_mode, self.allow_internet) {
+            (Some(m), _) => m.as_str(),
+            (None, Some(false)) => "no-network",
+            (None, _) => "public",
+        };
+        let hosts = self.allowed_hosts.clone().unwrap_or_default();
+        if mode != "allowlist" && !hosts.is_empty() {
+            anyhow::bail!(
+                "{}: allowed_hosts is only valid with network_mode = \"allowlist\"",
+                task.display()
+            );
+        }
+        let net = match mode {
+            "no-network" => "none".to_string(),
+            "public" => "egress".to_string(),
+            "allowlist" => format!("allowlist={}", hosts.join(",")),
+            other => anyhow::bail!(
+                "{}: [environment] network_mode {other:?} is not one of public, no-network, allowlist",
+                task.display()
+            ),
+        };
+        net.parse::<forkd_net::Network>()
+            .map_err(|e| anyhow::anyhow!("{}: [environment] network: {e}", task.display()))?;
+        Ok(net)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +161,7 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
         Ok(t) => toml::from_str(&t).with_context(|| format!("parse {}", ext_path.display()))?,
         Err(_) => Extensions::default(),
     };
+    let network = h.environment.network(&toml_path)?;
     let dockerfile = dir.join("environment/Dockerfile");
     let build = dockerfile.is_file().then(|| "environment".to_string());
     // A task built from its Dockerfile gets an image of its own, named after its
@@ -179,6 +216,9 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
         environment: {
             let mut env = ext.environment.unwrap_or_default();
             env.entrypoint = true;
+            if env.network.is_none() {
+                env.network = Some(network);
+            }
             // A start-up script's services are part of the state: keep them live.
             if declares_entrypoint(&dockerfile) {
                 env.live = true;

@@ -274,7 +274,11 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
     }
     let env = &task.config.environment;
     let wd = task.workdir();
-    let sb = s.create(&task.config.task.image, &[("forkd.eval.task", &task.name)])?;
+    let sb = s.create(
+        &task.config.task.image,
+        &[("forkd.eval.task", &task.name)],
+        env.network.as_deref(),
+    )?;
     let built = (|| -> anyhow::Result<String> {
         // A build context went into the image; other environment files are copied in.
         if task.dir.join("environment").is_dir() && task.config.task.build.is_none() {

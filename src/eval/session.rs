@@ -47,12 +47,22 @@ impl Session {
         }
     }
 
-    pub fn create(&self, image: &str, labels: &[(&str, &str)]) -> InfraResult<String> {
+    /// Creates a sandbox of `image` with `network` (the task file's form; `None`: none).
+    pub fn create(
+        &self,
+        image: &str,
+        labels: &[(&str, &str)],
+        network: Option<&str>,
+    ) -> InfraResult<String> {
         let labels: serde_json::Map<String, serde_json::Value> = labels
             .iter()
             .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
             .collect();
-        let body = serde_json::json!({ "image": image, "labels": labels });
+        // Checked when the task was loaded.
+        let network: crate::api::Network = network
+            .map(|n| n.parse().unwrap_or_default())
+            .unwrap_or_default();
+        let body = serde_json::json!({ "image": image, "labels": labels, "network": network });
         let sb: SandboxInfo = self
             .client
             .call("POST", "/v1/sandboxes", Some(&body))

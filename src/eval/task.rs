@@ -88,6 +88,10 @@ pub struct EnvSection {
     pub ready: Option<String>,
     #[serde(default = "default_ready_timeout")]
     pub ready_timeout_secs: u64,
+    /// What the task's sandboxes may reach: `none` (default), `egress` or
+    /// `allowlist=HOST,...` (docs/NETWORK.md). Every state and trial of the task has it.
+    #[serde(default)]
+    pub network: Option<String>,
 }
 
 fn default_ready_timeout() -> u64 {
@@ -221,6 +225,11 @@ impl Task {
                 "{}: format junit needs junit_path",
                 toml_path.display()
             );
+        }
+        if let Some(n) = &config.environment.network {
+            n.parse::<forkd_net::Network>().map_err(|e| {
+                anyhow::anyhow!("{}: [environment] network: {e}", toml_path.display())
+            })?;
         }
         let instr = dir.join("instruction.md");
         let instruction =
