@@ -159,3 +159,78 @@ fn tcp_and_udp_sockets_survive_live_checkpoints_and_forks() {
         assert_ne!(code, 0, "branch {} read data it was never let read", b.id);
     }
 }
+
+/// The bundled terminal task whose service speaks TCP (kvd with its control on
+/// 127.0.0.1:7300 and a monitor connected to it), through `forkd eval`: the clean state is
+/// a live checkpoint holding the listener and the monitor's connection, the oracle solves
+/// it from the clean state and from each predecessor's residual state, and a branch of the
+/// clean state still has the monitor's connection, which kvd's next change reaches.
+#[test]
+fn terminal_task_with_a_tcp_service_runs_through_forkd_eval() {
+    let name = "terminal_task_with_a_tcp_service_runs_through_forkd_eval";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(task_src) = fixture(name, "suite/kvd-tcp-reconfig", "suite") else {
+        return;
+    };
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("svc-kvd-tcp");
+    d.import(&debian, "debian");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(&task_src, &suite.join("kvd-tcp-reconfig"));
+    let run = work.join("run");
+    let out = d.cli(&[
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        "oracle,noop",
+        "--conditions",
+        "clean,residual",
+        "-k",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = results(&run);
+    let pick = |agent: &str, cond: forkd_analysis::Condition| {
+        rows.iter()
+            .filter(|r| r.agent == agent && r.condition == cond)
+            .collect::<Vec<_>>()
+    };
+    use forkd_analysis::{Condition, Outcome};
+    let clean = pick("oracle", Condition::Clean);
+    assert_eq!(clean.len(), 1);
+    assert_eq!(clean[0].outcome, Outcome::Pass, "{:?}", clean[0]);
+    assert!(pick("noop", Condition::Clean).iter().all(|r| r.outcome == Outcome::Fail));
+    let residual = pick("oracle", Condition::Residual);
+    assert_eq!(residual.len(), 2, "both predecessors leave a residual state: {rows:?}");
+    assert!(residual.iter().all(|r| r.outcome == Outcome::Pass), "{residual:?}");
+    assert!(!rows.iter().any(|r| r.is_infra_error()), "{rows:?}");
+
+    // The clean state, forked: kvd answers on its port and the monitor's connection,
+    // restored established, carries kvd's next change notice.
+    let cks: Vec<forkd::api::CheckpointInfo> =
+        d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    let clean = cks
+        .iter()
+        .find(|c| c.labels.contains_key("forkd.eval.clean"))
+        .unwrap_or_else(|| panic!("no clean state among {cks:?}"));
+    assert!(clean.live);
+    let b = &d.fork(&clean.id, 1, false).branches[0];
+    // 7300 is 1C84; an established (01) connection to it, held by the monitor.
+    let (_, tcp, _) = d.sh(&b.id, "cat /proc/net/tcp");
+    assert!(
+        tcp.lines().any(|l| l.split_whitespace().nth(2).is_some_and(|r| r.ends_with(":1C84"))
+            && l.split_whitespace().nth(3) == Some("01")),
+        "no established connection to kvd's port in the branch:\n{tcp}"
+    );
+    let (code, _, err) = d.sh(&b.id, "kvdctl set probe 1");
+    assert_eq!(code, 0, "{err}");
+    d.wait_for(&b.id, "cat /var/log/kvd-watch.log", "changed");
+}
