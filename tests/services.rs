@@ -196,7 +196,11 @@ fn terminal_task_with_a_tcp_service_runs_through_forkd_eval() {
         "-k",
         "1",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = results(&run);
     let pick = |agent: &str, cond: forkd_analysis::Condition| {
         rows.iter()
@@ -207,10 +211,19 @@ fn terminal_task_with_a_tcp_service_runs_through_forkd_eval() {
     let clean = pick("oracle", Condition::Clean);
     assert_eq!(clean.len(), 1);
     assert_eq!(clean[0].outcome, Outcome::Pass, "{:?}", clean[0]);
-    assert!(pick("noop", Condition::Clean).iter().all(|r| r.outcome == Outcome::Fail));
+    assert!(pick("noop", Condition::Clean)
+        .iter()
+        .all(|r| r.outcome == Outcome::Fail));
     let residual = pick("oracle", Condition::Residual);
-    assert_eq!(residual.len(), 2, "both predecessors leave a residual state: {rows:?}");
-    assert!(residual.iter().all(|r| r.outcome == Outcome::Pass), "{residual:?}");
+    assert_eq!(
+        residual.len(),
+        2,
+        "both predecessors leave a residual state: {rows:?}"
+    );
+    assert!(
+        residual.iter().all(|r| r.outcome == Outcome::Pass),
+        "{residual:?}"
+    );
     assert!(!rows.iter().any(|r| r.is_infra_error()), "{rows:?}");
 
     // The clean state, forked: kvd answers on its port and the monitor's connection,
@@ -226,7 +239,10 @@ fn terminal_task_with_a_tcp_service_runs_through_forkd_eval() {
     // 7300 is 1C84; an established (01) connection to it, held by the monitor.
     let (_, tcp, _) = d.sh(&b.id, "cat /proc/net/tcp");
     assert!(
-        tcp.lines().any(|l| l.split_whitespace().nth(2).is_some_and(|r| r.ends_with(":1C84"))
+        tcp.lines().any(|l| l
+            .split_whitespace()
+            .nth(2)
+            .is_some_and(|r| r.ends_with(":1C84"))
             && l.split_whitespace().nth(3) == Some("01")),
         "no established connection to kvd's port in the branch:\n{tcp}"
     );

@@ -117,6 +117,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_pidfd(),
         check_userfaultfd(),
         check_criu(opts.criu.as_deref()),
+        check_egress(opts.criu.as_deref()),
         check_qemu(),
         check_kvm(),
         check_kernel(),
@@ -740,6 +741,63 @@ fn criu_check_summary<'a>(stdout: &'a str, stderr: &'a str, passed: bool) -> Opt
 
 // ---------------------------------------------------------------------------------------
 // qemu, kvm, kernel
+
+/// Sandbox egress (docs/NETWORK.md): `nft` found and answering, and the pool clear of
+/// the host's own addresses.
+fn check_egress(criu: Option<&Path>) -> Check {
+    const NAME: &str = "egress";
+    let criu = resolve_criu(criu).ok();
+    let nft = match forkd_net::locate_nft(criu.as_deref()) {
+        Ok(n) => n,
+        Err(e) => {
+            return Check::not_ok(
+                NAME,
+                false,
+                format!("{e}; sandboxes can only use --network none"),
+            )
+        }
+    };
+    let out = match run_with_timeout(&nft, &["list", "tables"]) {
+        Ok(o) => o,
+        Err(e) => return Check::not_ok(NAME, false, format!("{}: {e:#}", nft.display())),
+    };
+    if !out.status.success() {
+        return Check::not_ok(
+            NAME,
+            false,
+            format!(
+                "{} list tables: {}: {}",
+                nft.display(),
+                out.status,
+                one_line(&out.stderr)
+            ),
+        );
+    }
+    let pool =
+        std::env::var("FORKD_EGRESS_POOL").unwrap_or_else(|_| forkd_net::DEFAULT_POOL.into());
+    let pool: forkd_net::Net4 = match pool.parse() {
+        Ok(p) => p,
+        Err(e) => return Check::not_ok(NAME, false, format!("FORKD_EGRESS_POOL: {e}")),
+    };
+    let taken = nix::ifaddrs::getifaddrs()
+        .map(|all| {
+            all.filter(|i| !i.interface_name.starts_with(forkd_net::nft::LINK_PREFIX))
+                .filter_map(|i| i.address.and_then(|a| a.as_sockaddr_in().map(|s| s.ip())))
+                .filter(|a| pool.contains(*a))
+                .count()
+        })
+        .unwrap_or(0);
+    let note = if taken > 0 {
+        format!("; {taken} host address(es) fall in the pool {pool} (their /30s are skipped)")
+    } else {
+        String::new()
+    };
+    Check::ok(
+        NAME,
+        false,
+        format!("nft at {}, pool {pool}{note}", nft.display()),
+    )
+}
 
 fn check_qemu() -> Check {
     const NAME: &str = "qemu";
