@@ -27,6 +27,9 @@
 //! 4. The largest fork of part 2 (N = FORKD_BENCH_BRANCHES) alive at once: host memory
 //!    (MemAvailable before and after), the branches' cgroup charge and PSS, then removal.
 //!
+//! Service states (redis with its data and client connections, PostgreSQL) next to
+//! podman `checkpoint --tcp-established` are in benches/services.rs.
+//!
 //! Output: `target/bench/checkpoint.json` (samples, percentiles, machine, git revision,
 //! load averages) and `target/bench/checkpoint.md` (printed too). Progress goes to stderr.
 //!

@@ -823,6 +823,17 @@ pub struct PodmanContainer {
 impl PodmanContainer {
     /// `podman run -d --name NAME FLAGS IMAGE ARGV...`
     pub fn start(podman: &Podman, name: &str, image: &str, argv: &[&str]) -> Result<Self> {
+        Self::start_with(podman, name, image, PODMAN_RUN_FLAGS, argv)
+    }
+
+    /// [`PodmanContainer::start`] with other `podman run` flags.
+    pub fn start_with(
+        podman: &Podman,
+        name: &str,
+        image: &str,
+        flags: &[&str],
+        argv: &[&str],
+    ) -> Result<Self> {
         let _ = podman
             .command()
             .args(["rm", "-f", "-t", "0", name])
@@ -834,7 +845,7 @@ impl PodmanContainer {
             podman
                 .command()
                 .args(["run", "-d", "--name", name])
-                .args(PODMAN_RUN_FLAGS)
+                .args(flags)
                 .arg(image)
                 .args(argv),
         )?;

@@ -59,26 +59,23 @@ impl Daemon {
         let ctx = format!("sandbox {id}: network");
         let netns = forkd_net::netlink::new_netns()
             .map_err(|e| ApiError::from_chain(&format!("{ctx}: create a network namespace"), &e))?;
-        let taken: Vec<_> = self
-            .leases
-            .lock()
-            .unwrap()
-            .values()
-            .map(|l| l.block)
-            .collect();
-        let lease = self
-            .egress
-            .lease(
-                policy,
-                &forkd_net::link_name(id.as_str()),
-                &taken,
-                netns.as_fd(),
-            )
-            .map_err(|e| api_error(&ctx, e))?;
-        self.leases
-            .lock()
-            .unwrap()
-            .insert(id.clone(), lease.clone());
+        // Held across the change: leases are made and given back one at a time, so the
+        // table is never cleared under a lease being made.
+        let lease = {
+            let mut leases = self.leases.lock().unwrap();
+            let taken: Vec<_> = leases.values().map(|l| l.block).collect();
+            let lease = self
+                .egress
+                .lease(
+                    policy,
+                    &forkd_net::link_name(id.as_str()),
+                    &taken,
+                    netns.as_fd(),
+                )
+                .map_err(|e| api_error(&ctx, e))?;
+            leases.insert(id.clone(), lease.clone());
+            lease
+        };
         if let Err(e) = forkd_net::dns::write(rootfs, &lease, hostname) {
             self.disconnect(id);
             return Err(ApiError::internal(format!(
@@ -98,14 +95,11 @@ impl Daemon {
 
     /// Gives back sandbox `id`'s lease, if it holds one: its rules and its link go.
     pub(super) fn disconnect(&self, id: &SandboxId) {
-        let (lease, remaining) = {
-            let mut leases = self.leases.lock().unwrap();
-            let Some(lease) = leases.remove(id) else {
-                return;
-            };
-            (lease, leases.values().cloned().collect::<Vec<_>>())
+        let mut leases = self.leases.lock().unwrap();
+        let Some(lease) = leases.remove(id) else {
+            return;
         };
-        let remaining: Vec<&Lease> = remaining.iter().collect();
+        let remaining: Vec<&Lease> = leases.values().collect();
         if let Err(e) = self.egress.release(&lease, &remaining) {
             log::warn(&format!(
                 "sandbox {id}: release its network {}: {e}",

@@ -187,31 +187,29 @@ impl Egress {
     }
 
     /// The first /30 of the pool that no lease of `taken` holds and no address of the
-    /// host falls in.
+    /// host falls in (one pass over each: linear in the sandboxes alive).
     fn allocate(&self, taken: &[Ipv4Addr]) -> Result<Ipv4Addr, NetError> {
-        let host: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
+        let block_of = |a: Ipv4Addr| u32::from(a) & mode::mask(PREFIX_LEN);
+        let mut used: std::collections::HashSet<u32> = nix::ifaddrs::getifaddrs()
             .map_err(|e| io("list the host's addresses")(e.into()))?
             .filter_map(|i| i.address)
-            .filter_map(|a| a.as_sockaddr_in().map(|s| s.ip()))
+            .filter_map(|a| a.as_sockaddr_in().map(|s| block_of(s.ip())))
             .collect();
+        used.extend(taken.iter().map(|b| block_of(*b)));
         let size = 1u64 << (32 - self.pool.prefix as u32);
         let base = u32::from(self.pool.addr);
-        let mut off = 0u64;
-        while off + 4 <= size {
-            let block = Ipv4Addr::from(base + off as u32);
-            let net = Net4::new(block, PREFIX_LEN);
-            if !taken.contains(&block) && !host.iter().any(|a| net.contains(*a)) {
-                return Ok(block);
-            }
-            off += 4;
-        }
-        Err(NetError::PoolExhausted(self.pool))
+        (0..size / 4)
+            .map(|i| base + (i as u32) * 4)
+            .find(|b| !used.contains(b))
+            .map(Ipv4Addr::from)
+            .ok_or(NetError::PoolExhausted(self.pool))
     }
 
     /// Gives the sandbox whose network namespace is `netns` a lease: a block of the pool,
-    /// the veth pair with both ends configured, and its rules. All of it or, on error,
-    /// none of it. `taken` are the blocks of this daemon's other leases; `link` the
-    /// host-side veth's name.
+    /// its rules, and the veth pair with both ends configured (the rules first, so that
+    /// the link never exists without them). All of it or, on error, none of it. `taken`
+    /// are the blocks of this daemon's other leases; `link` the host-side veth's name.
+    /// The caller serialises this with [`Egress::release`] (both change the table).
     pub fn lease(
         &self,
         policy: &Policy,
@@ -237,20 +235,25 @@ impl Egress {
             names: policy.names.clone(),
             nameservers: policy.nameservers.clone(),
         };
-        let made = self.plumb(&lease, netns).and_then(|()| {
-            let mut made = self.table_made.lock().unwrap();
-            if !*made {
-                enable_forwarding()?;
-                nft::apply(&nft, &nft::rebuild(&self.table, self.pool, &[&lease]))
-                    .map_err(NetError::Rules)?;
-                *made = true;
-                Ok(())
-            } else {
-                nft::apply(&nft, &nft::add(&self.table, &lease)).map_err(NetError::Rules)
-            }
-        });
-        if let Err(e) = made {
+        let first = !*self.table_made.lock().unwrap();
+        if first {
+            enable_forwarding()?;
+            nft::apply(&nft, &nft::rebuild(&self.table, self.pool, &[&lease]))
+                .map_err(NetError::Rules)?;
+            *self.table_made.lock().unwrap() = true;
+        } else {
+            nft::apply(&nft, &nft::add(&self.table, &lease)).map_err(NetError::Rules)?;
+        }
+        if let Err(e) = self.plumb(&lease, netns) {
             let _ = netlink::Route::open().and_then(|mut r| r.delete_link(link));
+            let undo = if first {
+                nft::clear(&self.table)
+            } else {
+                nft::remove(&self.table, &lease)
+            };
+            if nft::apply(&nft, &undo).is_ok() && first {
+                *self.table_made.lock().unwrap() = false;
+            }
             return Err(e);
         }
         Ok(lease)
