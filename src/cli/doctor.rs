@@ -1041,6 +1041,7 @@ mod tests {
                 "pidfd",
                 "userfaultfd",
                 "criu",
+                "egress",
                 "qemu",
                 "kvm",
                 "kernel"
