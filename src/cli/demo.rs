@@ -216,6 +216,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             parallel: 2,
             retries: 2,
             states_only: false,
+            reconstruct: None,
+            review: Default::default(),
         };
         crate::eval::execute(&socket, &opts, false)?;
         let ds = forkd_analysis::load_runs(std::slice::from_ref(&run_dir))?;

@@ -32,6 +32,18 @@ pub struct MatrixArgs {
     /// Retries of a trial after an infrastructure failure
     #[arg(long, default_value_t = 2)]
     pub retries: u32,
+    /// How residual states are built, for every task: exact (the predecessor's final
+    /// state) or patch (SWE tasks: its patch on the clean state, uncommitted); default:
+    /// each task's [residual] reconstruct, else exact
+    #[arg(long)]
+    pub reconstruct: Option<crate::eval::reconstruct::Reconstruct>,
+    /// Reviewers each residual candidate needs before it becomes a state (0: no review);
+    /// the run stops for `forkd eval review` and continues with `forkd eval resume`
+    #[arg(long, default_value_t = 0)]
+    pub reviewers: usize,
+    /// How reviewers decide: all (every one accepts; one rejection drops) or majority
+    #[arg(long, default_value = "all")]
+    pub review_rule: crate::eval::review::Rule,
 }
 
 impl MatrixArgs {
@@ -57,6 +69,11 @@ impl MatrixArgs {
             parallel: self.parallel,
             retries: self.retries,
             states_only,
+            reconstruct: self.reconstruct,
+            review: crate::eval::review::Policy {
+                reviewers: self.reviewers,
+                rule: self.review_rule,
+            },
         })
     }
 }
@@ -90,6 +107,25 @@ pub enum EvalCmd {
         /// The note file to write
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Review residual candidates: write their sheets (RUN/review/), or record one
+    /// reviewer's decision on one candidate
+    Review {
+        run: PathBuf,
+        #[arg(long, requires = "reviewer")]
+        candidate: Option<String>,
+        #[arg(long, requires = "candidate")]
+        reviewer: Option<String>,
+        #[arg(long, conflicts_with = "reject")]
+        accept: bool,
+        #[arg(long)]
+        reject: bool,
+        /// The criterion a rejection fails: task-directed or task-verifier-consistent
+        /// (repeatable)
+        #[arg(long)]
+        criterion: Vec<String>,
+        #[arg(long, default_value = "")]
+        reason: String,
     },
     /// Append a protocol decision to a run's decision log
     Decide {
@@ -155,6 +191,17 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
             println!("{}", out.display());
             Ok(0)
         }
+        EvalCmd::Review {
+            run,
+            candidate,
+            reviewer,
+            accept,
+            reject,
+            criterion,
+            reason,
+        } => crate::eval::review_command(
+            &run, candidate, reviewer, accept, reject, criterion, reason,
+        ),
         EvalCmd::Decide { run, note } => {
             anyhow::ensure!(
                 run.join("manifest.json").exists(),

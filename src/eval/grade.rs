@@ -56,8 +56,10 @@ fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
     let v = &task.config.verifier;
     let mut phases_ms = BTreeMap::new();
     let t = std::time::Instant::now();
+    // Against the base commit: the predecessor's own commits are part of what it did.
+    let base = task.base_commit.get().map(String::as_str).unwrap_or("HEAD");
     let patch = s
-        .sh(sb, "if [ -d .git ]; then git add -A >/dev/null 2>&1 && git diff --cached --binary HEAD; fi", wd, Some(120))?
+        .sh(sb, &format!("if [ -d .git ]; then git add -A >/dev/null 2>&1 && git diff --cached --binary {base}; fi"), wd, Some(120))?
         .out();
     phases_ms.insert("diff".into(), ms(t));
     let t = std::time::Instant::now();

@@ -7,6 +7,8 @@ pub mod delta;
 pub mod grade;
 pub mod harbor_task;
 pub mod harness;
+pub mod reconstruct;
+pub mod review;
 pub mod run;
 pub mod session;
 pub mod task;
@@ -31,6 +33,10 @@ pub struct RunOptions {
     pub retries: u32,
     /// Stop after the start states (clean and residual) are built.
     pub states_only: bool,
+    /// How residual states are built, for every task (else each task's own).
+    pub reconstruct: Option<reconstruct::Reconstruct>,
+    /// Human review of the residual candidates.
+    pub review: review::Policy,
 }
 
 pub fn parse_condition(s: &str) -> anyhow::Result<Condition> {
@@ -59,6 +65,7 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
         agents: &agents,
         retries: 1,
         results: Mutex::new(()),
+        reconstruct: None,
     };
     let mut bad = 0;
     println!(
@@ -152,7 +159,18 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         retries: opts.retries,
         images: images.clone(),
         forkd_version: env!("CARGO_PKG_VERSION").into(),
+        reconstruct: opts.reconstruct,
+        review: opts.review,
     };
+    if opts.reconstruct == Some(reconstruct::Reconstruct::Patch) {
+        if let Some(t) = tasks.iter().find(|t| t.config.task.kind != "swe") {
+            anyhow::bail!(
+                "--reconstruct patch rebuilds states from git patches, for SWE tasks only; task {} is {}",
+                t.name,
+                t.config.task.kind
+            );
+        }
+    }
     let fingerprint = config.fingerprint();
     std::fs::create_dir_all(opts.out.join("trials"))?;
     std::fs::create_dir_all(opts.out.join("tasks"))?;
@@ -186,6 +204,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
             fingerprint: fingerprint.clone(),
             created: now_secs(),
             config: config.clone(),
+            review_fingerprint: None,
         };
         std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m)?)?;
         run::decision(
@@ -213,6 +232,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     for t in &tasks {
         let t0 = std::time::Instant::now();
         let id = run::clean_state(&s, t, &images[&t.config.task.image])?;
+        run::record_base_commit(&s, t, &id)?;
         eprintln!(
             "[eval] clean state of {}: checkpoint {id} ({:.1}s)",
             t.name,
@@ -261,11 +281,19 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         agents: &agents,
         retries: opts.retries,
         results: Mutex::new(()),
+        reconstruct: opts.reconstruct,
     };
     let states = if needs_states {
         run::residualize(&ctx, &clean, &pred_pairs)?
     } else {
         Vec::new()
+    };
+    let states = match reviewed(&opts.out, opts.review, states, opts.states_only)? {
+        Some(s) => s,
+        None => {
+            session::drain();
+            return Ok(0);
+        }
     };
     eprintln!("[eval] {} residual start state(s)", states.len());
     if opts.states_only {
@@ -495,6 +523,172 @@ fn print_summary(rows: &[TrialRow]) {
 }
 
 /// Reconstructs the options of an existing run from its manifest (for `resume`).
+/// With review: the states whose candidates were accepted. Rejections are recorded as
+/// losses (stage `review`, once). While a candidate awaits a decision the run stops
+/// before its trials (`None`), saying what to do; when the trials start, the decisions
+/// are fingerprinted into the manifest, and a later resume whose decisions differ is
+/// refused.
+fn reviewed(
+    run_dir: &Path,
+    policy: review::Policy,
+    states: Vec<run::StateRecord>,
+    states_only: bool,
+) -> anyhow::Result<Option<Vec<run::StateRecord>>> {
+    if policy.reviewers == 0 {
+        return Ok(Some(states));
+    }
+    let names: Vec<String> = states.iter().map(|s| s.state_id.clone()).collect();
+    // Once trials have started from reviewed states, their decisions are fixed.
+    let fp = review::fingerprint(run_dir, &names);
+    let path = run_dir.join("manifest.json");
+    let mut m: run::Manifest = serde_json::from_slice(&std::fs::read(&path)?)?;
+    if let Some(old) = &m.review_fingerprint {
+        anyhow::ensure!(
+            *old == fp,
+            "the review decisions of run {} changed after its trials started (fingerprint {old} then, {fp} now): start a new run",
+            run_dir.display()
+        );
+    }
+    let verdicts = review::verdicts(run_dir, policy, &names);
+    let lines =
+        std::fs::read_to_string(run_dir.join("states/candidates.jsonl")).unwrap_or_default();
+    let recorded = |c: &str| {
+        lines
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|v| v["candidate"] == c && v["stage"] == "review")
+    };
+    let mut pending = Vec::new();
+    let mut accepted = Vec::new();
+    for st in states {
+        match &verdicts[&st.state_id] {
+            review::Verdict::Accepted => {
+                if !recorded(&st.state_id) {
+                    run::append_jsonl(
+                        &run_dir.join("states/candidates.jsonl"),
+                        &serde_json::json!({ "candidate": st.state_id, "task": st.task, "predecessor": st.predecessor,
+                            "kept": true, "stage": "review", "reason": "accepted by review" }),
+                    )?;
+                }
+                accepted.push(st);
+            }
+            review::Verdict::Rejected { criteria, reasons } => {
+                if !recorded(&st.state_id) {
+                    run::append_jsonl(
+                        &run_dir.join("states/candidates.jsonl"),
+                        &serde_json::json!({ "candidate": st.state_id, "task": st.task, "predecessor": st.predecessor,
+                            "kept": false, "stage": "review", "criteria": criteria,
+                            "reason": format!("rejected by review ({}): {}", criteria.join(", "), reasons.join("; ")) }),
+                    )?;
+                }
+            }
+            review::Verdict::Pending { decided, needed } => {
+                pending.push(format!("{} ({decided} of {needed} reviews)", st.state_id))
+            }
+        }
+    }
+    if !pending.is_empty() {
+        eprintln!(
+            "[eval] {} candidate(s) await review: {}
+[eval] write the sheets and decide with `forkd eval review {}`, then `forkd eval resume {}`",
+            pending.len(),
+            pending.join(", "),
+            run_dir.display(),
+            run_dir.display()
+        );
+        println!("{}", run_dir.display());
+        return Ok(None);
+    }
+    if states_only {
+        return Ok(Some(accepted));
+    }
+    // The trials start from these states: fix the decisions that chose them.
+    if m.review_fingerprint.is_none() {
+        m.review_fingerprint = Some(fp.clone());
+        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
+        run::decision(
+            run_dir,
+            "review-fixed",
+            serde_json::json!({ "fingerprint": fp, "states": accepted.len() }),
+        )?;
+    }
+    Ok(Some(accepted))
+}
+
+/// `forkd eval review RUN [--candidate C --reviewer R --accept|--reject ...]`.
+#[allow(clippy::too_many_arguments)]
+pub fn review_command(
+    run_dir: &Path,
+    candidate: Option<String>,
+    reviewer: Option<String>,
+    accept: bool,
+    reject: bool,
+    criteria: Vec<String>,
+    reason: String,
+) -> anyhow::Result<i32> {
+    let m: Manifest = serde_json::from_slice(
+        &std::fs::read(run_dir.join("manifest.json"))
+            .map_err(|e| anyhow::anyhow!("{} is not a run directory: {e}", run_dir.display()))?,
+    )?;
+    let policy = m.config.review;
+    if let (Some(c), Some(r)) = (candidate, reviewer) {
+        anyhow::ensure!(accept || reject, "say --accept or --reject");
+        anyhow::ensure!(
+            policy.reviewers > 0,
+            "run {} was started without review (--reviewers): its candidates are not reviewed",
+            run_dir.display()
+        );
+        review::record(
+            run_dir,
+            &review::Decision {
+                candidate: c.clone(),
+                reviewer: r,
+                accept,
+                criteria,
+                reason,
+            },
+        )?;
+        eprintln!(
+            "[eval] recorded; continue the run with `forkd eval resume {}`",
+            run_dir.display()
+        );
+    } else {
+        anyhow::ensure!(
+            !accept && !reject && criteria.is_empty(),
+            "a decision needs --candidate and --reviewer"
+        );
+        let tasks = task::load_suite(&m.config.suite).unwrap_or_default();
+        let instructions = tasks
+            .iter()
+            .map(|t| (t.name.clone(), t.instruction.clone()))
+            .collect();
+        let sheets = review::write_sheets(run_dir, &instructions)?;
+        eprintln!(
+            "[eval] {} review sheet(s) in {}",
+            sheets.len(),
+            run_dir.join("review").display()
+        );
+    }
+    let names: Vec<String> = review::candidates(run_dir)?
+        .into_iter()
+        .map(|r| r.state_id)
+        .collect();
+    println!("{:<48} VERDICT", "CANDIDATE");
+    for (c, v) in review::verdicts(run_dir, policy, &names) {
+        let v = match v {
+            review::Verdict::Accepted => "accepted".to_string(),
+            review::Verdict::Rejected { criteria, .. } => {
+                format!("rejected ({})", criteria.join(", "))
+            }
+            review::Verdict::Pending { decided, needed } => {
+                format!("pending ({decided} of {needed})")
+            }
+        };
+        println!("{c:<48} {v}");
+    }
+    Ok(0)
+}
+
 pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions> {
     let m: Manifest = serde_json::from_slice(
         &std::fs::read(run_dir.join("manifest.json"))
@@ -510,5 +704,7 @@ pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions>
         parallel,
         retries: m.config.retries,
         states_only: false,
+        reconstruct: m.config.reconstruct,
+        review: m.config.review,
     })
 }

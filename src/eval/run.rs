@@ -47,6 +47,16 @@ pub struct RunConfig {
     /// Image name -> its layers.
     pub images: BTreeMap<String, Vec<String>>,
     pub forkd_version: String,
+    /// `--reconstruct` for every task, over their own `[residual] reconstruct`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconstruct: Option<super::reconstruct::Reconstruct>,
+    /// Human review of the residual candidates (none by default).
+    #[serde(default, skip_serializing_if = "review_off")]
+    pub review: super::review::Policy,
+}
+
+fn review_off(p: &super::review::Policy) -> bool {
+    p.reviewers == 0
 }
 
 impl RunConfig {
@@ -66,6 +76,10 @@ pub struct Manifest {
     pub fingerprint: String,
     pub created: u64,
     pub config: RunConfig,
+    /// With review: the fingerprint of the decisions that chose the start states, fixed
+    /// when the trials first start ([`super::review::fingerprint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review_fingerprint: Option<String>,
 }
 
 /// A residual start state, as written to `states/<id>.json`.
@@ -80,6 +94,9 @@ pub struct StateRecord {
     pub tree_hash: Option<String>,
     pub changed_files: Vec<String>,
     pub content_key: String,
+    /// How the state was built from the predecessor's work.
+    #[serde(default)]
+    pub reconstruct: super::reconstruct::Reconstruct,
 }
 
 /// One trial to run.
@@ -104,6 +121,43 @@ pub struct Ctx<'a> {
     pub agents: &'a [AgentSpec],
     pub retries: u32,
     pub results: Mutex<()>,
+    /// The run's `--reconstruct`, over each task's own.
+    pub reconstruct: Option<super::reconstruct::Reconstruct>,
+}
+
+impl Ctx<'_> {
+    /// How residual states of `task` are built in this run.
+    pub fn reconstruct_for(&self, task: &Task) -> super::reconstruct::Reconstruct {
+        self.reconstruct
+            .or(task.config.residual.reconstruct)
+            .unwrap_or_default()
+    }
+}
+
+/// Records the commit the clean state of a SWE task is at (see [`Task::base_commit`]),
+/// from a fresh fork of it.
+pub fn record_base_commit(s: &Session, task: &Task, clean: &str) -> anyhow::Result<()> {
+    if task.config.task.kind != "swe" || task.base_commit.get().is_some() {
+        return Ok(());
+    }
+    let sb = s
+        .fork(clean, true)
+        .map_err(|e| anyhow::anyhow!("task {}: {e}", task.name))?;
+    let r = s.sh(
+        &sb,
+        "git rev-parse --verify HEAD 2>/dev/null || true",
+        task.workdir(),
+        Some(60),
+    );
+    s.remove(&sb);
+    let head = r
+        .map_err(|e| anyhow::anyhow!("task {}: {e}", task.name))?
+        .out();
+    let head = head.trim();
+    if head.len() >= 40 && head.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let _ = task.base_commit.set(head.to_string());
+    }
+    Ok(())
 }
 
 fn now_secs() -> u64 {
@@ -588,11 +642,193 @@ fn row(
     }
 }
 
-/// Builds residual start states: each predecessor runs once from the clean state; its
-/// final state is kept only if it submitted, fails the verifier, and changed the workdir
-/// beyond the ignored byproducts; identical states are kept once. Each kept state is a
-/// live checkpoint (running processes kept) plus a binary-safe patch against the clean
-/// state; grading it (a fresh fork, the verifier re-run) is its verification.
+/// What one candidate came to: its state record and patch, or why it was dropped; and
+/// its predecessor run's outcome, if it ran.
+type CandidateEnd = (Result<(StateRecord, String), Dropped>, Option<Outcome>);
+
+/// A candidate that did not become a state: the stage that dropped it (a stage of the
+/// loss table: `infrastructure`, `no-submit`, `passes`, `reconstruction`,
+/// `verification`, `no-change`, `duplicate`, `review`) and why.
+struct Dropped(&'static str, String);
+
+/// Runs one predecessor (or, for a patch predecessor under `patch`, takes its file) and
+/// turns its work into a state record, or says why not.
+fn candidate_state(
+    ctx: &Ctx,
+    s: &Session,
+    clean: &BTreeMap<String, String>,
+    ti: usize,
+    ai: usize,
+    candidate: &str,
+    kept: &[StateRecord],
+) -> anyhow::Result<CandidateEnd> {
+    use super::reconstruct::{self, Reconstruct};
+    let task = &ctx.tasks[ti];
+    let pred = ctx.agents[ai].name();
+    let recon = ctx.reconstruct_for(task);
+    let clean_ck = &clean[&task.name];
+    // 1. The predecessor's work: a run from the clean state, or a patch file as it is.
+    let mut outcome = None;
+    let (patch, final_ck, attempt) = match (&ctx.agents[ai], recon) {
+        (super::agent::AgentSpec::Patch(file), Reconstruct::Patch) => {
+            eprintln!(
+                "[eval] predecessor {pred} on {}: its patch, rebuilt on the clean state",
+                task.name
+            );
+            (std::fs::read(file)?, None, None)
+        }
+        _ => {
+            let spec = TrialSpec {
+                id: format!("predecessor.{candidate}"),
+                task: ti,
+                condition: Condition::Clean,
+                start_state: "clean".into(),
+                start_checkpoint: clean_ck.clone(),
+                predecessor: None,
+                agent: ai,
+                replicate: 0,
+            };
+            eprintln!("[eval] predecessor {pred} on {}", task.name);
+            let (row, attempt) = run_trial(ctx, &spec, true);
+            outcome = Some(row.outcome);
+            let Some(a) = attempt else {
+                let why = format!(
+                    "infrastructure failure after {} attempts",
+                    row.infra_attempts
+                );
+                return Ok((Err(Dropped("infrastructure", why)), outcome));
+            };
+            let cp = a.final_checkpoint.clone().unwrap_or_default();
+            let drop = |stage, why: String| {
+                s.remove_checkpoint(&cp);
+                Ok((Err(Dropped(stage, why)), outcome))
+            };
+            if !a.submitted {
+                return drop("no-submit", format!("did not submit ({:?})", a.outcome));
+            }
+            if a.grade.passed {
+                return drop("passes", "passes the verifier".into());
+            }
+            (a.grade.patch.clone().into_bytes(), Some(cp), Some(a))
+        }
+    };
+    // 2. The state: the final state itself, or the patch rebuilt on the clean state.
+    let (checkpoint, failing, patch_text) = match recon {
+        Reconstruct::Exact => {
+            let a = attempt.expect("an exact state comes from a run");
+            (
+                final_ck.expect("a kept final state"),
+                a.grade.failing(),
+                a.grade.patch,
+            )
+        }
+        Reconstruct::Patch => {
+            let carry = match &final_ck {
+                Some(cp) => s
+                    .delta(cp)
+                    .map(|tar| reconstruct::carried_files(&tar, &task.config.residual.carry()))
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+            if let Some(cp) = &final_ck {
+                s.remove_checkpoint(cp);
+            }
+            let labels = [
+                ("forkd.eval.state", candidate),
+                ("forkd.eval.task", task.name.as_str()),
+            ];
+            let rebuilt =
+                match reconstruct::patch_on_base(s, task, clean_ck, &patch, &carry, &labels) {
+                    Err(e) => {
+                        return Ok((
+                            Err(Dropped(
+                                "infrastructure",
+                                format!("rebuilding on the clean state: {}", e.0),
+                            )),
+                            outcome,
+                        ))
+                    }
+                    Ok(Err(f)) => {
+                        return Ok((Err(Dropped("reconstruction", f.to_string())), outcome))
+                    }
+                    Ok(Ok(ck)) => ck,
+                };
+            // Its verification: graded on a fresh fork, it must still fail.
+            match grade(s, task, &rebuilt) {
+                Err(e) => {
+                    s.remove_checkpoint(&rebuilt);
+                    return Ok((
+                        Err(Dropped(
+                            "infrastructure",
+                            format!("grading the rebuilt state: {}", e.0),
+                        )),
+                        outcome,
+                    ));
+                }
+                Ok(g) if g.passed => {
+                    s.remove_checkpoint(&rebuilt);
+                    let why = "passes the verifier once rebuilt on the clean state".to_string();
+                    return Ok((Err(Dropped("verification", why)), outcome));
+                }
+                Ok(g) => (rebuilt, g.failing(), g.patch),
+            }
+        }
+    };
+    // 3. What it changed, beyond the task's ignored byproducts, and whether a kept state
+    //    already has exactly that.
+    let drop = |stage, why: String| {
+        s.remove_checkpoint(&checkpoint);
+        Ok((Err(Dropped(stage, why)), outcome))
+    };
+    let changes = match s
+        .delta(&checkpoint)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .and_then(|tar| delta::changes(&tar, task.workdir(), &task.config.residual.ignore))
+    {
+        Err(e) => return drop("infrastructure", format!("could not read its changes: {e}")),
+        Ok(c) if c.is_empty() => {
+            return drop("no-change", "no change beyond ignored byproducts".into())
+        }
+        Ok(c) => c,
+    };
+    let key = delta::content_key(&changes);
+    if let Some(dup) = kept
+        .iter()
+        .find(|k| k.task == task.name && k.content_key == key)
+    {
+        return drop("duplicate", format!("identical to state {}", dup.state_id));
+    }
+    let tree_hash = s
+        .checkpoints()
+        .ok()
+        .and_then(|l| l.into_iter().find(|x| x.id == checkpoint))
+        .and_then(|x| x.tree_hash);
+    Ok((
+        Ok((
+            StateRecord {
+                state_id: candidate.to_string(),
+                task: task.name.clone(),
+                predecessor: Some(pred),
+                failing_tests: failing,
+                patch: format!("{candidate}.patch"),
+                checkpoint,
+                tree_hash,
+                changed_files: changes.iter().map(|c| c.path.clone()).collect(),
+                content_key: key,
+                reconstruct: recon,
+            },
+            patch_text,
+        )),
+        outcome,
+    ))
+}
+
+/// Builds the residual start states: each predecessor once from the clean state, its
+/// work kept as a state when it passes the automatic filters (submitted, fails the
+/// verifier, changed the work tree, not a duplicate; under `patch`, also rebuilt on the
+/// clean state and still failing there). Every candidate's end is a line of
+/// `states/candidates.jsonl` with its stage; states are `states/<candidate>.json` and
+/// `.patch`. Candidates decided by an earlier invocation are not run again.
 pub fn residualize(
     ctx: &Ctx,
     clean: &BTreeMap<String, String>,
@@ -625,104 +861,47 @@ pub fn residualize(
         if decided.contains(&candidate) {
             continue;
         }
-        let spec = TrialSpec {
-            id: format!("predecessor.{candidate}"),
-            task: ti,
-            condition: Condition::Clean,
-            start_state: "clean".into(),
-            start_checkpoint: clean[&task.name].clone(),
-            predecessor: None,
-            agent: ai,
-            replicate: 0,
+        let (result, outcome) = candidate_state(ctx, &s, clean, ti, ai, &candidate, &kept)?;
+        let (stage, reason, record) = match result {
+            Ok((r, patch)) => {
+                // A harness predecessor's handoff note, by its own model.
+                if let super::agent::AgentSpec::MiniSweAgent(h) = &ctx.agents[ai] {
+                    let traj = ctx
+                        .run_dir
+                        .join("trials")
+                        .join(format!("predecessor.{candidate}"))
+                        .join("agent/trajectory.json");
+                    let out = states_dir.join(format!("{candidate}.note.md"));
+                    match h.write_note(&ctx.socket, &traj, &out) {
+                        Ok(()) => eprintln!("[eval]   {candidate}: handoff note written"),
+                        Err(e) => eprintln!("[eval]   {candidate}: no handoff note: {e:#}"),
+                    }
+                }
+                std::fs::write(states_dir.join(&r.patch), &patch)?;
+                std::fs::write(
+                    states_dir.join(format!("{candidate}.json")),
+                    serde_json::to_vec_pretty(&r)?,
+                )?;
+                let how = match r.reconstruct {
+                    super::reconstruct::Reconstruct::Exact => "its final state",
+                    super::reconstruct::Reconstruct::Patch => {
+                        "its patch on the clean state, uncommitted"
+                    }
+                };
+                (
+                    "kept",
+                    format!("kept: submitted, fails the verifier, changed the workdir ({how})"),
+                    Some(r),
+                )
+            }
+            Err(Dropped(stage, why)) => (stage, why, None),
         };
-        eprintln!("[eval] predecessor {pred} on {}", task.name);
-        let (row, attempt) = run_trial(ctx, &spec, true);
-        let mut reason = None;
-        let mut record = None;
-        match attempt {
-            None => {
-                reason = Some(format!(
-                    "infrastructure failure after {} attempts",
-                    row.infra_attempts
-                ))
-            }
-            Some(a) => {
-                let cp = a.final_checkpoint.clone().unwrap_or_default();
-                let changes = s
-                    .delta(&cp)
-                    .map_err(|e| anyhow::anyhow!("{e}"))
-                    .and_then(|tar| {
-                        delta::changes(&tar, task.workdir(), &task.config.residual.ignore)
-                    });
-                if !a.submitted {
-                    reason = Some(format!("did not submit ({:?})", a.outcome));
-                } else if a.grade.passed {
-                    reason = Some("passes the verifier".into());
-                } else {
-                    match changes {
-                        Err(e) => reason = Some(format!("could not read its changes: {e}")),
-                        Ok(c) if c.is_empty() => {
-                            reason = Some("no change beyond ignored byproducts".into())
-                        }
-                        Ok(c) => {
-                            let key = delta::content_key(&c);
-                            if let Some(dup) = kept
-                                .iter()
-                                .find(|k| k.task == task.name && k.content_key == key)
-                            {
-                                reason = Some(format!("identical to state {}", dup.state_id));
-                            } else {
-                                let tree_hash = s
-                                    .checkpoints()
-                                    .ok()
-                                    .and_then(|l| l.into_iter().find(|x| x.id == cp))
-                                    .and_then(|x| x.tree_hash);
-                                record = Some(StateRecord {
-                                    state_id: candidate.clone(),
-                                    task: task.name.clone(),
-                                    predecessor: Some(pred.clone()),
-                                    failing_tests: a.grade.failing(),
-                                    patch: format!("{candidate}.patch"),
-                                    checkpoint: cp.clone(),
-                                    tree_hash,
-                                    changed_files: c.iter().map(|c| c.path.clone()).collect(),
-                                    content_key: key,
-                                });
-                            }
-                        }
-                    }
-                }
-                match &record {
-                    Some(r) => {
-                        // A harness predecessor's handoff note, by its own model.
-                        if let super::agent::AgentSpec::MiniSweAgent(h) = &ctx.agents[ai] {
-                            let traj = ctx
-                                .run_dir
-                                .join("trials")
-                                .join(&spec.id)
-                                .join("agent/trajectory.json");
-                            let out = states_dir.join(format!("{candidate}.note.md"));
-                            match h.write_note(&ctx.socket, &traj, &out) {
-                                Ok(()) => eprintln!("[eval]   {candidate}: handoff note written"),
-                                Err(e) => eprintln!("[eval]   {candidate}: no handoff note: {e:#}"),
-                            }
-                        }
-                        std::fs::write(states_dir.join(&r.patch), &a.grade.patch)?;
-                        std::fs::write(
-                            states_dir.join(format!("{candidate}.json")),
-                            serde_json::to_vec_pretty(r)?,
-                        )?;
-                    }
-                    None => s.remove_checkpoint(&cp),
-                }
-            }
-        }
         append_jsonl(
             &states_dir.join("candidates.jsonl"),
             &serde_json::json!({
                 "candidate": candidate, "task": task.name, "predecessor": pred,
-                "kept": record.is_some(), "reason": reason.clone().unwrap_or_else(|| "kept: submitted, fails the verifier, changed the workdir".into()),
-                "outcome": row.outcome,
+                "kept": record.is_some(), "stage": stage, "reason": reason,
+                "outcome": outcome,
             }),
         )?;
         eprintln!(
@@ -730,7 +909,7 @@ pub fn residualize(
             if record.is_some() {
                 "kept".to_string()
             } else {
-                format!("dropped: {}", reason.unwrap_or_default())
+                format!("dropped ({stage}): {reason}")
             }
         );
         if let Some(r) = record {

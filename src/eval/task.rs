@@ -154,6 +154,27 @@ fn default_steps() -> u64 {
 pub struct ResidualSection {
     #[serde(default)]
     pub ignore: Vec<String>,
+    /// How a predecessor's work becomes a start state: `exact` (its final state as it
+    /// was, the default) or `patch` (SWE tasks: the clean state with its patch applied,
+    /// uncommitted); see [`super::reconstruct`].
+    #[serde(default)]
+    pub reconstruct: Option<super::reconstruct::Reconstruct>,
+    /// Files outside the work tree a `patch` state takes from the predecessor's final
+    /// state (default: root's shell histories).
+    #[serde(default)]
+    pub carry: Option<Vec<String>>,
+}
+
+impl ResidualSection {
+    /// The files a `patch` state carries over.
+    pub fn carry(&self) -> Vec<String> {
+        self.carry.clone().unwrap_or_else(|| {
+            super::reconstruct::DEFAULT_CARRY
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        })
+    }
 }
 
 /// A loaded task.
@@ -167,6 +188,10 @@ pub struct Task {
     pub checksum: String,
     /// Scripted predecessors: (name, file).
     pub predecessors: Vec<(String, PathBuf)>,
+    /// SWE tasks: the commit the clean state's work tree is at (set when the run finds or
+    /// builds the clean state); diffs of states are taken against it, so that commits a
+    /// predecessor made are part of its patch.
+    pub base_commit: std::sync::OnceLock<String>,
 }
 
 impl Task {
@@ -226,6 +251,20 @@ impl Task {
                 toml_path.display()
             );
         }
+        if config.residual.reconstruct == Some(super::reconstruct::Reconstruct::Patch) {
+            anyhow::ensure!(
+                config.task.kind == "swe",
+                "{}: [residual] reconstruct = \"patch\" rebuilds states from a git patch: it needs kind = \"swe\" (a terminal task's state is its live machine)",
+                toml_path.display()
+            );
+        }
+        for c in config.residual.carry.iter().flatten() {
+            anyhow::ensure!(
+                c.starts_with('/') && !c.split('/').any(|p| p == ".."),
+                "{}: [residual] carry: {c:?} must be an absolute path without ..",
+                toml_path.display()
+            );
+        }
         if let Some(n) = &config.environment.network {
             n.parse::<forkd_net::Network>().map_err(|e| {
                 anyhow::anyhow!("{}: [environment] network: {e}", toml_path.display())
@@ -264,6 +303,7 @@ impl Task {
             config,
             instruction,
             predecessors,
+            base_commit: std::sync::OnceLock::new(),
         })
     }
 

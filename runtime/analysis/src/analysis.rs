@@ -38,6 +38,83 @@ pub struct Analysis {
     pub recovery: Recovery,
     /// Every task or state that a number had to leave out, and why.
     pub exclusions: Vec<Exclusion>,
+    /// The residual pipeline: how many candidates each stage dropped, and why.
+    pub losses: Losses,
+}
+
+/// Candidates at one stage of the residual pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StageCount {
+    pub stage: String,
+    /// Candidates that reached it.
+    pub reached: usize,
+    /// Of those, dropped here.
+    pub dropped: usize,
+}
+
+/// The loss table (SWE-Residual's section 4.1): the pipeline as a whole, per
+/// predecessor and per task, and every dropped candidate with its reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Losses {
+    pub candidates: usize,
+    pub kept: usize,
+    pub stages: Vec<StageCount>,
+    /// (predecessor, dropped per stage in [`crate::STAGES`] order, kept).
+    pub by_predecessor: Vec<(String, Vec<usize>, usize)>,
+    pub by_task: Vec<(String, Vec<usize>, usize)>,
+    pub dropped: Vec<crate::model::CandidateEnd>,
+}
+
+fn losses(ds: &Dataset) -> Losses {
+    use crate::model::STAGES;
+    let ends = &ds.candidates;
+    let at = |stage: &str| ends.iter().filter(|e| !e.kept && e.stage == stage).count();
+    let mut reached = ends.len();
+    let mut stages = Vec::new();
+    for s in STAGES {
+        let dropped = at(s);
+        stages.push(StageCount {
+            stage: s.to_string(),
+            reached,
+            dropped,
+        });
+        reached -= dropped.min(reached);
+    }
+    let other = ends
+        .iter()
+        .filter(|e| !e.kept && !STAGES.contains(&e.stage.as_str()))
+        .count();
+    if other > 0 {
+        stages.push(StageCount {
+            stage: "other".into(),
+            reached,
+            dropped: other,
+        });
+    }
+    let group = |key: fn(&crate::model::CandidateEnd) -> &str| {
+        let mut names: Vec<&str> = ends.iter().map(key).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|n| {
+                let of: Vec<_> = ends.iter().filter(|e| key(e) == n).collect();
+                let per = STAGES
+                    .iter()
+                    .map(|s| of.iter().filter(|e| !e.kept && e.stage == *s).count())
+                    .collect();
+                (n.to_string(), per, of.iter().filter(|e| e.kept).count())
+            })
+            .collect::<Vec<_>>()
+    };
+    Losses {
+        candidates: ends.len(),
+        kept: ends.iter().filter(|e| e.kept).count(),
+        stages,
+        by_predecessor: group(|e| e.predecessor.as_str()),
+        by_task: group(|e| e.task.as_str()),
+        dropped: ends.iter().filter(|e| !e.kept).cloned().collect(),
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -281,6 +358,7 @@ pub fn analyze(ds: &Dataset, opts: &Options) -> Analysis {
         inherited,
         recovery,
         exclusions,
+        losses: losses(ds),
     }
 }
 

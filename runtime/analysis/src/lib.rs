@@ -73,14 +73,14 @@ mod testutil;
 
 pub use analysis::{
     analyze, Analysis, Contrast, Decomposition, Direction, Effect, Estimate, Exclusion, Inherited,
-    InheritedRow, LeftOut, Mean, Meta, OutcomeCounts, Pooled, Recovery, Section, Share,
-    SignatureRow, StepsRatio,
+    InheritedRow, LeftOut, Losses, Mean, Meta, OutcomeCounts, Pooled, Recovery, Section, Share,
+    SignatureRow, StageCount, StepsRatio,
 };
 pub use error::AnalysisError;
 pub use load::load_runs;
 pub use model::{
-    Condition, Dataset, Outcome, RunInfo, StateInfo, TaskInfo, TestResult, TrajectoryCommand,
-    Trial, TrialRow,
+    CandidateEnd, Condition, Dataset, Outcome, RunInfo, StateInfo, TaskInfo, TestResult,
+    TrajectoryCommand, Trial, TrialRow, STAGES,
 };
 pub use opened::ContentViews;
 pub use patch::{lcs_len, FilePatch, Patch, PatchError};

@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use crate::error::AnalysisError;
 use crate::model::{
-    Condition, Dataset, RunInfo, StateInfo, TaskInfo, TrajectoryCommand, Trial, TrialRow,
+    CandidateEnd, Condition, Dataset, RunInfo, StateInfo, TaskInfo, TrajectoryCommand, Trial,
+    TrialRow,
 };
 use crate::patch::Patch;
 
@@ -94,6 +95,23 @@ fn json_files(dir: &Path) -> Result<Vec<PathBuf>, AnalysisError> {
     Ok(out)
 }
 
+/// The stage of a candidate line written before lines named their stage.
+fn legacy_stage(kept: bool, reason: &str) -> &'static str {
+    if kept {
+        "kept"
+    } else if reason.starts_with("did not submit") {
+        "no-submit"
+    } else if reason.starts_with("passes") {
+        "passes"
+    } else if reason.starts_with("no change") {
+        "no-change"
+    } else if reason.starts_with("identical to") {
+        "duplicate"
+    } else {
+        "infrastructure"
+    }
+}
+
 /// A name used as one path component: no separators, no `.`/`..`.
 fn is_plain_name(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\', '\0'])
@@ -174,6 +192,55 @@ fn load_run(
         run_states.insert(info.state_id.clone(), info);
     }
 
+    // Where each residual candidate ended (its last line). A state whose candidate was
+    // dropped after its record was written (a review rejection) is no start state.
+    let cand_path = dir.join("states/candidates.jsonl");
+    if let Some(text) = read_optional(&cand_path)? {
+        let mut last: BTreeMap<String, CandidateEnd> = BTreeMap::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|source| AnalysisError::Json {
+                    path: cand_path.clone(),
+                    line: Some(i + 1),
+                    source,
+                })?;
+            let Some(candidate) = v["candidate"].as_str() else {
+                return Err(AnalysisError::invalid(
+                    &cand_path,
+                    Some(i + 1),
+                    "no candidate",
+                ));
+            };
+            let kept = v["kept"].as_bool().unwrap_or(false);
+            let reason = v["reason"].as_str().unwrap_or_default().to_string();
+            let stage = v["stage"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| legacy_stage(kept, &reason).to_string());
+            last.insert(
+                candidate.to_string(),
+                CandidateEnd {
+                    run_id: manifest.run_id.clone(),
+                    candidate: candidate.to_string(),
+                    task: v["task"].as_str().unwrap_or_default().to_string(),
+                    predecessor: v["predecessor"].as_str().unwrap_or_default().to_string(),
+                    stage,
+                    kept,
+                    reason,
+                },
+            );
+        }
+        for end in last.into_values() {
+            if !end.kept && run_states.remove(&end.candidate).is_some() {
+                ds.states.remove(&end.candidate);
+            }
+            ds.candidates.push(end);
+        }
+    }
+
     for path in json_files(&dir.join("tasks"))? {
         let info: TaskInfo =
             serde_json::from_str(&read(&path)?).map_err(|source| AnalysisError::Json {
@@ -195,8 +262,9 @@ fn load_run(
         }
     }
 
+    // A run stopped after its start states (residualize, or awaiting review) has none.
     let results_path = dir.join("results.jsonl");
-    let text = read(&results_path)?;
+    let text = read_optional(&results_path)?.unwrap_or_default();
     for (i, line) in text.lines().enumerate() {
         let lineno = i + 1;
         if line.trim().is_empty() {

@@ -204,9 +204,37 @@ pub struct RunInfo {
     pub dir: Option<PathBuf>,
 }
 
+/// Where one residual candidate left the pipeline (`states/candidates.jsonl`, its last
+/// line): a stage of [`STAGES`], or `kept`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CandidateEnd {
+    pub run_id: String,
+    pub candidate: String,
+    pub task: String,
+    pub predecessor: String,
+    pub stage: String,
+    pub kept: bool,
+    pub reason: String,
+}
+
+/// The residual pipeline's stages, in order: a candidate dropped at one never reaches
+/// the next. `kept` is the end of those that pass them all.
+pub const STAGES: &[&str] = &[
+    "infrastructure",
+    "no-submit",
+    "passes",
+    "reconstruction",
+    "verification",
+    "no-change",
+    "duplicate",
+    "review",
+];
+
 /// Every run read, merged: trials of all runs, states by id, tasks by name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dataset {
+    /// The end of every residual candidate of every run.
+    pub candidates: Vec<CandidateEnd>,
     pub runs: Vec<RunInfo>,
     pub trials: Vec<Trial>,
     pub states: BTreeMap<String, StateInfo>,

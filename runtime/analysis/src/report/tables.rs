@@ -133,7 +133,94 @@ pub(crate) fn build(a: &Analysis) -> Vec<Table> {
         decomposition(a),
         pooled(a),
         exclusions(a),
+        losses(a),
+        losses_by(a, false),
+        losses_by(a, true),
+        drops(a),
     ]
+}
+
+/// The residual pipeline, stage by stage.
+fn losses(a: &Analysis) -> Table {
+    let cols = ["stage", "reached", "dropped", "left"];
+    let mut t = Table::new(
+        "residual_losses",
+        "Residual candidates, stage by stage",
+        &cols,
+        &cols,
+    );
+    for s in &a.losses.stages {
+        let row = vec![
+            s.stage.clone(),
+            s.reached.to_string(),
+            s.dropped.to_string(),
+            (s.reached - s.dropped.min(s.reached)).to_string(),
+        ];
+        t.csv_rows.push(row.clone());
+        t.view_rows.push(row);
+    }
+    t.notes.push(format!(
+        "{} candidates, {} kept as start states. Stages: {}.",
+        a.losses.candidates,
+        a.losses.kept,
+        crate::STAGES.join(" → ")
+    ));
+    t
+}
+
+/// Dropped per stage, per predecessor or per task.
+fn losses_by(a: &Analysis, by_task: bool) -> Table {
+    let (name, title, key, rows) = if by_task {
+        (
+            "residual_losses_by_task",
+            "Residual candidates dropped, by task",
+            "task",
+            &a.losses.by_task,
+        )
+    } else {
+        (
+            "residual_losses_by_predecessor",
+            "Residual candidates dropped, by predecessor",
+            "predecessor",
+            &a.losses.by_predecessor,
+        )
+    };
+    let mut cols = vec![key, "candidates"];
+    cols.extend(crate::STAGES.iter().copied());
+    cols.push("kept");
+    let mut t = Table::new(name, title, &cols, &cols);
+    for (n, per, kept) in rows {
+        let mut row = vec![n.clone(), (per.iter().sum::<usize>() + kept).to_string()];
+        row.extend(per.iter().map(|c| c.to_string()));
+        row.push(kept.to_string());
+        t.csv_rows.push(row.clone());
+        t.view_rows.push(row);
+    }
+    t
+}
+
+/// Every dropped candidate and why.
+fn drops(a: &Analysis) -> Table {
+    let cols = ["run", "candidate", "task", "predecessor", "stage", "reason"];
+    let mut t = Table::new(
+        "residual_drops",
+        "Residual candidates dropped, and why",
+        &cols,
+        &cols,
+    );
+    for e in &a.losses.dropped {
+        let row = vec![
+            e.run_id.clone(),
+            e.candidate.clone(),
+            e.task.clone(),
+            e.predecessor.clone(),
+            e.stage.clone(),
+            e.reason.clone(),
+        ];
+        t.csv_rows.push(row.clone());
+        t.view_rows.push(row);
+    }
+    t
 }
 
 fn outcomes(a: &Analysis) -> Table {
@@ -929,6 +1016,18 @@ fn document<'a>(a: &Analysis, tables: &'a [Table], figures: &'a [Figure]) -> Vec
     )));
     doc.push(Block::H2("Trial outcomes".into()));
     doc.push(Block::Table(table("outcomes")));
+
+    if a.losses.candidates > 0 {
+        doc.push(Block::H2(
+            "Residual start states: where candidates were lost".into(),
+        ));
+        doc.push(Block::Table(table("residual_losses")));
+        doc.push(Block::Table(table("residual_losses_by_predecessor")));
+        doc.push(Block::Table(table("residual_losses_by_task")));
+        if !a.losses.dropped.is_empty() {
+            doc.push(Block::Table(table("residual_drops")));
+        }
+    }
 
     doc.push(Block::H2("Inherited starts".into()));
     if a.inherited.by_agent.is_empty() {
