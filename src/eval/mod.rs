@@ -205,6 +205,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
             created: now_secs(),
             config: config.clone(),
             review_fingerprint: None,
+            states_only: opts.states_only,
         };
         std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m)?)?;
         run::decision(
@@ -703,7 +704,7 @@ pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions>
         replicates: m.config.replicates,
         parallel,
         retries: m.config.retries,
-        states_only: false,
+        states_only: m.states_only,
         reconstruct: m.config.reconstruct,
         review: m.config.review,
     })

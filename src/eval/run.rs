@@ -80,6 +80,10 @@ pub struct Manifest {
     /// when the trials first start ([`super::review::fingerprint`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review_fingerprint: Option<String>,
+    /// Started by `residualize`: a resume builds start states only, too (so that one
+    /// stopped for review continues with them, not with trials).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub states_only: bool,
 }
 
 /// A residual start state, as written to `states/<id>.json`.
