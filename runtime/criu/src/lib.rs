@@ -741,7 +741,8 @@ fn parse_hierarchies(own: &str, mountinfo: &str) -> std::io::Result<Vec<(String,
 
 /// For a private bundle as `fixtures/setup.sh criu` installs it (`<prefix>/bin/criu`, a
 /// shell wrapper that runs `<prefix>/usr/sbin/criu` through the prefix's own loader and
-/// libraries), the same launch without the shell: a couple of milliseconds per call.
+/// libraries, its rlimit shim preloaded), the same launch without the shell: a couple of
+/// milliseconds per call.
 fn bundle_launch(wrapper: &Path) -> Option<(PathBuf, Vec<std::ffi::OsString>)> {
     let prefix = wrapper.parent()?.parent()?;
     let triplet = format!("{}-linux-gnu", std::env::consts::ARCH);
@@ -759,7 +760,14 @@ fn bundle_launch(wrapper: &Path) -> Option<(PathBuf, Vec<std::ffi::OsString>)> {
     let mut path = std::ffi::OsString::from(libs.as_os_str());
     path.push(":");
     path.push(prefix.join("lib").join(&triplet));
-    Some((loader, vec!["--library-path".into(), path, criu.into()]))
+    let mut args = Vec::new();
+    // The bundle's rlimit shim (fixtures/criu/rlimit-shim.c), as its wrapper preloads it.
+    let shim = prefix.join("lib/forkd/rlimit-shim.so");
+    if shim.is_file() {
+        args.extend(["--preload".into(), shim.into_os_string()]);
+    }
+    args.extend(["--library-path".into(), path, criu.into()]);
+    Some((loader, args))
 }
 
 #[cfg(test)]
