@@ -19,10 +19,11 @@
 //! 2. **What a connection costs the dump.** The same state with C = 0, 16, 64, 256 open
 //!    client connections: live checkpoint time against C, and the slope per connection
 //!    (least squares over the p50s), for both tools.
-//! 3. **PostgreSQL** (`postgres` on a data directory, a table filled, a `psql` session
-//!    open): attempted with both tools; the outcome is reported (on machines without
-//!    CAP_SYS_RESOURCE CRIU cannot read the rlimits of a process of another user, so
-//!    both refuse; see docs/DESIGN.md).
+//! 3. **PostgreSQL**: `postgres` started by hand as its own user on a data directory, a
+//!    table of 1000 rows, a `psql` session open on a FIFO; measured as in part 1. A copy
+//!    is whole when the restored session answers a query over those rows. CRIU reads
+//!    the resource limits of postgres's processes through the bundle's rlimit shim
+//!    (fixtures/criu/rlimit-shim.c), which podman's runc uses too (the same `criu`).
 //!
 //! Output: target/bench/services.json and .md. Environment: FORKD_BENCH_SERVICES_SAMPLES
 //! (default 5), FORKD_BENCH_PODMAN=0 (forkd only), FORKD_CACHE (the Debian fixture).
@@ -101,8 +102,13 @@ const POSTGRES: &str = "bin=$(ls -d /usr/lib/postgresql/*/bin | tail -n1); mkdir
     su postgres -s /bin/sh -c \"$bin/initdb -D /srv/pg/data -A trust >/srv/pg/initdb.log\" && \
     su postgres -s /bin/sh -c \"$bin/pg_ctl -D /srv/pg/data -l /srv/pg/log -o '-c listen_addresses=127.0.0.1 -k /tmp' -w start\" && \
     psql -h 127.0.0.1 -U postgres -qc 'create table t as select g from generate_series(1,1000) g' && \
-    mkfifo /tmp/psql.in && (sleep infinity >/tmp/psql.in &) && (psql -h 127.0.0.1 -U postgres </tmp/psql.in >/tmp/psql.out 2>&1 &) && \
+    mkfifo /tmp/psql.in && (sleep infinity >/tmp/psql.in &) && (psql -h 127.0.0.1 -U postgres -qtA </tmp/psql.in >/tmp/psql.out 2>&1 &) && \
     sleep 0.5 && touch /tmp/state-ready; exec sleep infinity";
+
+/// A whole PostgreSQL copy: the session restored with its connection answers a query
+/// over the rows written before the checkpoint.
+const POSTGRES_CHECK: &str = "echo \"SELECT 'rows', count(*) FROM t;\" >/tmp/psql.in && \
+    for i in $(seq 50); do grep -q 'rows|1000' /tmp/psql.out && echo whole && exit 0; sleep 0.1; done; exit 1";
 
 fn main() {
     common::install_interrupt_handler();
@@ -162,14 +168,37 @@ struct ForkdSample {
     copies: usize,
 }
 
-fn forkd_round(d: &DaemonGuard, conns: usize, forks: bool) -> Result<ForkdSample> {
-    let id = forkd_state(d, &redis_script(conns))?;
-    // Clients settled: their counter moves.
-    let _ = wait_until(Duration::from_secs(10), || {
-        conns == 0
-            || d.sh_ok(&id, "cat /tmp/clients")
-                .is_ok_and(|o| !o.trim().is_empty())
-    });
+/// A service state: the script that makes it, the check a whole copy passes, and a
+/// command that prints something once its clients have settled.
+struct State {
+    script: String,
+    check: &'static str,
+    settled: Option<&'static str>,
+}
+
+fn redis(conns: usize) -> State {
+    State {
+        script: redis_script(conns),
+        check: check_for(conns),
+        settled: (conns > 0).then_some("cat /tmp/clients"),
+    }
+}
+
+fn postgres() -> State {
+    State {
+        script: POSTGRES.to_string(),
+        check: POSTGRES_CHECK,
+        settled: None,
+    }
+}
+
+fn forkd_round(d: &DaemonGuard, state: &State, forks: bool) -> Result<ForkdSample> {
+    let id = forkd_state(d, &state.script)?;
+    if let Some(cmd) = state.settled {
+        let _ = wait_until(Duration::from_secs(10), || {
+            d.sh_ok(&id, cmd).is_ok_and(|o| !o.trim().is_empty())
+        });
+    }
     let t = Instant::now();
     let ck = d.checkpoint(&id, true, false);
     let checkpoint_us = t.elapsed().as_micros() as u64;
@@ -204,7 +233,7 @@ fn forkd_round(d: &DaemonGuard, conns: usize, forks: bool) -> Result<ForkdSample
                 .collect();
             for b in &f.branches {
                 s.copies += 1;
-                if d.sh_ok(&b.id, check_for(conns))
+                if d.sh_ok(&b.id, state.check)
                     .is_ok_and(|o| o.contains("whole"))
                 {
                     s.whole += 1;
@@ -241,10 +270,21 @@ struct PodmanSample {
 }
 
 /// One podman state, exported; then `copies` restores one after another.
+fn podman_round_of(
+    p: &Podman,
+    state: &State,
+    copies: usize,
+    n: usize,
+    dir: &Path,
+) -> Result<PodmanSample> {
+    podman_round(p, &state.script, state.check, state.settled, copies, n, dir)
+}
+
 fn podman_round(
     p: &Podman,
     script: &str,
     check: &str,
+    settled: Option<&str>,
     copies: usize,
     n: usize,
     dir: &Path,
@@ -265,9 +305,9 @@ fn podman_round(
             podman_sh(&c.name, "tail -n 5 /tmp/*.log /srv/pg/log 2>/dev/null")
         );
     }
-    if check == REDIS_CHECK {
+    if let Some(cmd) = settled {
         let _ = wait_until(Duration::from_secs(10), || {
-            !podman_sh(&c.name, "cat /tmp/clients").trim().is_empty()
+            !podman_sh(&c.name, cmd).trim().is_empty()
         });
     }
     let export = dir.join(format!("{name}.tar"));
@@ -325,6 +365,83 @@ fn slope(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
+/// One service state through both tools: `samples` rounds of a fresh state, its live
+/// checkpoint, forks of N = 1 and N = 8 (forkd) or 9 restores one by one (podman);
+/// rows named `LABEL: ...`, and how many copies were whole.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    d: &DaemonGuard,
+    podman: Option<&Podman>,
+    label: &str,
+    state: &State,
+    samples: usize,
+    scratch: &Path,
+    report: &mut Report,
+    whole: &mut Vec<(String, String)>,
+) -> Result<()> {
+    eprintln!("{label}: {samples} samples per tool");
+    let (mut ck, mut dump, mut one, mut eight, mut wall8) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut ok, mut copies) = (0, 0);
+    for i in 0..samples {
+        common::check_interrupted()?;
+        let s = forkd_round(d, state, true).with_context(|| format!("forkd {label} sample {i}"))?;
+        ck.push(s.checkpoint_us);
+        dump.push(s.dump_us);
+        one.extend(s.one);
+        eight.extend(s.eight);
+        wall8.push(s.eight_wall_us / 8);
+        ok += s.whole;
+        copies += s.copies;
+    }
+    report.row(&format!("{label}: forkd live checkpoint (API)"), ck);
+    report.row(&format!("{label}: forkd dump phase"), dump);
+    report.row(&format!("{label}: forkd fork N=1, per branch"), one);
+    report.row(&format!("{label}: forkd fork N=8, per branch"), eight);
+    report.row(&format!("{label}: forkd fork N=8, request wall / 8"), wall8);
+    whole.push((
+        format!("{label}: forkd"),
+        format!("{ok} of {copies} copies whole"),
+    ));
+    let Some(p) = podman else {
+        return Ok(());
+    };
+    let (mut ck, mut r1, mut r8) = (vec![], vec![], vec![]);
+    let (mut ok, mut copies, mut failed) = (0, 0, None);
+    for i in 0..samples {
+        common::check_interrupted()?;
+        match podman_round_of(p, state, 9, i, scratch) {
+            Ok(s) => {
+                ck.push(s.checkpoint_us);
+                if let Some((first, rest)) = s.restores.split_first() {
+                    r1.push(*first);
+                    r8.extend_from_slice(rest);
+                }
+                ok += s.whole;
+                copies += s.copies;
+                if let Some(e) = s.failed {
+                    failed.get_or_insert(e);
+                }
+            }
+            Err(e) => failed = Some(first_line(&e)),
+        }
+    }
+    report.row(&format!("{label}: podman checkpoint --export"), ck);
+    report.row(&format!("{label}: podman restore --import, first copy"), r1);
+    report.row(
+        &format!("{label}: podman restore --import, copies 2-9 one by one"),
+        r8,
+    );
+    whole.push((
+        format!("{label}: podman"),
+        match failed {
+            None => format!("{ok} of {copies} copies whole"),
+            Some(e) => format!("{ok} of {copies} copies whole; failed: {e}"),
+        },
+    ));
+    Ok(())
+}
+
 fn run() -> Result<()> {
     if !nix::unistd::Uid::effective().is_root() {
         return common::skip(
@@ -359,65 +476,18 @@ fn run() -> Result<()> {
     let mut report = Report::new("services");
     let mut whole = Vec::new();
 
-    // 1. redis with one client: checkpoint, fork N = 1 and N = 8.
-    eprintln!("redis with one client: {samples} samples per tool");
-    let (mut ck, mut dump, mut one, mut eight, mut wall8) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    let (mut ok, mut copies) = (0, 0);
-    for i in 0..samples {
-        common::check_interrupted()?;
-        let s = forkd_round(&d, 1, true).with_context(|| format!("forkd redis sample {i}"))?;
-        ck.push(s.checkpoint_us);
-        dump.push(s.dump_us);
-        one.extend(s.one);
-        eight.extend(s.eight);
-        wall8.push(s.eight_wall_us / 8);
-        ok += s.whole;
-        copies += s.copies;
-    }
-    report.row("redis+client: forkd live checkpoint (API)", ck);
-    report.row("redis+client: forkd dump phase", dump);
-    report.row("redis+client: forkd fork N=1, per branch", one);
-    report.row("redis+client: forkd fork N=8, per branch", eight);
-    report.row("redis+client: forkd fork N=8, request wall / 8", wall8);
-    whole.push((
-        "redis+client: forkd".to_string(),
-        format!("{ok} of {copies} copies whole"),
-    ));
-    if let Some(p) = &podman {
-        let (mut ck, mut r1, mut r8) = (vec![], vec![], vec![]);
-        let (mut ok, mut copies, mut failed) = (0, 0, None);
-        for i in 0..samples {
-            common::check_interrupted()?;
-            match podman_round(p, &redis_script(1), REDIS_CHECK, 9, i, &scratch) {
-                Ok(s) => {
-                    ck.push(s.checkpoint_us);
-                    if let Some((first, rest)) = s.restores.split_first() {
-                        r1.push(*first);
-                        r8.extend_from_slice(rest);
-                    }
-                    ok += s.whole;
-                    copies += s.copies;
-                    if let Some(e) = s.failed {
-                        failed.get_or_insert(e);
-                    }
-                }
-                Err(e) => failed = Some(first_line(&e)),
-            }
-        }
-        report.row("redis+client: podman checkpoint --export", ck);
-        report.row("redis+client: podman restore --import, first copy", r1);
-        report.row(
-            "redis+client: podman restore --import, copies 2-9 one by one",
-            r8,
-        );
-        whole.push((
-            "redis+client: podman".to_string(),
-            match failed {
-                None => format!("{ok} of {copies} copies whole"),
-                Some(e) => format!("{ok} of {copies} copies whole; failed: {e}"),
-            },
-        ));
+    // 1. The service states: checkpoint, fork N = 1 and N = 8, for both tools.
+    for (label, state) in [("redis+client", redis(1)), ("postgres+session", postgres())] {
+        measure(
+            &d,
+            podman.as_ref(),
+            label,
+            &state,
+            samples,
+            &scratch,
+            &mut report,
+            &mut whole,
+        )?;
     }
 
     // 2. Dump time against open connections.
@@ -432,16 +502,9 @@ fn run() -> Result<()> {
             for i in 0..samples.min(3) {
                 common::check_interrupted()?;
                 let t = match tool {
-                    "forkd" => forkd_round(&d, c, false).map(|s| s.checkpoint_us),
-                    _ => podman_round(
-                        podman.as_ref().unwrap(),
-                        &redis_script(c),
-                        check_for(c),
-                        0,
-                        100 + i,
-                        &scratch,
-                    )
-                    .map(|s| s.checkpoint_us),
+                    "forkd" => forkd_round(&d, &redis(c), false).map(|s| s.checkpoint_us),
+                    _ => podman_round_of(podman.as_ref().unwrap(), &redis(c), 0, 100 + i, &scratch)
+                        .map(|s| s.checkpoint_us),
                 };
                 match t {
                     Ok(t) => times.push(t),
@@ -469,61 +532,35 @@ fn run() -> Result<()> {
         per_conn,
     ));
 
-    // 3. PostgreSQL: attempted.
-    let mut pg = Vec::new();
-    let forkd_pg = forkd_state(&d, POSTGRES).and_then(|id| {
-        let r = d.checkpoint(&id, true, false);
-        let _ = d.remove(&id);
-        r.map(|c| {
-            let _ = d.remove_checkpoint(&c.id);
-            "checkpointed".to_string()
-        })
-    });
-    pg.push((
-        "forkd".to_string(),
-        forkd_pg.unwrap_or_else(|e| format!("refused: {}", first_line(&e))),
-    ));
-    if let Some(p) = &podman {
-        let r = podman_round(p, POSTGRES, "", 0, 200, &scratch);
-        pg.push((
-            "podman".to_string(),
-            match r {
-                Ok(_) => "checkpointed".into(),
-                Err(e) => format!("refused: {}", first_line(&e)),
-            },
-        ));
-    }
     report
         .sections
         .push(("Copies whole (data and connections kept)".into(), whole));
-    report.sections.push((
-        "PostgreSQL (postgres as its own user, a psql session open)".into(),
-        pg,
-    ));
 
     // Ratios.
     let ratio =
         |a: &str, b: &str| -> Option<f64> { Some(report.p50(a)? as f64 / report.p50(b)? as f64) };
     let mut ratios = Vec::new();
-    for (what, a, b) in [
-        (
-            "live checkpoint, forkd / podman",
-            "redis+client: forkd live checkpoint (API)",
-            "redis+client: podman checkpoint --export",
-        ),
-        (
-            "first copy, forkd N=1 / podman",
-            "redis+client: forkd fork N=1, per branch",
-            "redis+client: podman restore --import, first copy",
-        ),
-        (
-            "per copy, forkd N=8 / podman one by one",
-            "redis+client: forkd fork N=8, request wall / 8",
-            "redis+client: podman restore --import, copies 2-9 one by one",
-        ),
-    ] {
-        if let Some(r) = ratio(a, b) {
-            ratios.push((what.to_string(), format!("{r:.3}")));
+    for label in ["redis+client", "postgres+session"] {
+        for (what, a, b) in [
+            (
+                "live checkpoint, forkd / podman",
+                "forkd live checkpoint (API)",
+                "podman checkpoint --export",
+            ),
+            (
+                "first copy, forkd N=1 / podman",
+                "forkd fork N=1, per branch",
+                "podman restore --import, first copy",
+            ),
+            (
+                "per copy, forkd N=8 / podman one by one",
+                "forkd fork N=8, request wall / 8",
+                "podman restore --import, copies 2-9 one by one",
+            ),
+        ] {
+            if let Some(r) = ratio(&format!("{label}: {a}"), &format!("{label}: {b}")) {
+                ratios.push((format!("{label}: {what}"), format!("{r:.3}")));
+            }
         }
     }
     report.sections.push(("Ratios (p50)".into(), ratios));

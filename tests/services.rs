@@ -250,3 +250,155 @@ fn terminal_task_with_a_tcp_service_runs_through_forkd_eval() {
     assert_eq!(code, 0, "{err}");
     d.wait_for(&b.id, "cat /var/log/kvd-watch.log", "changed");
 }
+
+/// `python3 -m http.server` (Debian), live-checkpointed and forked into 4 branches: each
+/// answers with the checkpointed file, then serves its own.
+#[test]
+fn python_http_server_answers_and_diverges_in_four_branches() {
+    let name = "python_http_server_answers_and_diverges_in_four_branches";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("svc-pyhttp");
+    d.import(&debian, "debian");
+    let sb = d.create(serde_json::json!({
+        "image": "debian",
+        "command": { "shell": "mkdir -p /www && echo before > /www/index.html && exec python3 -m http.server --bind 127.0.0.1 --directory /www 8000" },
+    }));
+    let get = "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').read().decode(), end='')\"";
+    d.wait_for(&sb.id, get, "before");
+    let ck = d.checkpoint(&sb.id, true);
+    d.remove(&sb.id);
+    let fork = d.fork(&ck.id, 4, false);
+    assert_eq!(fork.branches.len(), 4);
+    for b in &fork.branches {
+        assert_eq!(d.wait_for(&b.id, get, "before"), "before\n");
+    }
+    for (i, b) in fork.branches.iter().enumerate() {
+        d.put_file(&b.id, "/www/index.html", format!("branch-{i}\n").as_bytes());
+    }
+    for (i, b) in fork.branches.iter().enumerate() {
+        assert_eq!(d.wait_for(&b.id, get, "branch"), format!("branch-{i}\n"));
+    }
+}
+
+/// busybox `nc` pairs (no Debian image): a connection whose receiving end is stopped
+/// (SIGSTOP) holds the sent line in its queue at the checkpoint; in each branch the
+/// receiver is continued and gets it, and only that branch's receiver writes it.
+#[test]
+fn busybox_nc_pair_keeps_data_in_flight() {
+    let name = "busybox_nc_pair_keeps_data_in_flight";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start("svc-nc");
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "nc -l -p 9000 > /tmp/got & echo $! > /tmp/receiver; exec sleep 1000000" },
+    }));
+    d.wait_for(&sb.id, "netstat -ltn", ":9000");
+    let (code, _, err) = d.sh(
+        &sb.id,
+        "kill -STOP $(cat /tmp/receiver) && (sh -c 'echo in-flight; exec sleep 1000000' | nc 127.0.0.1 9000 &) ; true",
+    );
+    assert_eq!(code, 0, "{err}");
+    // Established, the line sent and not read: it is in the receiver's queue (Recv-Q of
+    // the socket on port 9000).
+    d.wait_for(
+        &sb.id,
+        "netstat -tn | awk '$4 ~ /:9000$/ && $2 > 0 { print \"queued\" }'",
+        "queued",
+    );
+    let (_, got, _) = d.sh(&sb.id, "cat /tmp/got");
+    assert_eq!(got, "", "the stopped receiver wrote nothing");
+    let ck = d.checkpoint(&sb.id, true);
+    d.remove(&sb.id);
+    let fork = d.fork(&ck.id, 2, false);
+    let (first, second) = (&fork.branches[0].id, &fork.branches[1].id);
+    let (code, _, err) = d.sh(first, "kill -CONT $(cat /tmp/receiver)");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        d.wait_for(first, "cat /tmp/got", "in-flight"),
+        "in-flight\n"
+    );
+    let (_, other, _) = d.sh(second, "cat /tmp/got");
+    assert_eq!(other, "", "the other branch's receiver is still stopped");
+    let (code, _, err) = d.sh(second, "kill -CONT $(cat /tmp/receiver)");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        d.wait_for(second, "cat /tmp/got", "in-flight"),
+        "in-flight\n"
+    );
+}
+
+/// Connections in their closing states across a live checkpoint: one half-closed (the
+/// client shut down its sending side; the server still sends, and reads end of file), and
+/// a closed one in TIME_WAIT (the kernel's alone: it neither stops the dump nor blocks
+/// the listener in a branch).
+#[test]
+fn half_closed_and_time_wait_connections_survive_a_fork() {
+    let name = "half_closed_and_time_wait_connections_survive_a_fork";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("svc-closing");
+    d.import(&debian, "debian");
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
+    let script = r#"
+import os, socket, time
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 7100)); srv.listen(4)
+# TIME_WAIT: a connection closed by the client first.
+a = socket.create_connection(("127.0.0.1", 7100)); sa, _ = srv.accept(); a.close(); sa.close()
+# Half-closed: the client shuts down its sending side after one line.
+cl = socket.create_connection(("127.0.0.1", 7100)); s, _ = srv.accept()
+cl.sendall(b"question\n"); cl.shutdown(socket.SHUT_WR)
+print(s.makefile("rb").readline().decode().strip(), flush=True)
+while not os.path.exists("/tmp/answer"):
+    time.sleep(0.05)
+s.sendall(b"answer\n"); s.shutdown(socket.SHUT_WR)
+print("client got", cl.makefile("rb").read().decode().strip(), flush=True)
+print("server eof", repr(s.recv(16)), flush=True)
+c2 = socket.create_connection(("127.0.0.1", 7100)); s2, _ = srv.accept()
+print("listener accepts", flush=True)
+time.sleep(10**6)
+"#;
+    d.put_file(&sb.id, "/closing.py", script.as_bytes());
+    d.exec(
+        &sb.id,
+        serde_json::json!({ "shell": "python3 -u /closing.py > /tmp/out 2>&1", "detach": true, "log": "closing" }),
+    )
+    .unwrap();
+    d.wait_for(&sb.id, "cat /tmp/out", "question");
+    // Port 7100 is 1BBC. The half-closed pair is FIN_WAIT2 (05, the client) and
+    // CLOSE_WAIT (08, the server); the closed connection is TIME_WAIT (06).
+    let states = d.wait_for(&sb.id, "cat /proc/net/tcp", ":1BBC");
+    let has = |st: &str| {
+        states
+            .lines()
+            .any(|l| l.contains(":1BBC") && l.split_whitespace().nth(3) == Some(st))
+    };
+    assert!(
+        has("05") && has("08"),
+        "half-closed pair (FIN_WAIT2, CLOSE_WAIT):\n{states}"
+    );
+    assert!(has("06"), "a TIME_WAIT entry:\n{states}");
+    let ck = d.checkpoint(&sb.id, true);
+    d.remove(&sb.id);
+    let fork = d.fork(&ck.id, 2, false);
+    for b in &fork.branches {
+        let (code, _, err) = d.sh(&b.id, "touch /tmp/answer");
+        assert_eq!(code, 0, "{err}");
+        let out = d.wait_for(&b.id, "cat /tmp/out", "listener accepts");
+        assert!(out.contains("client got answer"), "{out}");
+        assert!(out.contains("server eof b''"), "{out}");
+    }
+}

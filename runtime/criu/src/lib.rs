@@ -641,9 +641,9 @@ fn explain(errors: &[String]) -> Option<String> {
         return Some(format!(
             "a process of the tree{who} runs as a user other than root; CRIU reads every \
              process's resource limits with prlimit(2), which for another user's process \
-             needs CAP_SYS_RESOURCE, and this machine does not grant it. Services that drop \
-             privileges (PostgreSQL, nginx's workers, a Dockerfile's USER) cannot be \
-             checkpointed live here yet: run them as root, or checkpoint the files only"
+             needs CAP_SYS_RESOURCE, and this machine does not grant it. forkd's CRIU bundle \
+             (fixtures/setup.sh criu) carries a shim that reads them from /proc instead; \
+             this CRIU does not: use the bundle (FORKD_CRIU), or checkpoint the files only"
         ));
     }
     None
