@@ -287,7 +287,9 @@ fn python_http_server_answers_and_diverges_in_four_branches() {
 
 /// busybox `nc` pairs (no Debian image): a connection whose receiving end is stopped
 /// (SIGSTOP) holds the sent line in its queue at the checkpoint; in each branch the
-/// receiver is continued and gets it, and only that branch's receiver writes it.
+/// receiver is continued and gets it, and only that branch's receiver writes it. A
+/// stopped process in the tree is also the case the cgroup freezer cannot take (the
+/// dump would hang seizing it): the checkpoint goes without it.
 #[test]
 fn busybox_nc_pair_keeps_data_in_flight() {
     let name = "busybox_nc_pair_keeps_data_in_flight";
@@ -297,16 +299,24 @@ fn busybox_nc_pair_keeps_data_in_flight() {
     let d = TestDaemon::start("svc-nc");
     let sb = d.create(serde_json::json!({
         "image": "busybox",
-        "command": { "shell": "nc -l -p 9000 > /tmp/got & echo $! > /tmp/receiver; exec sleep 1000000" },
+        "command": { "shell": "sleep 1000000 | nc -l -p 9000 > /tmp/got & echo $! > /tmp/receiver; exec sleep 1000000" },
     }));
     d.wait_for(&sb.id, "netstat -ltn", ":9000");
+    // The sender connects (the receiver accepts), waits for /tmp/send, then sends a line.
     let (code, _, err) = d.sh(
         &sb.id,
-        "kill -STOP $(cat /tmp/receiver) && (sh -c 'echo in-flight; exec sleep 1000000' | nc 127.0.0.1 9000 &) ; true",
+        "(sh -c 'while [ ! -e /tmp/send ]; do sleep 0.05; done; echo in-flight; exec sleep 1000000' | nc 127.0.0.1 9000 >/dev/null 2>&1 &) ; true",
     );
     assert_eq!(code, 0, "{err}");
-    // Established, the line sent and not read: it is in the receiver's queue (Recv-Q of
-    // the socket on port 9000).
+    d.wait_for(
+        &sb.id,
+        "netstat -tn | awk '$4 ~ /:9000$/ { print $6 }'",
+        "ESTABLISHED",
+    );
+    // Accepted: now the receiver stops, and the line sent then stays in its queue
+    // (Recv-Q of the socket on port 9000).
+    let (code, _, err) = d.sh(&sb.id, "kill -STOP $(cat /tmp/receiver) && touch /tmp/send");
+    assert_eq!(code, 0, "{err}");
     d.wait_for(
         &sb.id,
         "netstat -tn | awk '$4 ~ /:9000$/ && $2 > 0 { print \"queued\" }'",

@@ -188,6 +188,23 @@ fn wait_for_exiting_relays(cg: &Cgroup, init_pid: i32, limit: Duration) {
     }
 }
 
+/// The processes of the cgroup in a stopped state (`T`, `t` in `/proc/PID/stat`).
+fn stopped_tasks(cg: &Cgroup) -> Vec<i32> {
+    cg.pids()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(") ")
+                        .map(|(_, rest)| rest.starts_with(['T', 't']))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
 fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -350,7 +367,19 @@ impl Daemon {
                 let t = Instant::now();
                 wait_for_exiting_relays(&cg, rec.init_pid.unwrap_or(0), Duration::from_secs(2));
                 phases.insert("relays".into(), t.elapsed().as_micros() as u64);
-                let freezer = cg.freezer_dir().is_some();
+                // A stopped process (SIGSTOP, a shell's suspended job) in a frozen cgroup
+                // cannot be seized: ptrace waits for it to trap, which a frozen task never
+                // does, and the dump hangs in the kernel. With one, CRIU seizes the tree
+                // itself (stopped tasks included) and restores them stopped.
+                let stopped = stopped_tasks(&cg);
+                let freezer = cg.freezer_dir().is_some() && stopped.is_empty();
+                if !stopped.is_empty() {
+                    super::log::info(&format!(
+                        "sandbox {}: {} stopped process(es) {stopped:?}: CRIU seizes the tree without the freezer",
+                        sb.id,
+                        stopped.len()
+                    ));
+                }
                 if freezer {
                     let t = Instant::now();
                     cg.set_frozen(true, Duration::from_secs(10)).map_err(|e| {
@@ -383,7 +412,7 @@ impl Daemon {
                         images_dir: images.clone(),
                         root: sb.rootfs(),
                         leave_running: !req.stop,
-                        freeze_cgroup: cg.freezer_dir(),
+                        freeze_cgroup: if freezer { cg.freezer_dir() } else { None },
                         log_file: "dump.log".into(),
                         // A sandbox cannot change its network namespace (see
                         // forkd_sandbox::setup): a branch gets a new one like it.

@@ -615,6 +615,17 @@ fn check(
 
 /// What a known CRIU failure means here, in forkd's terms.
 fn explain(errors: &[String]) -> Option<String> {
+    if errors
+        .iter()
+        .any(|e| e.starts_with("inet: In-flight connection"))
+    {
+        return Some(
+            "a listening socket has connections its server has not accepted yet; a live \
+             checkpoint cannot keep them (they would be lost in every branch): let the \
+             server accept them (or the clients give up) and checkpoint again"
+                .into(),
+        );
+    }
     if errors.iter().any(|e| e.starts_with("Can't get rlimit")) {
         // `Dump core (pid: N) failed`: the process CRIU could not read.
         let who = errors
