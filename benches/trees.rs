@@ -8,8 +8,9 @@
 //! podman restores one copy from its export. A copy counts only if every process the
 //! shape needs runs in it. The shapes are the ones services make: a daemon whose
 //! session leader exited (setsid), the classic double fork, job control under tmux,
-//! threads in processes of two groups, daemonized redis with a client connected over
-//! TCP, and nginx's master and workers.
+//! threads in processes of two groups, an orphaned process group whose member is
+//! stopped, daemonized redis with a client connected over TCP, and nginx's master and
+//! its workers (as www-data).
 //!
 //! Reports, per shape and tool, whether the copies came up, the checkpoint time and the
 //! restore time per copy (p50 over FORKD_BENCH_TREES_SAMPLES rounds, default 3).
@@ -63,6 +64,11 @@ fn shapes() -> Vec<Shape> {
             name: "redis daemonized + TCP client",
             script: "redis-server --daemonize yes --bind 127.0.0.1 --save '' --appendonly no && until redis-cli ping >/dev/null 2>&1; do sleep 0.1; done && (python3 -c 'import socket, time\ns = socket.create_connection((\"127.0.0.1\", 6379)); f = s.makefile(\"rb\")\nwhile True:\n    s.sendall(b\"INCR n\\r\\n\"); f.readline(); time.sleep(0.1)' </dev/null >/dev/null 2>&1 &); sleep 0.5",
             expect: &["redis-server", "python3"],
+        },
+        Shape {
+            name: "orphaned group, stopped member",
+            script: "setsid bash -c \"trap '' HUP; bash -c \\\"$COUNTER\\\" </dev/null >/dev/null 2>&1 & echo \\$! > /tmp/member\"; sleep 0.3; kill -STOP $(cat /tmp/member)",
+            expect: &["bash"],
         },
         Shape {
             name: "nginx master + workers",

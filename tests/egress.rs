@@ -150,6 +150,23 @@ fn nft_has_table(table: &str) -> bool {
         .success()
 }
 
+/// SIGKILL to `pid`, then waits until it is gone.
+fn kill_and_wait(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "process {pid} outlived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn link_exists(link: &str) -> bool {
     Path::new(&format!("/sys/class/net/{link}")).exists()
 }
@@ -467,16 +484,7 @@ fn no_rule_or_link_outlives_a_daemon_kill() {
     d.kill9();
     // While no daemon watches, one sandbox dies.
     let pid = lose.init_pid.unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let t = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(t.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    kill_and_wait(pid);
     d.spawn();
     // The survivor keeps its network and rules; the dead one's are gone.
     let (code, out, err) = http_get(&d, &keep.id, &remote.addr(1));
@@ -503,16 +511,7 @@ fn no_rule_or_link_outlives_a_daemon_kill() {
     // Both go while the daemon is down: after a restart, nothing is left.
     d.kill9();
     let pid = keep.init_pid.unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let t = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(t.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    kill_and_wait(pid);
     d.spawn();
     assert!(!link_exists(&nk.link));
     assert!(

@@ -246,3 +246,77 @@ fn daemon_of_the_main_command_forks() {
         assert_eq!(after, before, "branch {}", b.id);
     }
 }
+
+/// An orphaned process group with a stopped member: its session's leader exited, the
+/// member (which ignores SIGHUP, as the kernel hangs up a group orphaned while stopped)
+/// was stopped after that. In every branch the tree is the same, the member is still
+/// stopped, and continued it counts on. (A stopped process cannot be seized inside a
+/// frozen cgroup, so this checkpoint goes without the freezer.)
+#[test]
+fn orphaned_group_with_a_stopped_member_is_continued_in_every_branch() {
+    let name = "orphaned_group_with_a_stopped_member_is_continued_in_every_branch";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("trees-orphan");
+    d.import(&debian, "debian");
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
+    d.put_file(&sb.id, "/table.py", TABLE.as_bytes());
+    let script = r#"
+counter='mkfifo /tmp/f-$0; exec 9<>/tmp/f-$0; i=0; while :; do i=$((i+1)); echo $i > /tmp/c-$0; read -t 0.1 -u 9 || :; done'
+setsid bash -c "trap '' HUP; bash -c '$counter' orphan </dev/null >/dev/null 2>&1 & echo \$! > /tmp/member"
+"#;
+    d.put_file(&sb.id, "/orphan.sh", script.as_bytes());
+    let (code, _, err) = d.sh(&sb.id, "bash /orphan.sh");
+    assert_eq!(code, 0, "{err}");
+    d.wait_for(&sb.id, "cat /tmp/c-orphan", "");
+    let member = d.wait_for(&sb.id, "cat /tmp/member", "");
+    let member = member.trim().to_string();
+    // Orphaned: the group's leader (the setsid'ed bash) is gone, the member's parent is
+    // the init, outside its session.
+    let stat = |id: &str| d.sh(id, &format!("cut -d' ' -f3-6 /proc/{member}/stat")).1;
+    d.wait_for(&sb.id, &format!("cut -d' ' -f4 /proc/{member}/stat"), "1");
+    let (code, _, err) = d.sh(&sb.id, &format!("kill -STOP {member}"));
+    assert_eq!(code, 0, "{err}");
+    d.wait_for(&sb.id, &format!("cut -d' ' -f3 /proc/{member}/stat"), "T");
+    let before = table(&d, &sb.id);
+    let stopped_at = d.read_number(&sb.id, "/tmp/c-orphan");
+    let ck = d.checkpoint(&sb.id, true);
+    d.remove(&sb.id);
+    let fork = d.fork(&ck.id, 3, false);
+    assert_eq!(fork.branches.len(), 3);
+    for b in &fork.branches {
+        assert_eq!(
+            table(&d, &b.id),
+            before,
+            "branch {}: pid ppid pgid sid comm threads",
+            b.id
+        );
+        assert!(
+            stat(&b.id).starts_with("T 1 "),
+            "still stopped, parent init: {}",
+            stat(&b.id)
+        );
+        assert_eq!(
+            d.read_number(&b.id, "/tmp/c-orphan"),
+            stopped_at,
+            "a stopped member does not count"
+        );
+        let (code, _, err) = d.sh(&b.id, &format!("kill -CONT {member}"));
+        assert_eq!(code, 0, "{err}");
+        let t = Instant::now();
+        while d.read_number(&b.id, "/tmp/c-orphan") <= stopped_at + 2 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "branch {}: the member did not go on",
+                b.id
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

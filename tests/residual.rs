@@ -79,6 +79,19 @@ fn eval(d: &TestDaemon, args: &[&str]) -> std::process::Output {
     d.cli(&a)
 }
 
+/// `forkd eval residualize SUITE --out RUN`, which must succeed.
+fn residualize(d: &TestDaemon, suite: &Path, run: &Path) {
+    ok(&eval(
+        d,
+        &[
+            "residualize",
+            suite.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+        ],
+    ));
+}
+
 fn ok(out: &std::process::Output) -> String {
     let text = format!(
         "{}{}",
@@ -118,15 +131,7 @@ fn patch_states_hold_the_changes_uncommitted_and_none_of_the_history() {
         return;
     };
     let run = work.join("run-patch");
-    ok(&eval(
-        &d,
-        &[
-            "residualize",
-            suite.to_str().unwrap(),
-            "--out",
-            run.to_str().unwrap(),
-        ],
-    ));
+    residualize(&d, &suite, &run);
     let st = state(&run, "mi-windowed-step.commits");
     assert_eq!(st["reconstruct"], "patch");
     let b = &d
@@ -176,15 +181,7 @@ fn patch_states_hold_the_changes_uncommitted_and_none_of_the_history() {
     )
     .unwrap();
     let run = work.join("run-exact");
-    ok(&eval(
-        &d,
-        &[
-            "residualize",
-            suite.to_str().unwrap(),
-            "--out",
-            run.to_str().unwrap(),
-        ],
-    ));
+    residualize(&d, &suite, &run);
     let st = state(&run, "mi-windowed-step.commits");
     assert_eq!(st["reconstruct"], "exact");
     let b = &d
@@ -210,15 +207,7 @@ fn a_patch_that_does_not_apply_is_a_recorded_loss() {
         return;
     };
     let run = work.join("run");
-    ok(&eval(
-        &d,
-        &[
-            "residualize",
-            suite.to_str().unwrap(),
-            "--out",
-            run.to_str().unwrap(),
-        ],
-    ));
+    residualize(&d, &suite, &run);
     let end = end_of(&run, "mi-windowed-step.stale");
     assert_eq!(end["stage"], "reconstruction", "{end}");
     assert_eq!(end["kept"], false);
