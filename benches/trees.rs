@@ -27,6 +27,10 @@ use std::time::{Duration, Instant};
 
 const PODMAN_IMAGE: &str = "localhost/forkd-bench-debian";
 const BRANCHES: usize = 3;
+/// podman's flags: the rlimits every container needs here, and its default bridge network:
+/// with `--network none` its restore of a loopback TCP connection fails (the restored
+/// namespace's loopback is down), see benches/services.rs.
+const PODMAN_FLAGS: &[&str] = &["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"];
 
 struct Shape {
     name: &'static str,
@@ -143,7 +147,7 @@ fn podman_round(
     dir: &std::path::Path,
 ) -> Result<(u64, Vec<u64>, usize)> {
     let name = format!("forkd-bench-trees-{n}");
-    let c = PodmanContainer::start(p, &name, PODMAN_IMAGE, &["bash", "-c", &full_script(s)])?;
+    let c = PodmanContainer::start_with(p, &name, PODMAN_IMAGE, PODMAN_FLAGS, &["bash", "-c", &full_script(s)])?;
     let top = |n: &str| -> String {
         Command::new("podman")
             .args(["exec", n, "ps", "-eo", "comm"])
@@ -156,12 +160,7 @@ fn podman_round(
     }
     let export = dir.join(format!("{name}.tar"));
     let _ = std::fs::remove_file(&export);
-    let ck_us = common::time_command(
-        p.command()
-            .args(["container", "checkpoint", "--tcp-established", "--export"])
-            .arg(&export)
-            .arg(&c.name),
-    )?;
+    let ck_us = checkpoint_with_watchdog(p, &c.name, &export)?;
     // podman refuses `--name` with `--tcp-established`: the copy takes the original's
     // name, which is free once the original is removed.
     drop(c);
@@ -175,6 +174,67 @@ fn podman_round(
     drop(copy);
     let _ = std::fs::remove_file(&export);
     Ok((ck_us, vec![r_us], ok))
+}
+
+/// `podman container checkpoint --tcp-established --export`, timed. runc freezes the
+/// container's cgroup before CRIU seizes the tree, and ptrace cannot seize a stopped task
+/// that is frozen: with a stopped process in the tree the dump waits in the kernel
+/// forever. After 60 s the container's freezer cgroup is thawed (which lets the dump go
+/// on, or fail) and the round counts as hung.
+fn checkpoint_with_watchdog(p: &Podman, name: &str, export: &std::path::Path) -> Result<u64> {
+    let t = Instant::now();
+    let mut child = p
+        .command()
+        .args(["container", "checkpoint", "--tcp-established", "--export"])
+        .arg(export)
+        .arg(name)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("run podman container checkpoint")?;
+    let mut hung = false;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let us = t.elapsed().as_micros() as u64;
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            if hung {
+                anyhow::bail!("podman container checkpoint hung (a stopped task in a frozen cgroup) until the benchmark thawed it after 60 s");
+            }
+            if !status.success() {
+                anyhow::bail!("podman container checkpoint failed ({status}): {}", err.trim());
+            }
+            return Ok(us);
+        }
+        if !hung && t.elapsed() > Duration::from_secs(60) {
+            hung = true;
+            thaw_container(name);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Thaws the cgroup v1 freezer of a podman container (found through its init's cgroup).
+fn thaw_container(name: &str) {
+    let pid = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.Pid}}", name])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    for line in cgroups.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        if ctrl.split(',').any(|c| c == "freezer") {
+            let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
+            if let Err(e) = std::fs::write(&state, "THAWED") {
+                eprintln!("  thaw {state}: {e}");
+            }
+        }
+    }
 }
 
 fn has_all(ps: &str, expect: &[&str]) -> bool {
