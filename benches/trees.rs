@@ -30,7 +30,12 @@ const BRANCHES: usize = 3;
 /// podman's flags: the rlimits every container needs here, and its default bridge network:
 /// with `--network none` its restore of a loopback TCP connection fails (the restored
 /// namespace's loopback is down), see benches/services.rs.
-const PODMAN_FLAGS: &[&str] = &["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"];
+const PODMAN_FLAGS: &[&str] = &[
+    "--ulimit",
+    "nofile=1024:1024",
+    "--ulimit",
+    "nproc=1000:1000",
+];
 
 struct Shape {
     name: &'static str,
@@ -147,7 +152,13 @@ fn podman_round(
     dir: &std::path::Path,
 ) -> Result<(u64, Vec<u64>, usize)> {
     let name = format!("forkd-bench-trees-{n}");
-    let c = PodmanContainer::start_with(p, &name, PODMAN_IMAGE, PODMAN_FLAGS, &["bash", "-c", &full_script(s)])?;
+    let c = PodmanContainer::start_with(
+        p,
+        &name,
+        PODMAN_IMAGE,
+        PODMAN_FLAGS,
+        &["bash", "-c", &full_script(s)],
+    )?;
     let top = |n: &str| -> String {
         Command::new("podman")
             .args(["exec", n, "ps", "-eo", "comm"])
@@ -205,7 +216,10 @@ fn checkpoint_with_watchdog(p: &Podman, name: &str, export: &std::path::Path) ->
                 anyhow::bail!("podman container checkpoint hung (a stopped task in a frozen cgroup) until the benchmark thawed it after 60 s");
             }
             if !status.success() {
-                anyhow::bail!("podman container checkpoint failed ({status}): {}", err.trim());
+                anyhow::bail!(
+                    "podman container checkpoint failed ({status}): {}",
+                    err.trim()
+                );
             }
             return Ok(us);
         }

@@ -63,13 +63,13 @@ impl Daemon {
         // table is never cleared under a lease being made.
         let lease = {
             let mut leases = self.leases.lock().unwrap();
-            let taken: Vec<_> = leases.values().map(|l| l.block).collect();
+            let held: Vec<&Lease> = leases.values().collect();
             let lease = self
                 .egress
                 .lease(
                     policy,
                     &forkd_net::link_name(id.as_str()),
-                    &taken,
+                    &held,
                     netns.as_fd(),
                 )
                 .map_err(|e| api_error(&ctx, e))?;

@@ -82,7 +82,10 @@ pub fn write(root: &Path, lease: &Lease, hostname: &str) -> std::io::Result<()> 
             Err(e) => return Err(e),
         }
     }
-    for (name, text) in [("resolv.conf", resolv_conf(lease)), ("hosts", hosts(lease, hostname))] {
+    for (name, text) in [
+        ("resolv.conf", resolv_conf(lease)),
+        ("hosts", hosts(lease, hostname)),
+    ] {
         let tmp = dir.join(format!(".{name}.tmp"));
         match std::fs::remove_file(&tmp) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -124,10 +127,17 @@ mod tests {
             nameservers: vec!["192.0.2.53".parse().unwrap()],
         };
         write(&root, &lease, "h").unwrap();
-        assert_eq!(std::fs::read_to_string(victim.join("hosts")).unwrap(), "host's own\n");
+        assert_eq!(
+            std::fs::read_to_string(victim.join("hosts")).unwrap(),
+            "host's own\n"
+        );
         assert!(!victim.join("resolv.conf").exists());
-        assert!(std::fs::symlink_metadata(root.join(".forkd/net")).unwrap().is_dir());
-        assert!(std::fs::read_to_string(root.join(".forkd/net/hosts")).unwrap().contains("10.213.0.6\th"));
+        assert!(std::fs::symlink_metadata(root.join(".forkd/net"))
+            .unwrap()
+            .is_dir());
+        assert!(std::fs::read_to_string(root.join(".forkd/net/hosts"))
+            .unwrap()
+            .contains("10.213.0.6\th"));
         std::fs::remove_dir_all(&t).unwrap();
     }
 }

@@ -141,6 +141,9 @@ impl Policy {
 pub struct Egress {
     pub pool: Net4,
     pub table: String,
+    /// The interface group of this daemon's host-side links (from its tag): a link of
+    /// the group with no chain of its own is refused, never let through.
+    pub group: u32,
     nft: Result<PathBuf, String>,
     /// Serialises allocations of this host (all daemons): held from choosing a block to
     /// putting its address on the host's end, where the next allocation sees it.
@@ -174,6 +177,7 @@ impl Egress {
         Egress {
             pool,
             table: format!("forkd_{tag}"),
+            group: group_of(tag),
             nft,
             lock_path: PathBuf::from("/run/forkd-egress.lock"),
             table_made: std::sync::Mutex::new(false),
@@ -207,16 +211,18 @@ impl Egress {
 
     /// Gives the sandbox whose network namespace is `netns` a lease: a block of the pool,
     /// its rules, and the veth pair with both ends configured (the rules first, so that
-    /// the link never exists without them). All of it or, on error, none of it. `taken`
-    /// are the blocks of this daemon's other leases; `link` the host-side veth's name.
-    /// The caller serialises this with [`Egress::release`] (both change the table).
+    /// the link never exists without them). All of it or, on error, none of it. `held`
+    /// are this daemon's other leases (a table made now holds their rules too); `link`
+    /// the host-side veth's name. The caller serialises this with [`Egress::release`]
+    /// (both change the table).
     pub fn lease(
         &self,
         policy: &Policy,
         link: &str,
-        taken: &[Ipv4Addr],
+        held: &[&Lease],
         netns: BorrowedFd<'_>,
     ) -> Result<Lease, NetError> {
+        let taken: Vec<Ipv4Addr> = held.iter().map(|l| l.block).collect();
         let nft = self.nft()?.to_path_buf();
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -226,7 +232,7 @@ impl Egress {
             .map_err(io(format!("open {}", self.lock_path.display())))?;
         let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| io(format!("lock {}", self.lock_path.display()))(e.into()))?;
-        let block = self.allocate(taken)?;
+        let block = self.allocate(&taken)?;
         let lease = Lease {
             network: policy.network.clone(),
             block,
@@ -238,20 +244,28 @@ impl Egress {
         let first = !*self.table_made.lock().unwrap();
         if first {
             enable_forwarding()?;
-            nft::apply(&nft, &nft::rebuild(&self.table, self.pool, &[&lease]))
-                .map_err(NetError::Rules)?;
+            let mut all = held.to_vec();
+            all.push(&lease);
+            nft::apply(
+                &nft,
+                &nft::rebuild(&self.table, self.group, self.pool, &all),
+            )
+            .map_err(NetError::Rules)?;
             *self.table_made.lock().unwrap() = true;
         } else {
             nft::apply(&nft, &nft::add(&self.table, &lease)).map_err(NetError::Rules)?;
         }
         if let Err(e) = self.plumb(&lease, netns) {
             let _ = netlink::Route::open().and_then(|mut r| r.delete_link(link));
-            let undo = if first {
+            // Back to the rules of the other leases (or none at all).
+            let undo = if !first {
+                nft::remove(&self.table, &lease)
+            } else if held.is_empty() {
                 nft::clear(&self.table)
             } else {
-                nft::remove(&self.table, &lease)
+                nft::rebuild(&self.table, self.group, self.pool, held)
             };
-            if nft::apply(&nft, &undo).is_ok() && first {
+            if nft::apply(&nft, &undo).is_ok() && first && held.is_empty() {
                 *self.table_made.lock().unwrap() = false;
             }
             return Err(e);
@@ -263,7 +277,7 @@ impl Egress {
     fn plumb(&self, lease: &Lease, netns: BorrowedFd<'_>) -> Result<(), NetError> {
         let link = &lease.link;
         let mut host = netlink::Route::open().map_err(io("open rtnetlink"))?;
-        host.add_veth(link, SANDBOX_LINK, netns)
+        host.add_veth(link, self.group, SANDBOX_LINK, netns)
             .map_err(io(format!("create veth {link}")))?;
         let index = netlink::index_of(link).map_err(io(format!("find {link}")))?;
         host.add_address(index, lease.gateway(), PREFIX_LEN)
@@ -296,7 +310,10 @@ impl Egress {
             if let Err(e) = nft::apply(nft, &script) {
                 // The sandbox's rules were not (all) there: rewrite the table from what
                 // is held, which is right whatever state it was in.
-                if let Err(e2) = nft::apply(nft, &nft::rebuild(&self.table, self.pool, remaining)) {
+                if let Err(e2) = nft::apply(
+                    nft,
+                    &nft::rebuild(&self.table, self.group, self.pool, remaining),
+                ) {
                     first = Some(NetError::Rules(format!("{e}; rebuilding the table: {e2}")));
                 }
             }
@@ -330,12 +347,23 @@ impl Egress {
             *made = false;
         } else {
             enable_forwarding()?;
-            nft::apply(nft, &nft::rebuild(&self.table, self.pool, leases))
-                .map_err(NetError::Rules)?;
+            nft::apply(
+                nft,
+                &nft::rebuild(&self.table, self.group, self.pool, leases),
+            )
+            .map_err(NetError::Rules)?;
             *made = true;
         }
         Ok(())
     }
+}
+
+/// A daemon's interface group: 30 bits of its tag, never 0 (the default group).
+fn group_of(tag: &str) -> u32 {
+    let h = tag.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    });
+    (h & 0x3fff_ffff) | 0x4000_0000
 }
 
 /// Turns on IPv4 forwarding on the host if it is off (egress is routed through it).

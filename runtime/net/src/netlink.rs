@@ -30,6 +30,7 @@ const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const IFLA_IFNAME: u16 = 3;
+const IFLA_GROUP: u16 = 27;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_INFO_KIND: u16 = 1;
@@ -177,11 +178,18 @@ impl Route {
         }
     }
 
-    /// Creates a veth pair: `name` here, `peer` (created as `peer`) in the network
-    /// namespace `peer_ns`.
-    pub fn add_veth(&mut self, name: &str, peer: &str, peer_ns: BorrowedFd<'_>) -> io::Result<()> {
+    /// Creates a veth pair: `name` here, in interface group `group`, and `peer`
+    /// (created as `peer`) in the network namespace `peer_ns`.
+    pub fn add_veth(
+        &mut self,
+        name: &str,
+        group: u32,
+        peer: &str,
+        peer_ns: BorrowedFd<'_>,
+    ) -> io::Result<()> {
         let mut m = Msg::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &ifinfomsg(0, 0, 0));
         m.attr_str(IFLA_IFNAME, name)
+            .attr(IFLA_GROUP, &group.to_ne_bytes())
             .begin(IFLA_LINKINFO)
             .attr_str(IFLA_INFO_KIND, "veth")
             .begin(IFLA_INFO_DATA)

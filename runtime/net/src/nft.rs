@@ -11,6 +11,7 @@
 //!   chain input   (hook input):   from any forkd link -> refuse   (the host itself)
 //!   chain forward (hook forward): forkd link to forkd link -> refuse (other sandboxes)
 //!                                 iifname vmap @links             (each sandbox's policy)
+//!                                 a link of ours without a chain -> refuse (fail closed)
 //!                                 to a forkd link: replies only
 //!   chain postrouting (nat): from the pool, leaving by a non-forkd link -> masquerade
 //!   chain sb_<link>: source must be the sandbox's address; IPv6 -> refuse;
@@ -41,7 +42,7 @@ fn set(lease: &Lease) -> String {
 }
 
 /// The whole table with the sandboxes `leases`, replacing whatever the table held.
-pub fn rebuild(table: &str, pool: Net4, leases: &[&Lease]) -> String {
+pub fn rebuild(table: &str, group: u32, pool: Net4, leases: &[&Lease]) -> String {
     let mut s = String::new();
     let p = LINK_PREFIX;
     let _ = writeln!(s, "add table inet {table}\ndelete table inet {table}");
@@ -61,6 +62,7 @@ pub fn rebuild(table: &str, pool: Net4, leases: &[&Lease]) -> String {
     type filter hook forward priority filter; policy accept;
     iifname \"{p}*\" oifname \"{p}*\" jump refuse
     iifname vmap @links
+    iifgroup {group} jump refuse
     oifname \"{p}*\" ct state established,related accept
     oifname \"{p}*\" drop
   }}
@@ -219,10 +221,15 @@ mod tests {
     #[test]
     fn rebuild_replaces_the_table() {
         let l = lease(Network::egress(), &[]);
-        let s = rebuild("forkd_t", "10.213.0.0/16".parse().unwrap(), &[&l]);
+        let s = rebuild("forkd_t", 1234, "10.213.0.0/16".parse().unwrap(), &[&l]);
         assert!(s.starts_with("add table inet forkd_t\ndelete table inet forkd_t\n"));
         assert!(s.contains("ip saddr 10.213.0.0/16 oifname != \"fkd*\" masquerade"));
         assert!(s.contains("iifname \"fkd*\" oifname \"fkd*\" jump refuse"));
         assert!(s.contains("add chain inet forkd_t sb_fkd0123456789ab"));
+        let vmap = s.find("iifname vmap @links").unwrap();
+        assert!(
+            s[vmap..].starts_with("iifname vmap @links\n    iifgroup 1234 jump refuse"),
+            "{s}"
+        );
     }
 }
