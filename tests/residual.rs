@@ -435,7 +435,8 @@ fn review_decides_which_candidates_become_states() {
     let rows = results(&run);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].start_state, c);
-    ok(&eval(
+    // Decided and fixed: a further decision is refused...
+    let out = eval(
         &d,
         &[
             "review",
@@ -448,7 +449,17 @@ fn review_decides_which_candidates_become_states() {
             "--criterion",
             "task-directed",
         ],
-    ));
+    );
+    assert!(
+        !out.status.success(),
+        "a decision after the trials started was accepted"
+    );
+    // ...and one written into the log by other means stops the resume by fingerprint.
+    let line = serde_json::json!({ "t": 0, "event": "review", "detail": {
+        "candidate": c, "reviewer": "carol", "accept": false, "criteria": ["task-directed"], "reason": "" } });
+    let mut log = std::fs::read_to_string(run.join("decisions.jsonl")).unwrap();
+    log.push_str(&format!("{line}\n"));
+    std::fs::write(run.join("decisions.jsonl"), log).unwrap();
     let out = eval(&d, &["resume", r]);
     assert!(
         !out.status.success(),

@@ -660,10 +660,11 @@ impl Daemon {
         // allowlist as resolved then, so that every branch allows the same addresses).
         let (network, policy) = match &req.network {
             Some(n) => (n.clone(), self.network_policy(n)?),
-            None => (
-                ck.network.clone(),
-                ck.lease.as_ref().map(forkd_net::Policy::of),
-            ),
+            // A sandbox checkpointed while stopped held no lease: its mode, resolved now.
+            None => match &ck.lease {
+                Some(l) => (ck.network.clone(), Some(forkd_net::Policy::of(l))),
+                None => (ck.network.clone(), self.network_policy(&ck.network)?),
+            },
         };
         let criu = if ck.live && !req.fresh {
             Some(

@@ -455,7 +455,7 @@ impl Daemon {
         let dir = self.data.join("sandboxes");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
-        let (mut alive_leases, mut gone) = (Vec::new(), Vec::new());
+        let (mut alive_leases, mut gone, mut to_watch) = (Vec::new(), Vec::new(), Vec::new());
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
@@ -499,10 +499,14 @@ impl Daemon {
             }
             self.sandboxes.lock().unwrap().insert(id, sb.clone());
             if alive {
-                self.watch(sb);
+                to_watch.push(sb);
             }
         }
+        // The leases first: a sandbox that exits from now on gives its lease back.
         self.recover_network(alive_leases, gone);
+        for sb in to_watch {
+            self.watch(sb);
+        }
         Ok(())
     }
 

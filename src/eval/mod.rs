@@ -641,6 +641,8 @@ pub fn review_command(
         );
         review::record(
             run_dir,
+            policy,
+            m.review_fingerprint.is_some(),
             &review::Decision {
                 candidate: c.clone(),
                 reviewer: r,

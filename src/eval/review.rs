@@ -175,13 +175,20 @@ pub fn candidates(run_dir: &Path) -> anyhow::Result<Vec<StateRecord>> {
     Ok(out)
 }
 
-/// Records one decision, after checking it: the candidate is one under review, the
-/// criteria are known, a rejection names at least one, and this reviewer has not decided
-/// on it already. Nothing is written when a check fails.
-pub fn record(run_dir: &Path, d: &Decision) -> anyhow::Result<()> {
+/// Records one decision, after checking it: the run's trials have not started from
+/// reviewed states yet (`fixed`: then the decisions are fixed), the candidate is one
+/// under review and still undecided under `policy`, the criteria are known, a rejection
+/// names at least one, and this reviewer has not decided on it already. Nothing is
+/// written when a check fails.
+pub fn record(run_dir: &Path, policy: Policy, fixed: bool, d: &Decision) -> anyhow::Result<()> {
     anyhow::ensure!(
         run_dir.join("manifest.json").is_file(),
         "{} is not a run directory",
+        run_dir.display()
+    );
+    anyhow::ensure!(
+        !fixed,
+        "the trials of run {} started from its reviewed states: its decisions are fixed",
         run_dir.display()
     );
     let known: Vec<String> = candidates(run_dir)?
@@ -218,10 +225,16 @@ pub fn record(run_dir: &Path, d: &Decision) -> anyhow::Result<()> {
     if reviewer.is_empty() || reviewer.chars().any(char::is_control) {
         bail!("--reviewer: a name, without control characters");
     }
-    if decisions(run_dir)
-        .iter()
-        .any(|x| x.candidate == d.candidate && x.reviewer == reviewer)
-    {
+    let all = decisions(run_dir);
+    let of: Vec<&Decision> = all.iter().filter(|x| x.candidate == d.candidate).collect();
+    match verdict(policy, &of) {
+        Verdict::Pending { .. } => {}
+        Verdict::Accepted => bail!("{} is already accepted: decisions are final", d.candidate),
+        Verdict::Rejected { .. } => {
+            bail!("{} is already rejected: decisions are final", d.candidate)
+        }
+    }
+    if of.iter().any(|x| x.reviewer == reviewer) {
         bail!(
             "reviewer {reviewer:?} already decided on {}: decisions are final (the log is append-only)",
             d.candidate

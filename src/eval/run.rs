@@ -752,6 +752,11 @@ fn candidate_state(
                             outcome,
                         ))
                     }
+                    // An empty patch is no change at all, as under `exact`.
+                    Ok(Err(reconstruct::Failure::Empty)) => {
+                        let why = "no change beyond ignored byproducts".to_string();
+                        return Ok((Err(Dropped("no-change", why)), outcome));
+                    }
                     Ok(Err(f)) => {
                         return Ok((Err(Dropped("reconstruction", f.to_string())), outcome))
                     }

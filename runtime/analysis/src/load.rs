@@ -234,8 +234,16 @@ fn load_run(
             );
         }
         for end in last.into_values() {
-            if !end.kept && run_states.remove(&end.candidate).is_some() {
+            // Dropped here; gone from the dataset too unless another run (whose copy was
+            // read first) keeps it.
+            if !end.kept
+                && run_states.remove(&end.candidate).is_some()
+                && state_src
+                    .get(&end.candidate)
+                    .is_some_and(|p| p.starts_with(dir))
+            {
                 ds.states.remove(&end.candidate);
+                state_src.remove(&end.candidate);
             }
             ds.candidates.push(end);
         }

@@ -465,13 +465,16 @@ impl Criu {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // The descriptors are placed first (hooks run in the order they are added), so
+        // that a fresh namespace made at its number next cannot land on a source.
         let mut fds = vec![(theirs.as_raw_fd(), 3)];
-        match (child_setup.netns_fd, child_setup.netns) {
-            (Some(fd), Some(ns)) => fds.push((ns.as_raw_fd(), fd)),
-            (Some(fd), None) => forkd_sys::fresh_netns_fd(&mut cmd, fd),
-            (None, _) => {}
+        if let (Some(fd), Some(ns)) = (child_setup.netns_fd, child_setup.netns) {
+            fds.push((ns.as_raw_fd(), fd));
         }
         forkd_sys::inherit_fds(&mut cmd, fds);
+        if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
+            forkd_sys::fresh_netns_fd(&mut cmd, fd);
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
