@@ -193,6 +193,13 @@ fn podman_round(
 /// forever. After 60 s the container's freezer cgroup is thawed (which lets the dump go
 /// on, or fail) and the round counts as hung.
 fn checkpoint_with_watchdog(p: &Podman, name: &str, export: &std::path::Path) -> Result<u64> {
+    // The container's id, asked now: podman holds the container's lock during a
+    // checkpoint, so asking then would wait with it.
+    let id = Command::new("podman")
+        .args(["inspect", "--format", "{{.Id}}", name])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let t = Instant::now();
     let mut child = p
         .command()
@@ -225,30 +232,32 @@ fn checkpoint_with_watchdog(p: &Podman, name: &str, export: &std::path::Path) ->
         }
         if !hung && t.elapsed() > Duration::from_secs(60) {
             hung = true;
-            thaw_container(name);
+            thaw_container(&id);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Thaws the cgroup v1 freezer of a podman container (found through its init's cgroup).
-fn thaw_container(name: &str) {
-    let pid = Command::new("podman")
-        .args(["inspect", "--format", "{{.State.Pid}}", name])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    for line in cgroups.lines() {
-        let mut f = line.splitn(3, ':');
-        let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
-        if ctrl.split(',').any(|c| c == "freezer") {
-            let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
-            if let Err(e) = std::fs::write(&state, "THAWED") {
-                eprintln!("  thaw {state}: {e}");
+/// Thaws every cgroup v1 freezer cgroup whose name holds the container's id.
+fn thaw_container(id: &str) {
+    fn walk(dir: &std::path::Path, id: &str) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if !p.is_dir() {
+                continue;
             }
+            if !id.is_empty() && e.file_name().to_string_lossy().contains(id) {
+                if let Err(err) = std::fs::write(p.join("freezer.state"), "THAWED") {
+                    eprintln!("  thaw {}: {err}", p.display());
+                }
+            }
+            walk(&p, id);
         }
     }
+    walk(std::path::Path::new("/sys/fs/cgroup/freezer"), id);
 }
 
 fn has_all(ps: &str, expect: &[&str]) -> bool {
