@@ -87,15 +87,6 @@ fn check_for(conns: usize) -> &'static str {
 
 const READY: &str = "test -e /tmp/state-ready && echo ready";
 
-/// podman's flags: the rlimits every container needs here (see common), and its default
-/// bridge network (see the header).
-const PODMAN_FLAGS: &[&str] = &[
-    "--ulimit",
-    "nofile=1024:1024",
-    "--ulimit",
-    "nproc=1000:1000",
-];
-
 /// The PostgreSQL state: a cluster initialised and started as user postgres, a table of
 /// 1000 rows, and a psql session kept open on a FIFO.
 const POSTGRES: &str = "bin=$(ls -d /usr/lib/postgresql/*/bin | tail -n1); mkdir -p /srv/pg && chown postgres: /srv/pg && \
@@ -294,7 +285,7 @@ fn podman_round(
         p,
         &name,
         PODMAN_IMAGE,
-        PODMAN_FLAGS,
+        common::PODMAN_TCP_FLAGS,
         &["bash", "-c", script],
     )?;
     if !wait_until(Duration::from_secs(60), || {
@@ -443,22 +434,9 @@ fn measure(
 }
 
 fn run() -> Result<()> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return common::skip(
-            "bench services",
-            "needs root (namespaces, mounts, cgroups, CRIU)",
-        );
-    }
-    let debian = common::fixture_image("debian.tar.zst");
-    if !debian.exists() {
-        return common::skip(
-            "bench services",
-            &format!(
-                "{} is missing (run fixtures/setup.sh debian)",
-                debian.display()
-            ),
-        );
-    }
+    let Some(debian) = common::root_and_debian("bench services")? else {
+        return Ok(());
+    };
     let samples = common::env_usize("FORKD_BENCH_SERVICES_SAMPLES", 5)?;
     let podman = if std::env::var("FORKD_BENCH_PODMAN").as_deref() == Ok("0") {
         None

@@ -27,16 +27,6 @@ use std::time::{Duration, Instant};
 
 const PODMAN_IMAGE: &str = "localhost/forkd-bench-debian";
 const BRANCHES: usize = 3;
-/// podman's flags: the rlimits every container needs here, and its default bridge network:
-/// with `--network none` its restore of a loopback TCP connection fails (the restored
-/// namespace's loopback is down), see benches/services.rs.
-const PODMAN_FLAGS: &[&str] = &[
-    "--ulimit",
-    "nofile=1024:1024",
-    "--ulimit",
-    "nproc=1000:1000",
-];
-
 struct Shape {
     name: &'static str,
     /// Bash, run as the main command before `exec sleep infinity`.
@@ -156,7 +146,7 @@ fn podman_round(
         p,
         &name,
         PODMAN_IMAGE,
-        PODMAN_FLAGS,
+        common::PODMAN_TCP_FLAGS,
         &["bash", "-c", &full_script(s)],
     )?;
     let top = |n: &str| -> String {
@@ -276,22 +266,9 @@ fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 fn run() -> Result<()> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return common::skip(
-            "bench trees",
-            "needs root (namespaces, mounts, cgroups, CRIU)",
-        );
-    }
-    let debian = common::fixture_image("debian.tar.zst");
-    if !debian.exists() {
-        return common::skip(
-            "bench trees",
-            &format!(
-                "{} is missing (run fixtures/setup.sh debian)",
-                debian.display()
-            ),
-        );
-    }
+    let Some(debian) = common::root_and_debian("bench trees")? else {
+        return Ok(());
+    };
     let samples = common::env_usize("FORKD_BENCH_TREES_SAMPLES", 3)?;
     let podman = Podman::detect()?;
     let date = common::utc_now();

@@ -740,8 +740,40 @@ pub fn fixture_image(file: &str) -> PathBuf {
     cache_dir().join("images").join(file)
 }
 
+/// For a benchmark that needs root and the Debian fixture: the fixture, or `None` after
+/// a SKIP line (an error under CI=true, see [`skip`]).
+pub fn root_and_debian(bench: &str) -> Result<Option<PathBuf>> {
+    if !nix::unistd::Uid::effective().is_root() {
+        skip(bench, "needs root (namespaces, mounts, cgroups, CRIU)")?;
+        return Ok(None);
+    }
+    let debian = fixture_image("debian.tar.zst");
+    if !debian.exists() {
+        skip(
+            bench,
+            &format!(
+                "{} is missing (run fixtures/setup.sh debian)",
+                debian.display()
+            ),
+        )?;
+        return Ok(None);
+    }
+    Ok(Some(debian))
+}
+
 // ---------------------------------------------------------------------------------------
 // The podman peer
+
+/// podman's flags for states with TCP connections: the rlimits of [`PODMAN_RUN_FLAGS`]
+/// and podman's default bridge network. With `--network none` podman's restore of a
+/// loopback TCP connection fails (`Can't connect inet socket back: Network is
+/// unreachable`: the restored namespace's loopback is down).
+pub const PODMAN_TCP_FLAGS: &[&str] = &[
+    "--ulimit",
+    "nofile=1024:1024",
+    "--ulimit",
+    "nproc=1000:1000",
+];
 
 /// The flags every podman container needs on machines without CAP_SYS_RESOURCE (the
 /// runtime would otherwise try to raise rlimits above their hard limits), plus no
