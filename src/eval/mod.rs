@@ -8,6 +8,7 @@ pub mod grade;
 pub mod harbor_task;
 pub mod harness;
 pub mod reconstruct;
+pub mod residual;
 pub mod review;
 pub mod run;
 pub mod session;
@@ -285,7 +286,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         reconstruct: opts.reconstruct,
     };
     let states = if needs_states {
-        run::residualize(&ctx, &clean, &pred_pairs)?
+        residual::residualize(&ctx, &clean, &pred_pairs)?
     } else {
         Vec::new()
     };
