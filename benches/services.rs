@@ -109,17 +109,6 @@ fn main() {
     }
 }
 
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
 fn first_line(e: &anyhow::Error) -> String {
     format!("{e:#}")
         .lines()
@@ -135,7 +124,7 @@ fn forkd_state(d: &DaemonGuard, script: &str) -> Result<String> {
     let sb = d.create_with(
         &json!({ "image": "debian", "command": { "argv": ["bash", "-c", script] } }),
     )?;
-    if !wait_until(Duration::from_secs(60), || {
+    if !common::wait_until(Duration::from_secs(60), || {
         d.sh_ok(&sb.id, READY).is_ok_and(|o| o.contains("ready"))
     }) {
         let log = d
@@ -186,7 +175,7 @@ fn postgres() -> State {
 fn forkd_round(d: &DaemonGuard, state: &State, forks: bool) -> Result<ForkdSample> {
     let id = forkd_state(d, &state.script)?;
     if let Some(cmd) = state.settled {
-        let _ = wait_until(Duration::from_secs(10), || {
+        let _ = common::wait_until(Duration::from_secs(10), || {
             d.sh_ok(&id, cmd).is_ok_and(|o| !o.trim().is_empty())
         });
     }
@@ -288,7 +277,7 @@ fn podman_round(
         common::PODMAN_TCP_FLAGS,
         &["bash", "-c", script],
     )?;
-    if !wait_until(Duration::from_secs(60), || {
+    if !common::wait_until(Duration::from_secs(60), || {
         podman_sh(&c.name, READY).contains("ready")
     }) {
         bail!(
@@ -297,7 +286,7 @@ fn podman_round(
         );
     }
     if let Some(cmd) = settled {
-        let _ = wait_until(Duration::from_secs(10), || {
+        let _ = common::wait_until(Duration::from_secs(10), || {
             !podman_sh(&c.name, cmd).trim().is_empty()
         });
     }

@@ -98,7 +98,7 @@ fn forkd_round(d: &DaemonGuard, s: &Shape) -> Result<(u64, Vec<u64>, usize)> {
     let sb = d.create_with(
         &json!({ "image": "debian", "command": { "argv": ["bash", "-c", full_script(s)] } }),
     )?;
-    let up = wait_until(Duration::from_secs(20), || {
+    let up = common::wait_until(Duration::from_secs(20), || {
         has_all(
             &d.sh_ok(&sb.id, "ps -eo comm").unwrap_or_default(),
             s.expect,
@@ -156,7 +156,7 @@ fn podman_round(
             .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
             .unwrap_or_default()
     };
-    if !wait_until(Duration::from_secs(20), || has_all(&top(&c.name), s.expect)) {
+    if !common::wait_until(Duration::from_secs(20), || has_all(&top(&c.name), s.expect)) {
         anyhow::bail!("the shape never came up in the container");
     }
     let export = dir.join(format!("{name}.tar"));
@@ -252,17 +252,6 @@ fn thaw_container(id: &str) {
 
 fn has_all(ps: &str, expect: &[&str]) -> bool {
     expect.iter().all(|e| ps.lines().any(|l| l.trim() == *e))
-}
-
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
 }
 
 fn run() -> Result<()> {

@@ -84,6 +84,22 @@ const COUNTERS: &[&str] = &[
     "/tmp/c-thrby",
 ];
 
+/// A daemon with the Debian image and a sandbox of it (running `sleep infinity`) that
+/// holds the table script; `None` after a SKIP.
+fn debian_sandbox(name: &str, tag: &str) -> Option<(TestDaemon, forkd::api::SandboxInfo)> {
+    if !can_run_criu(name) {
+        return None;
+    }
+    let debian = fixture(name, "images/debian.tar.zst", "debian")?;
+    let d = TestDaemon::start(tag);
+    d.import(&debian, "debian");
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
+    d.put_file(&sb.id, "/table.py", TABLE.as_bytes());
+    Some((d, sb))
+}
+
 fn table(d: &TestDaemon, id: &str) -> String {
     let (code, out, err) = d.sh(id, "python3 /table.py");
     assert_eq!(code, 0, "{err}");
@@ -129,18 +145,9 @@ fn assert_running(d: &TestDaemon, id: &str) {
 #[test]
 fn daemons_job_control_and_threads_keep_their_tree_in_every_branch() {
     let name = "daemons_job_control_and_threads_keep_their_tree_in_every_branch";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+    let Some((d, sb)) = debian_sandbox(name, "trees") else {
         return;
     };
-    let d = TestDaemon::start("trees");
-    d.import(&debian, "debian");
-    let sb = d.create(
-        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
-    );
-    d.put_file(&sb.id, "/table.py", TABLE.as_bytes());
     d.put_file(&sb.id, "/trees.sh", TREES.as_bytes());
     let (code, _, err) = d.sh(&sb.id, "bash /trees.sh");
     assert_eq!(code, 0, "{err}");
@@ -255,18 +262,9 @@ fn daemon_of_the_main_command_forks() {
 #[test]
 fn orphaned_group_with_a_stopped_member_is_continued_in_every_branch() {
     let name = "orphaned_group_with_a_stopped_member_is_continued_in_every_branch";
-    if !can_run_criu(name) {
-        return;
-    }
-    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+    let Some((d, sb)) = debian_sandbox(name, "trees-orphan") else {
         return;
     };
-    let d = TestDaemon::start("trees-orphan");
-    d.import(&debian, "debian");
-    let sb = d.create(
-        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
-    );
-    d.put_file(&sb.id, "/table.py", TABLE.as_bytes());
     let script = r#"
 counter='mkfifo /tmp/f-$0; exec 9<>/tmp/f-$0; i=0; while :; do i=$((i+1)); echo $i > /tmp/c-$0; read -t 0.1 -u 9 || :; done'
 setsid bash -c "trap '' HUP; bash -c '$counter' orphan </dev/null >/dev/null 2>&1 & echo \$! > /tmp/member"

@@ -736,6 +736,18 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// A fixture image built by `fixtures/setup.sh`: `$FORKD_CACHE/images/<file>`.
+/// Polls `f` every 100 ms until it holds (true) or `limit` has passed (false).
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
 pub fn fixture_image(file: &str) -> PathBuf {
     cache_dir().join("images").join(file)
 }
