@@ -320,8 +320,11 @@ pub struct SandboxInfo {
     pub rootfs: String,
     pub upper: String,
     pub cgroup: String,
+    /// Current memory use of the cgroup: given by `inspect` and by a list asked with
+    /// `stats=true` (a list of thousands of sandboxes otherwise reads no cgroup file).
     pub memory_bytes: Option<u64>,
-    pub oom_kills: u64,
+    /// Processes killed for lack of memory in the cgroup; given when `memory_bytes` is.
+    pub oom_kills: Option<u64>,
     /// Set-up latency, microseconds (create to ready for the first exec).
     pub create_us: u64,
     /// Its network beyond loopback, while it runs with one.

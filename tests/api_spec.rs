@@ -668,7 +668,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
         upper: "/var/lib/forkd/sandboxes/0123456789abcdef/layer/upper".into(),
         cgroup: "forkd/0123456789abcdef".into(),
         memory_bytes: with_values.then_some(1 << 20),
-        oom_kills: 0,
+        oom_kills: Some(0),
         create_us: 12_345,
         network: with_values.then(|| api::NetworkInfo {
             mode: api::Network::allowlist(vec!["198.18.0.1".into(), "10.9.0.0/16".into()]),

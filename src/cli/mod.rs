@@ -62,6 +62,9 @@ enum Command {
         /// Include stopped sandboxes
         #[arg(short, long)]
         all: bool,
+        /// Read each sandbox's memory use (two cgroup reads a sandbox)
+        #[arg(short, long)]
+        stats: bool,
     },
     /// Show a sandbox's details (JSON)
     Inspect { sandboxes: Vec<String> },
@@ -150,7 +153,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => sandbox::run(&ctx, args),
         Command::Exec(args) => exec::run(&ctx, args),
         Command::Cp { src, dest } => sandbox::cp(&ctx, &src, &dest),
-        Command::Ps { quiet, all } => sandbox::ps(&ctx, quiet, all),
+        Command::Ps { quiet, all, stats } => sandbox::ps(&ctx, quiet, all, stats),
         Command::Inspect { sandboxes } => sandbox::inspect(&ctx, &sandboxes),
         Command::Logs { sandbox, name } => sandbox::logs(&ctx, &sandbox, &name),
         Command::Stop {

@@ -97,8 +97,13 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
     code
 }
 
-pub fn ps(ctx: &Ctx, quiet: bool, all: bool) -> anyhow::Result<i32> {
-    let list: Vec<SandboxInfo> = ctx.client.call("GET", "/v1/sandboxes", None)?;
+pub fn ps(ctx: &Ctx, quiet: bool, all: bool, stats: bool) -> anyhow::Result<i32> {
+    let path = if stats {
+        "/v1/sandboxes?stats=true"
+    } else {
+        "/v1/sandboxes"
+    };
+    let list: Vec<SandboxInfo> = ctx.client.call("GET", path, None)?;
     let list: Vec<_> = list
         .into_iter()
         .filter(|s| all || s.status == crate::api::SandboxStatus::Running)

@@ -410,7 +410,7 @@ impl Daemon {
                     &forkd_criu::DumpOpts {
                         pid: rec.init_pid.unwrap_or(0),
                         images_dir: images.clone(),
-                        root: sb.rootfs(),
+                        root: super::sandboxes::init_root(rec.init_pid.unwrap_or(0)),
                         leave_running: !req.stop,
                         freeze_cgroup: if freezer { cg.freezer_dir() } else { None },
                         log_file: "dump.log".into(),
@@ -719,8 +719,14 @@ impl Daemon {
                 };
                 // With egress, the branch's namespace is made and plumbed first and CRIU
                 // restores the tree into it; without, CRIU makes a bare one.
+                let root = d.root_mount(dir, rec)?;
                 let connected = match &policy {
-                    Some(p) => Some(d.connect(&rec.id, p, &dir.join("rootfs"), &rec.hostname)?),
+                    Some(p) => Some(d.connect(
+                        &rec.id,
+                        p,
+                        &forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&root)),
+                        &rec.hostname,
+                    )?),
                     None => None,
                 };
                 let netns = connected.map(|c| {
@@ -742,6 +748,7 @@ impl Daemon {
                 let restored = criu.restore(&forkd_criu::RestoreOpts {
                     images_dir: images.clone(),
                     root: dir.join("rootfs"),
+                    root_mount: Some(std::sync::Arc::new(root)),
                     work_dir: work.clone(),
                     log_file: "restore.log".into(),
                     lazy_pages: lazy,
@@ -778,7 +785,11 @@ impl Daemon {
                 rec.init_pid = Some(restored.pid);
                 rec.init_start = forkd_sys::process_start_time(restored.pid);
                 let t = Instant::now();
-                host::wait_ready(&dir.join("rootfs"), Duration::from_secs(10)).map_err(|e| {
+                host::wait_ready(
+                    &super::sandboxes::init_root(restored.pid),
+                    Duration::from_secs(10),
+                )
+                .map_err(|e| {
                     ApiError::from_chain(&format!("branch {}: wait for init", rec.id), &e)
                 })?;
                 phases_ref
@@ -927,32 +938,24 @@ impl Daemon {
     /// Flattens a layer stack into one layer of the store: the merged view of the stack,
     /// mounted read-only, is copied in (its whiteouts are already applied there).
     fn squash(&self, lowers: &[Lower]) -> Result<LayerId, ApiError> {
-        let mnt = self
-            .data
-            .join("tmp")
-            .join(format!("squash-{}", forkd_sandbox::id::random_hex(6)));
-        std::fs::create_dir_all(&mnt)
-            .map_err(|e| ApiError::internal(format!("create {}: {e}", mnt.display())))?;
         let paths: Vec<PathBuf> = lowers.iter().map(|l| self.lower_path(l)).collect();
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-        let res = if refs.len() == 1 {
-            Ok(())
+        // The stack as a detached mount, read through its descriptor: it never appears
+        // in a mount table.
+        let mnt = if refs.len() == 1 {
+            None
         } else {
-            forkd_sys::mount::mount_overlay(&refs, None, &mnt)
-                .map_err(|e| ApiError::internal(format!("mount stack to squash: {e}")))
+            Some(
+                forkd_sys::mount::overlay(&refs, None)
+                    .map_err(|e| ApiError::internal(format!("mount stack to squash: {e}")))?,
+            )
         };
-        let res = res.and_then(|()| {
-            let src = if refs.len() == 1 {
-                paths[0].clone()
-            } else {
-                mnt.clone()
-            };
-            self.layers
-                .import_dir(&src, &mut |_| {})
-                .map_err(|e| ApiError::from_chain("squash layers", &e))
-        });
-        let _ = host::unmount(&mnt);
-        let _ = std::fs::remove_dir(&mnt);
-        res
+        let src = match &mnt {
+            Some(m) => forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(m)),
+            None => paths[0].clone(),
+        };
+        self.layers
+            .import_dir(&src, &mut |_| {})
+            .map_err(|e| ApiError::from_chain("squash layers", &e))
     }
 }

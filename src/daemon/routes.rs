@@ -162,7 +162,18 @@ fn handle(
                 &serde_json::json!({ "removed": param("name") }),
             ))
         }
-        "listSandboxes" => Ok(Response::json(200, &d.list_sandboxes())),
+        "listSandboxes" => {
+            let stats = match req.query.get("stats").map(String::as_str) {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(other) => {
+                    return Err(ApiError::bad_request(format!(
+                        "query parameter stats must be true or false, not {other:?}"
+                    )))
+                }
+            };
+            Ok(Response::json(200, &d.list_sandboxes(stats)))
+        }
         "createSandbox" => {
             let sb = d.create_sandbox(req.json()?)?;
             Ok(Response::json(201, &d.info(&sb)))
@@ -299,7 +310,10 @@ impl Daemon {
                 sb.id, rec.status
             )));
         }
-        Ok(sb.rootfs())
+        match rec.init_pid {
+            Some(pid) => Ok(super::sandboxes::init_root(pid)),
+            None => Err(ApiError::conflict(format!("sandbox {} has no init", sb.id))),
+        }
     }
 
     /// Runs a command to completion inside the sandbox, through its init.

@@ -1,8 +1,9 @@
 //! The sandbox table: create, inspect, exec, stop, remove, and recovery after a restart.
 //!
-//! Each sandbox lives in `<root>/sandboxes/<id>/` with `upper/` and `work/` (its
-//! private overlay layers), `rootfs/` (the merged root, mounted in the host's mount
-//! namespace so the daemon can reach files and the init's socket), `state.json` (the
+//! Each sandbox lives in `<root>/sandboxes/<id>/` with `layer/{upper,work}` (its
+//! private overlay layer), `rootfs/` (where the merged root is attached inside the
+//! sandbox's own mount namespace; on the host it stays an empty directory, and the daemon
+//! reaches the root through the init, `/proc/<pid>/root`), `state.json` (the
 //! persisted [`SandboxRecord`], written atomically) and `execs.jsonl` (one line per exec:
 //! the sandbox's trajectory).
 //!
@@ -24,6 +25,7 @@ use forkd_sandbox::SandboxId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -72,8 +74,20 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// Where the sandbox's root is attached inside its own mount namespace (and where a
+    /// restored tree's root goes). On the host this is an empty directory: use
+    /// [`Sandbox::root`] to reach the files.
     pub fn rootfs(&self) -> PathBuf {
         self.dir.join("rootfs")
+    }
+    /// The sandbox's merged root as the daemon reaches it: through its running init
+    /// (the root lives in the sandbox's mount namespace only; see
+    /// `forkd_sys::mount`). `None` once the init is gone.
+    pub fn root(&self) -> Option<PathBuf> {
+        let rec = self.record.lock().unwrap();
+        rec.init_pid
+            .filter(|_| rec.status == SandboxStatus::Running)
+            .map(init_root)
     }
     /// The sandbox's own writable layer: a btrfs subvolume holding the overlay's
     /// `upper` and `work` directories (overlayfs copies up by renaming from `work` into
@@ -103,14 +117,21 @@ impl Daemon {
         super::find_by_prefix(&self.sandboxes.lock().unwrap(), id, "sandbox")
     }
 
-    pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
-        let table = self.sandboxes.lock().unwrap();
-        let mut out: Vec<SandboxInfo> = table.values().map(|sb| self.info(sb)).collect();
+    /// Every sandbox, oldest first; with `stats`, each with its cgroup's counters (two
+    /// file reads a sandbox). The table lock is held only to copy the entries out.
+    pub fn list_sandboxes(&self, stats: bool) -> Vec<SandboxInfo> {
+        let entries: Vec<Arc<Sandbox>> = self.sandboxes.lock().unwrap().values().cloned().collect();
+        let mut out: Vec<SandboxInfo> = entries.iter().map(|sb| self.describe(sb, stats)).collect();
         out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
         out
     }
 
+    /// A sandbox's description, with its cgroup's counters.
     pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
+        self.describe(sb, true)
+    }
+
+    fn describe(&self, sb: &Sandbox, stats: bool) -> SandboxInfo {
         let rec = sb.record.lock().unwrap().clone();
         let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
         SandboxInfo {
@@ -122,10 +143,16 @@ impl Daemon {
             init_pid: rec.init_pid,
             limits: rec.limits,
             labels: rec.labels,
-            rootfs: sb.rootfs().display().to_string(),
+            rootfs: match rec
+                .init_pid
+                .filter(|_| rec.status == SandboxStatus::Running)
+            {
+                Some(pid) => init_root(pid).display().to_string(),
+                None => sb.rootfs().display().to_string(),
+            },
             upper: sb.upper().display().to_string(),
-            memory_bytes: cg.memory_current(),
-            oom_kills: cg.oom_kills(),
+            memory_bytes: if stats { cg.memory_current() } else { None },
+            oom_kills: stats.then(|| cg.oom_kills()),
             cgroup: rec.cgroup,
             create_us: rec.create_us,
             network: rec
@@ -195,7 +222,8 @@ impl Daemon {
         })?;
         if let Some(mut cmd) = req.command {
             self.apply_image_defaults(&sb, &mut cmd);
-            if let Err(e) = host::start_exec(&sb.rootfs(), &cmd) {
+            let root = sb.root().unwrap_or_else(|| sb.rootfs());
+            if let Err(e) = host::start_exec(&root, &cmd) {
                 let msg = format!("start command in sandbox {id}: {e}");
                 let _ = self.remove_sandbox(&sb, true);
                 return Err(ApiError::bad_request(msg));
@@ -259,7 +287,9 @@ impl Daemon {
     }
 
     /// Makes the sandbox directory, its writable layer (a btrfs subvolume, so that a
-    /// checkpoint can snapshot it in O(1)), the overlay root, and the cgroup.
+    /// checkpoint can snapshot it in O(1)), the directory its root is attached at, and
+    /// the cgroup. The root itself is made by [`Daemon::root_mount`] when the sandbox's
+    /// processes start.
     fn prepare_root(&self, dir: &Path, record: &SandboxRecord) -> Result<(), ApiError> {
         let id = &record.id;
         let ctx = |step: &str| format!("sandbox {id}: {step}");
@@ -280,18 +310,31 @@ impl Daemon {
                 ApiError::internal(format!("{}: {e}", ctx(&format!("create {}", d.display()))))
             })?;
         }
-        let lowers: Vec<PathBuf> = record.lowers.iter().map(|l| self.lower_path(l)).collect();
-        let lower_refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
-        forkd_sys::mount::mount_overlay(
-            &lower_refs,
-            Some((&layer.join("upper"), &layer.join("work"))),
-            &rootfs,
-        )
-        .map_err(|e| ApiError::internal(format!("{}: {e}", ctx("mount root"))))?;
         let cg = Cgroup::new(&self.hierarchy, &record.cgroup);
         cg.create(&record.limits)
             .map_err(|e| ApiError::from_chain(&ctx("create cgroup"), &e))?;
         Ok(())
+    }
+
+    /// The sandbox's root: its lower layers and writable layer as one overlay, a
+    /// detached mount that the process making the sandbox's mount namespace (the set-up,
+    /// or CRIU for a branch) attaches there. It never enters the daemon's mount table,
+    /// so what every new sandbox copies and every mount operation on the host walks does
+    /// not grow with the number of sandboxes. Files can be placed in it first through
+    /// [`forkd_sys::mount::fd_path`].
+    pub(super) fn root_mount(
+        &self,
+        dir: &Path,
+        record: &SandboxRecord,
+    ) -> Result<std::os::fd::OwnedFd, ApiError> {
+        let lowers: Vec<PathBuf> = record.lowers.iter().map(|l| self.lower_path(l)).collect();
+        let lower_refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
+        let layer = dir.join("layer");
+        forkd_sys::mount::overlay(
+            &lower_refs,
+            Some((&layer.join("upper"), &layer.join("work"))),
+        )
+        .map_err(|e| ApiError::internal(format!("sandbox {}: mount root: {e}", record.id)))
     }
 
     /// Removes a sandbox directory, its upper subvolume included. Idempotent.
@@ -316,8 +359,14 @@ impl Daemon {
         let id = record.id.clone();
         let ctx = |step: &str| format!("sandbox {id}: {step}");
         let rootfs = dir.join("rootfs");
+        let root = self.root_mount(dir, record)?;
         let connected = match policy {
-            Some(p) => Some(self.connect(&id, p, &rootfs, &record.hostname)?),
+            Some(p) => Some(self.connect(
+                &id,
+                p,
+                &forkd_sys::mount::fd_path(root.as_fd()),
+                &record.hostname,
+            )?),
             None => None,
         };
         let spec = SetupSpec {
@@ -327,6 +376,7 @@ impl Daemon {
             cgroup: Some((self.hierarchy.clone(), record.cgroup.clone())),
             name_files: connected.is_some(),
             netns_fd: None,
+            root_fd: None,
         };
         if let Some(c) = &connected {
             record.lease = Some(c.lease.clone());
@@ -334,11 +384,12 @@ impl Daemon {
         let netns = connected
             .as_ref()
             .map(|c| std::os::fd::AsFd::as_fd(&c.netns));
-        let pid = host::start_init(&self.exe, &spec, netns)
+        let pid = host::start_init(&self.exe, &spec, netns, Some(root.as_fd()))
             .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
+        drop(root);
         record.init_pid = Some(pid);
         record.init_start = forkd_sys::process_start_time(pid);
-        host::wait_ready(&dir.join("rootfs"), Duration::from_secs(10))
+        host::wait_ready(&init_root(pid), Duration::from_secs(10))
             .map_err(|e| ApiError::from_chain(&ctx("wait for init"), &e))?;
         Ok(())
     }
@@ -358,6 +409,8 @@ impl Daemon {
         if let Some(pid) = pid {
             reap(pid);
         }
+        // The root went with the sandbox's mount namespace; only a sandbox made by an
+        // older daemon, which mounted roots on the host, still has one here.
         let rootfs = dir.join("rootfs");
         if let Err(e) = host::unmount(&rootfs) {
             log::warn(&format!("unmount {}: {e}", rootfs.display()));
@@ -562,3 +615,8 @@ fn reap(pid: i32) {
 }
 
 use super::log;
+
+/// The root of the sandbox whose init is `pid`, as the host reaches it.
+pub(super) fn init_root(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root"))
+}

@@ -194,7 +194,7 @@ class SandboxInfo(_Model):
     upper: str = ""
     cgroup: str = ""
     memory_bytes: Optional[int] = None
-    oom_kills: int = 0
+    oom_kills: Optional[int] = None
     create_us: int = 0
     network: Optional[NetworkInfo] = None
 

@@ -16,7 +16,7 @@
 use protobuf::{Message, MessageField};
 use rust_criu::rust_criu_protobuf::rpc;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -108,8 +108,12 @@ const NETNS_FD: i32 = 4;
 #[derive(Debug, Clone)]
 pub struct RestoreOpts {
     pub images_dir: PathBuf,
-    /// The new root filesystem as seen from the host (an overlay over the checkpoint).
+    /// Where the new root filesystem is (or is attached: see `root_mount`).
     pub root: PathBuf,
+    /// The new root as a detached mount (`forkd_sys::mount::overlay`), attached at `root`
+    /// in CRIU's own mount namespace, so that it appears only there and in the restored
+    /// tree's namespace, never in the caller's. Without one, `root` must be mounted.
+    pub root_mount: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// A directory of this restore's own for its log (and lazy-pages socket).
     pub work_dir: PathBuf,
     pub log_file: String,
@@ -135,6 +139,8 @@ struct Child<'a> {
     netns_fd: Option<i32>,
     /// That namespace, when the caller gives one; else a new one is made.
     netns: Option<&'a std::os::fd::OwnedFd>,
+    /// A detached mount to attach at this path in CRIU's mount namespace.
+    root_mount: Option<(&'a std::os::fd::OwnedFd, &'a Path)>,
 }
 
 /// The outcome of a dump.
@@ -392,6 +398,7 @@ impl Criu {
             join_cgroup_procs: &opts.join_cgroup_procs,
             netns_fd: Some(NETNS_FD),
             netns: opts.netns.as_deref(),
+            root_mount: opts.root_mount.as_deref().map(|m| (m, opts.root.as_path())),
         };
         let resp = self.call(rpc::Criu_req_type::RESTORE, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;
@@ -474,6 +481,12 @@ impl Criu {
         forkd_sys::inherit_fds(&mut cmd, fds);
         if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
             forkd_sys::fresh_netns_fd(&mut cmd, fd);
+        }
+        if let Some((mnt, at)) = child_setup.root_mount {
+            // After the hook that gives CRIU its own namespace, when there is one.
+            let own_namespace = self.private_run.is_none();
+            forkd_sys::attach_in_child(&mut cmd, mnt.as_fd(), at, own_namespace)
+                .map_err(io("attach the restored tree's root"))?;
         }
         let mut child = cmd
             .spawn()

@@ -51,18 +51,32 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
 }
 
 /// Starts the sandbox's init by running `exe __setup`; returns the init's host pid.
+///
+/// `root`, when given, is the sandbox's root as a detached mount
+/// ([`forkd_sys::mount::overlay`]): the set-up attaches it at `spec.rootfs` inside the
+/// sandbox's mount namespace, so it never appears in the caller's.
 pub fn start_init(
     exe: &Path,
     spec: &SetupSpec,
     netns: Option<std::os::fd::BorrowedFd<'_>>,
+    root: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<i32, HostError> {
+    use std::os::fd::AsRawFd;
+    const NETNS_FD: i32 = 3;
+    const ROOT_FD: i32 = 4;
     let mut cmd = Command::new(exe);
     let mut spec = spec.clone();
+    let mut fds = Vec::new();
     if let Some(ns) = netns {
-        use std::os::fd::AsRawFd;
-        const NETNS_FD: i32 = 3;
-        forkd_sys::inherit_fds(&mut cmd, vec![(ns.as_raw_fd(), NETNS_FD)]);
+        fds.push((ns.as_raw_fd(), NETNS_FD));
         spec.netns_fd = Some(NETNS_FD);
+    }
+    if let Some(mnt) = root {
+        fds.push((mnt.as_raw_fd(), ROOT_FD));
+        spec.root_fd = Some(ROOT_FD);
+    }
+    if !fds.is_empty() {
+        forkd_sys::inherit_fds(&mut cmd, fds);
     }
     let spec = &spec;
     let mut child = cmd

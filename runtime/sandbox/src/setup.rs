@@ -81,6 +81,11 @@ pub struct SetupSpec {
     /// a sandbox with egress, whose namespace the daemon has already given a veth.
     #[serde(default)]
     pub netns_fd: Option<i32>,
+    /// The root as a detached mount (inherited at this descriptor), attached at `rootfs`
+    /// in the sandbox's own mount namespace only; without one, `rootfs` is already
+    /// mounted where the caller runs and is bound onto itself.
+    #[serde(default)]
+    pub root_fd: Option<i32>,
 }
 
 /// What the set-up process prints on stdout.
@@ -247,14 +252,26 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
         None::<&str>,
     )
     .map_err(|e| ("mount", format!("make / private: {e}")))?;
-    mount(
-        Some(root),
-        root,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?;
+    match spec.root_fd {
+        Some(fd) => {
+            // The descriptor was installed at this number for this process alone.
+            let mnt = forkd_sys::own_fd(fd);
+            forkd_sys::mount::attach(std::os::fd::AsFd::as_fd(&mnt), root).map_err(|e| {
+                (
+                    "mount",
+                    format!("attach the root at {}: {e}", root.display()),
+                )
+            })?;
+        }
+        None => mount(
+            Some(root),
+            root,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?,
+    }
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     for d in ["proc", "sys", "tmp", ".forkd/run", ".forkd/logs"] {
         std::fs::create_dir_all(root.join(d)).map_err(|e| ("mount", format!("mkdir {d}: {e}")))?;

@@ -251,6 +251,9 @@ pub fn with_own_run(
             {
                 return Err(io::Error::last_os_error());
             }
+            if fresh_proc() < 0 {
+                return Err(io::Error::last_os_error());
+            }
             let bind = libc::MS_BIND | libc::MS_REC;
             if libc::mount(src.as_ptr(), c"/run".as_ptr(), none, bind, std::ptr::null()) < 0 {
                 return Err(io::Error::last_os_error());
@@ -266,6 +269,83 @@ pub fn with_own_run(
                 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// Mounts a procfs instance of its own on `/proc` (in a mount namespace the caller has
+/// just made). Returns what `mount(2)` returns. Async-signal safe.
+///
+/// Why: a lookup under `/proc/sys/net` walks one dentry per network namespace that has
+/// been looked up through the same procfs instance (they share a parent and a name, and
+/// only the compare tells them apart), and every sandbox has a network namespace of its
+/// own. CRIU looks up sysctls on every restore; through the host's `/proc`, after
+/// thousands of sandboxes, each lookup walks thousands of dentries. A fresh instance
+/// starts with an empty cache and goes with the namespace.
+fn fresh_proc() -> libc::c_int {
+    // SAFETY: constant NUL-terminated strings; no pointer is kept past the call.
+    unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    }
+}
+
+/// Makes `cmd` attach the detached mount `mnt` (see [`mount::overlay`]) at `target`
+/// before it runs, in its own mount namespace: with `own_namespace` one is made here (a
+/// slave copy of the caller's, as [`with_own_run`] makes), otherwise the command must
+/// already get one from a hook added before this one. The mount then exists in that
+/// namespace (and in the namespaces the command makes from it) and never in the caller's.
+/// `mnt` stays open in the caller; a mount can be attached once.
+pub fn attach_in_child(
+    cmd: &mut std::process::Command,
+    mnt: BorrowedFd<'_>,
+    target: &std::path::Path,
+    own_namespace: bool,
+) -> io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let fd = mnt.as_raw_fd();
+    let target = mount::c_path(target)?;
+    // SAFETY: the hook runs between fork and exec in the single-threaded child and makes
+    // only system calls (unshare, mount, move_mount) on a C string allocated before the
+    // fork; it allocates nothing. `fd` is open in the child until exec (the caller keeps
+    // it open for the duration of the spawn).
+    unsafe {
+        cmd.pre_exec(move || {
+            if own_namespace {
+                if libc::unshare(libc::CLONE_NEWNS) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let none = std::ptr::null::<libc::c_char>();
+                if libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_SLAVE,
+                    std::ptr::null(),
+                ) < 0
+                    || fresh_proc() < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::syscall(
+                libc::SYS_move_mount,
+                fd,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                target.as_ptr(),
+                mount::MOVE_MOUNT_F_EMPTY_PATH,
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });

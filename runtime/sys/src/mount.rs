@@ -14,6 +14,15 @@
 //! 4. `fsmount` turns it into a detached mount, and `move_mount` attaches that at the
 //!    target.
 //!
+//! A detached mount belongs to no mount namespace: it is in nobody's mount table until
+//! it is attached, and it can be attached by another process, in another namespace, that
+//! inherits the descriptor. That is how a sandbox's root reaches only the sandbox: the
+//! daemon builds it detached ([`overlay`]) and the process that makes the sandbox's
+//! mount namespace attaches it there ([`attach`], or [`crate::attach_in_child`] for a
+//! program the daemon starts), so the daemon's own mount table never grows with the
+//! number of sandboxes (every new namespace copies its creator's table, and every mount
+//! and unmount on the host takes a lock whose hold time grows with it).
+//!
 //! When a step fails, the kernel usually explains why in the context's message log
 //! (read from the `fsopen` descriptor); the error carries those lines.
 //!
@@ -35,7 +44,7 @@ const FSCONFIG_SET_STRING: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
 const MOUNT_ATTR_RDONLY: libc::c_uint = 0x1;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub(crate) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// A failed step of a mount, with what the kernel logged about it.
 ///
@@ -95,6 +104,14 @@ pub fn mount_overlay(
     upper: Option<(&Path, &Path)>,
     target: &Path,
 ) -> io::Result<()> {
+    let mnt = overlay(lowers, upper)?;
+    attach(mnt.as_fd(), target)
+}
+
+/// Builds an overlay as a detached mount (steps 1 to 4 above, without attaching it):
+/// the descriptor can be read through (`/proc/self/fd/N/...`) or handed to the process
+/// that attaches it. Errors as for [`mount_overlay`].
+pub fn overlay(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<OwnedFd> {
     if lowers.is_empty() || (upper.is_none() && lowers.len() < 2) {
         // Refused here because overlayfs explains it only in the kernel log.
         return Err(io::Error::new(
@@ -116,8 +133,19 @@ pub fn mount_overlay(
     } else {
         0
     };
-    let mnt = fs.mount(attrs)?;
-    move_mount_onto(mnt.as_fd(), target).map_err(io::Error::from)
+    fs.mount(attrs)
+}
+
+/// Attaches the detached mount `mnt` at `target` in the caller's mount namespace. A
+/// mount can be attached once.
+pub fn attach(mnt: BorrowedFd<'_>, target: &Path) -> io::Result<()> {
+    move_mount_onto(mnt, target).map_err(io::Error::from)
+}
+
+/// A path through which the caller reads what the descriptor `fd` refers to (for a
+/// detached mount, its root directory).
+pub fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// A filesystem context from `fsopen`.
