@@ -96,30 +96,7 @@ const DEBIAN_TREE: Tree = Tree {
     podman_image: "localhost/forkd-bench-debian",
 };
 
-/// The guest of part 3, as tests/guest.rs starts it: TCG (CRIU cannot dump KVM file
-/// descriptors), serial console to a file inside the sandbox.
-const QEMU_ARGV: &[&str] = &[
-    "qemu-system-x86_64",
-    "-accel",
-    "tcg",
-    "-m",
-    "256",
-    "-nographic",
-    "-nodefaults",
-    "-no-reboot",
-    "-nic",
-    "none",
-    "-serial",
-    "file:/guest/serial.log",
-    "-monitor",
-    "none",
-    "-kernel",
-    "/guest/vmlinuz",
-    "-initrd",
-    "/guest/initrd.gz",
-    "-append",
-    "console=ttyS0 quiet panic=-1",
-];
+use common::QEMU_ARGV;
 const GUEST_SERIAL: &str = "guest/serial.log";
 
 struct Config {
@@ -2225,12 +2202,9 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
             let (b, wall) = fork_timed(ctx, out, &ck.id, 1, lazy)?;
             series.add(&b, wall, 0);
             let b = &b[0];
-            let path = ctx
-                .data
-                .join("sandboxes")
-                .join(&b.id)
-                .join("rootfs")
-                .join(GUEST_SERIAL);
+            // A branch's root is attached in its own mount namespace only.
+            let path =
+                PathBuf::from(format!("/proc/{}/root", b.init_pid.unwrap_or(0))).join(GUEST_SERIAL);
             let running = loop {
                 if read_counter(&path).is_some_and(|c| c > at_checkpoint) {
                     break t0.elapsed();

@@ -1257,3 +1257,28 @@ pub fn bench_output_dir() -> PathBuf {
         .unwrap_or_else(|| manifest.join("target"));
     target.join("bench")
 }
+
+/// The QEMU guest of the benches, as tests/guest.rs starts it: TCG (CRIU cannot dump KVM file
+/// descriptors), serial console to a file inside the sandbox.
+pub const QEMU_ARGV: &[&str] = &[
+    "qemu-system-x86_64",
+    "-accel",
+    "tcg",
+    "-m",
+    "256",
+    "-nographic",
+    "-nodefaults",
+    "-no-reboot",
+    "-nic",
+    "none",
+    "-serial",
+    "file:/guest/serial.log",
+    "-monitor",
+    "none",
+    "-kernel",
+    "/guest/vmlinuz",
+    "-initrd",
+    "/guest/initrd.gz",
+    "-append",
+    "console=ttyS0 quiet panic=-1",
+];

@@ -749,6 +749,7 @@ impl Daemon {
                     images_dir: images.clone(),
                     root: dir.join("rootfs"),
                     root_mount: Some(std::sync::Arc::new(root)),
+                    mergeable: d.sharing.is_some(),
                     work_dir: work.clone(),
                     log_file: "restore.log".into(),
                     lazy_pages: lazy,
@@ -847,6 +848,9 @@ impl Daemon {
                 }
             }
             return Err(e);
+        }
+        if let (Some(sharing), Some(_)) = (&self.sharing, criu) {
+            sharing.forked();
         }
         Ok(ForkResult {
             checkpoint: c.id.to_string(),

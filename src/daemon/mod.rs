@@ -18,6 +18,7 @@ mod metrics;
 mod network;
 mod routes;
 mod sandboxes;
+mod sharing;
 
 use forkd_cgroups::Hierarchy;
 use forkd_layers::{ImageStore, LayerId, LayerStore};
@@ -64,6 +65,8 @@ pub struct Daemon {
     pub metrics: metrics::Metrics,
     /// Image builds in progress.
     pub builds: build::Builds,
+    /// Memory shared between branches (KSM), when `FORKD_KSM=on`.
+    pub sharing: Option<Arc<sharing::Sharing>>,
     /// Sandbox egress: the pool, the nftables table, `nft`.
     pub egress: forkd_net::Egress,
     /// The network lease of every sandbox that holds one.
@@ -262,7 +265,12 @@ impl Daemon {
         };
         let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
         let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);
+        let sharing = match sharing::Settings::from_env()? {
+            Some(s) => Some(sharing::Sharing::start(s)?),
+            None => None,
+        };
         let daemon = Arc::new(Daemon {
+            sharing,
             root: cfg.root.clone(),
             data,
             volume,
@@ -470,6 +478,9 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);
         daemon.release_volume_if_idle();
+        if let Some(s) = &daemon.sharing {
+            s.stop();
+        }
         log::info("daemon stopped; sandboxes keep running");
         Ok(())
     });

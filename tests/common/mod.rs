@@ -454,3 +454,17 @@ impl TestDaemon {
         }
     }
 }
+
+/// Polls `f` every 20 ms until it holds or `limit` passes; whether it held.
+pub fn wait_until(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

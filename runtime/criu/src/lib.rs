@@ -114,6 +114,9 @@ pub struct RestoreOpts {
     /// in CRIU's own mount namespace, so that it appears only there and in the restored
     /// tree's namespace, never in the caller's. Without one, `root` must be mounted.
     pub root_mount: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Open the restored tree's memory to KSM (`PR_SET_MEMORY_MERGE`, inherited by
+    /// every process CRIU forks), so that branches of one checkpoint can share pages.
+    pub mergeable: bool,
     /// A directory of this restore's own for its log (and lazy-pages socket).
     pub work_dir: PathBuf,
     pub log_file: String,
@@ -141,6 +144,8 @@ struct Child<'a> {
     netns: Option<&'a std::os::fd::OwnedFd>,
     /// A detached mount to attach at this path in CRIU's mount namespace.
     root_mount: Option<(&'a std::os::fd::OwnedFd, &'a Path)>,
+    /// Run with `PR_SET_MEMORY_MERGE`.
+    mergeable: bool,
 }
 
 /// The outcome of a dump.
@@ -399,6 +404,7 @@ impl Criu {
             netns_fd: Some(NETNS_FD),
             netns: opts.netns.as_deref(),
             root_mount: opts.root_mount.as_deref().map(|m| (m, opts.root.as_path())),
+            mergeable: opts.mergeable,
         };
         let resp = self.call(rpc::Criu_req_type::RESTORE, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;
@@ -481,6 +487,9 @@ impl Criu {
         forkd_sys::inherit_fds(&mut cmd, fds);
         if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
             forkd_sys::fresh_netns_fd(&mut cmd, fd);
+        }
+        if child_setup.mergeable {
+            forkd_sys::memory_merge_in_child(&mut cmd);
         }
         if let Some((mnt, at)) = child_setup.root_mount {
             // After the hook that gives CRIU its own namespace, when there is one.

@@ -276,6 +276,23 @@ pub fn with_own_run(
     Ok(())
 }
 
+/// Makes `cmd` run with `PR_SET_MEMORY_MERGE` (Linux 6.4+): every anonymous mapping it
+/// and the processes it forks make from then on is open to KSM, across `exec` too.
+pub fn memory_merge_in_child(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    const PR_SET_MEMORY_MERGE: libc::c_int = 67;
+    // SAFETY: the hook runs between fork and exec and makes one system call with integer
+    // arguments.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(PR_SET_MEMORY_MERGE, 1 as libc::c_ulong, 0, 0, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Mounts a procfs instance of its own on `/proc` (in a mount namespace the caller has
 /// just made). Returns what `mount(2)` returns. Async-signal safe.
 ///

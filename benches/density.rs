@@ -1,0 +1,484 @@
+//! Many branches alive at once: what one more costs as the number alive grows, and the
+//! memory branches of one checkpoint share. Not in CI (it takes minutes).
+//!
+//! Part 1, busybox branches (`FORKD_DENSITY_N`, default `100,1000,2000,5000`): one live
+//! checkpoint of a busybox shell loop that ticks every 10 s without forking (`read -t`
+//! on a FIFO: a loop that forks `sleep` every second makes thousands of processes a
+//! second at this size, and measures the machine's CPU, not forkd). Branches are forked
+//! 100 a request until N are alive; at each N: single forks, creates, execs, filesystem
+//! checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 10, p50/p90), the
+//! list and inspect requests, the whole `forkd ps` process, host memory per branch
+//! (MemAvailable drop / N) and the daemon's RSS; a sample of branches must answer an exec.
+//! Then every branch is removed, timed. podman's peer: `podman container restore
+//! --import` of an export of the same loop, one container after another, until
+//! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
+//! (default 1000) run: restore time at the first and the last 10, memory per container.
+//!
+//! Part 2, the QEMU guest (256 MiB, TCG) with `FORKD_KSM=on`: 1, 4 and 16 branches
+//! (`FORKD_DENSITY_QEMU`), host memory in total and per branch (MemAvailable drop and the
+//! branches' cgroup charge), the time until KSM's sharing settles and the CPU ksmd spent;
+//! every branch's guest counter must go on past the checkpoint's.
+//!
+//! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
+
+mod common;
+
+use anyhow::{bail, Context, Result};
+use common::{DaemonGuard, Podman, Report};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const LOOP: &str = "mkfifo /tmp/tick; exec 3<>/tmp/tick; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; read -t 10 x <&3; done";
+const BATCH: usize = 100;
+const PODMAN_IMAGE: &str = "localhost/forkd-bench-busybox";
+
+fn main() {
+    common::install_interrupt_handler();
+    if let Err(e) = run() {
+        eprintln!("bench density: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn list(name: &str, default: &str) -> Result<Vec<usize>> {
+    let v = std::env::var(name).unwrap_or_else(|_| default.to_string());
+    v.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{name}={v:?}"))
+        })
+        .collect()
+}
+
+fn us(t: Instant) -> u64 {
+    t.elapsed().as_micros() as u64
+}
+
+fn run() -> Result<()> {
+    let Some(debian) = common::root_and_debian("bench density")? else {
+        return Ok(());
+    };
+    let parts = std::env::var("FORKD_DENSITY_PARTS").unwrap_or_else(|_| "branches,qemu".into());
+    let samples = common::env_usize("FORKD_DENSITY_SAMPLES", 10)?;
+    let date = common::utc_now();
+    let load_start = common::load_average();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_forkd"));
+    let mut report = Report::new("density");
+    let podman = if parts.contains("branches") {
+        Podman::detect()?
+    } else {
+        None
+    };
+    if parts.contains("branches") {
+        std::env::remove_var("FORKD_KSM");
+        let d = DaemonGuard::start(&bin)?;
+        d.import(&common::fixture_image("busybox.tar"), "busybox")?;
+        branches(
+            &d,
+            &bin,
+            samples,
+            &list("FORKD_DENSITY_N", "100,1000,2000,5000")?,
+            &mut report,
+        )?;
+        drop(d.stop());
+        if let Some(p) = &podman {
+            podman_peer(p, &mut report)?;
+        }
+    }
+    if parts.contains("qemu") {
+        std::env::set_var("FORKD_KSM", "on");
+        let d = DaemonGuard::start(&bin)?;
+        std::env::remove_var("FORKD_KSM");
+        d.import(&debian, "debian")?;
+        qemu(&d, &list("FORKD_DENSITY_QEMU", "1,4,16")?, &mut report)?;
+        drop(d.stop());
+    }
+    let run = common::RunInfo::at_end(&date, &load_start);
+    let header = run.header(
+        json!({ "samples": samples, "parts": parts }),
+        ("peers", json!({ "podman": podman.as_ref().map(|p| json!({"version": p.version, "runtime": p.runtime})) })),
+    );
+    let title = run.title("peer: podman container restore --import (runc, the same CRIU)");
+    let (json_path, md_path, md) = report.write(&header, &title).context("write the report")?;
+    println!("{md}");
+    eprintln!("wrote {} and {}", json_path.display(), md_path.display());
+    Ok(())
+}
+
+fn fork(d: &DaemonGuard, ck: &str, n: usize) -> Result<Vec<String>> {
+    Ok(d.fork(ck, n, false)?
+        .branches
+        .into_iter()
+        .map(|b| b.id)
+        .collect())
+}
+
+/// Part 1.
+fn branches(
+    d: &DaemonGuard,
+    bin: &Path,
+    samples: usize,
+    ns: &[usize],
+    report: &mut Report,
+) -> Result<()> {
+    eprintln!("[1] busybox branches alive at N = {ns:?}");
+    let source = d.create_with(&json!({ "image": "busybox", "command": { "shell": LOOP } }))?;
+    let ck = d.checkpoint(&source.id, true, false)?;
+    let base_avail = common::mem_available_kib()?;
+    let mut alive: Vec<String> = Vec::new();
+    let mut table = Vec::new();
+    let mut rng = 0x2545f4914f6cdd1du64;
+    let mut pick = |alive: &[String]| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        alive[(rng % alive.len() as u64) as usize].clone()
+    };
+    for &n in ns {
+        let grow = Instant::now();
+        let before = alive.len();
+        while alive.len() < n {
+            common::check_interrupted()?;
+            let k = (n - alive.len()).min(BATCH);
+            alive.extend(fork(d, &ck.id, k)?);
+            eprint!("\r  {} alive", alive.len());
+        }
+        eprintln!();
+        let per_branch_batch = if alive.len() > before {
+            us(grow) / (alive.len() - before) as u64
+        } else {
+            0
+        };
+        let mut row = |what: &str, v: Vec<u64>| report.row(&format!("N={n}: {what}"), v);
+        let mut forks = Vec::new();
+        for _ in 0..samples {
+            let t = Instant::now();
+            alive.extend(fork(d, &ck.id, 1)?);
+            forks.push(us(t));
+        }
+        let fork_s = row("fork of one branch", forks);
+        let (mut creates, mut execs, mut cks, mut stops, mut rms) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for _ in 0..samples {
+            let t = Instant::now();
+            let sb = d.create_with(&json!({ "image": "busybox", "command": { "shell": LOOP } }))?;
+            creates.push(us(t));
+            let t = Instant::now();
+            d.exec_ok(&sb.id, &["true"])?;
+            execs.push(us(t));
+            let t = Instant::now();
+            let c = d.checkpoint(&sb.id, false, false)?;
+            cks.push(us(t));
+            d.remove_checkpoint(&c.id)?;
+            let t = Instant::now();
+            d.client().call::<serde_json::Value>(
+                "POST",
+                &format!("/v1/sandboxes/{}/stop", sb.id),
+                Some(&json!({ "grace_secs": 1 })),
+            )?;
+            stops.push(us(t));
+            let t = Instant::now();
+            d.remove(&sb.id)?;
+            rms.push(us(t));
+        }
+        let create_s = row("create", creates);
+        let exec_s = row("exec (true)", execs);
+        row("filesystem checkpoint", cks);
+        row("stop", stops);
+        row("remove", rms);
+        let (mut lists, mut inspects, mut ps) = (vec![], vec![], vec![]);
+        for _ in 0..samples {
+            let t = Instant::now();
+            let l: Vec<forkd::api::SandboxInfo> = d.client().call("GET", "/v1/sandboxes", None)?;
+            lists.push(us(t));
+            if l.len() < alive.len() {
+                bail!(
+                    "the list has {} sandboxes, {} are alive",
+                    l.len(),
+                    alive.len()
+                );
+            }
+            let t = Instant::now();
+            d.inspect(&pick(&alive))?;
+            inspects.push(us(t));
+            let t = Instant::now();
+            let out = std::process::Command::new(bin)
+                .arg("ps")
+                .env("FORKD_SOCKET", &d.socket)
+                .output()?;
+            if !out.status.success() {
+                bail!("forkd ps failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            ps.push(us(t));
+        }
+        let list_s = row("list request", lists);
+        row("inspect request", inspects);
+        row("forkd ps (whole process)", ps);
+        // Every sampled branch still runs its loop and answers.
+        let mut answered = 0;
+        for _ in 0..20 {
+            let id = pick(&alive);
+            if d.sh_ok(&id, "cat /tmp/count")
+                .map(|c| c.trim().parse::<u64>().is_ok())
+                .unwrap_or(false)
+            {
+                answered += 1;
+            }
+        }
+        let avail = common::mem_available_kib()?;
+        let per_branch_kib = base_avail.saturating_sub(avail) as f64 / alive.len() as f64;
+        let rss = d.rss_kib()?;
+        eprintln!(
+            "  N={n}: fork p50 {} create p50 {} exec p50 {} list p50 {}; {:.0} KiB a branch; {answered}/20 answered",
+            common::fmt_us(fork_s.p50), common::fmt_us(create_s.p50), common::fmt_us(exec_s.p50), common::fmt_us(list_s.p50), per_branch_kib
+        );
+        table.push(vec![
+            alive.len().to_string(),
+            common::fmt_us(per_branch_batch),
+            common::fmt_us(fork_s.p50),
+            common::fmt_us(create_s.p50),
+            common::fmt_us(exec_s.p50),
+            common::fmt_us(list_s.p50),
+            format!("{per_branch_kib:.0} KiB"),
+            format!("{rss} KiB"),
+            format!("{answered}/20"),
+        ]);
+    }
+    let t = Instant::now();
+    for id in &alive {
+        common::check_interrupted()?;
+        d.remove(id)?;
+    }
+    let removed = us(t);
+    d.remove(&source.id)?;
+    d.remove_checkpoint(&ck.id)?;
+    report.tables.push(common::Table {
+        title: "Busybox branches alive (p50; memory = MemAvailable drop / alive)".into(),
+        header: [
+            "alive",
+            "fork, per branch in batches of 100",
+            "fork of one",
+            "create",
+            "exec",
+            "list",
+            "host memory a branch",
+            "daemon RSS",
+            "sampled branches answering",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        rows: table,
+    });
+    report.sections.push((
+        "Removal".into(),
+        vec![(
+            format!("remove all {} branches, one request each", alive.len()),
+            format!(
+                "{} ({} a branch)",
+                common::fmt_us(removed),
+                common::fmt_us(removed / alive.len().max(1) as u64)
+            ),
+        )],
+    ));
+    Ok(())
+}
+
+/// podman: containers restored from one export, one after another, until the budget.
+fn podman_peer(p: &Podman, report: &mut Report) -> Result<()> {
+    let budget = Duration::from_secs(common::env_usize("FORKD_DENSITY_PODMAN_SECS", 300)? as u64);
+    let max = common::env_usize("FORKD_DENSITY_PODMAN_MAX", 1000)?;
+    eprintln!(
+        "[1p] podman restores for up to {} s or {max} containers",
+        budget.as_secs()
+    );
+    p.import(&common::fixture_image("busybox.tar"), PODMAN_IMAGE)?;
+    let scratch = common::unique_temp_dir("forkd-bench-density")?;
+    let export = scratch.join("loop.tar");
+    let src =
+        common::PodmanContainer::start(p, "forkd-density-src", PODMAN_IMAGE, &["sh", "-c", LOOP])?;
+    std::thread::sleep(Duration::from_millis(300));
+    common::run_checked(
+        p.command()
+            .args(["container", "checkpoint", "--export"])
+            .arg(&export)
+            .arg(&src.name),
+    )?;
+    drop(src);
+    let base_avail = common::mem_available_kib()?;
+    let started = Instant::now();
+    let mut names = Vec::new();
+    let mut times = Vec::new();
+    while names.len() < max && started.elapsed() < budget {
+        common::check_interrupted()?;
+        let name = format!("forkd-density-{}", names.len());
+        let t = Instant::now();
+        common::run_checked(
+            p.command()
+                .args(["container", "restore", "--import"])
+                .arg(&export)
+                .args(["--name", &name]),
+        )?;
+        times.push(us(t));
+        names.push(name);
+    }
+    let per_kib =
+        base_avail.saturating_sub(common::mem_available_kib()?) as f64 / names.len().max(1) as f64;
+    let first: Vec<u64> = times.iter().take(10).copied().collect();
+    let last: Vec<u64> = times.iter().rev().take(10).copied().collect();
+    report.row("podman: restore --import, first 10", first);
+    report.row(
+        &format!("podman: restore --import, last 10 (N={})", names.len()),
+        last,
+    );
+    let t = Instant::now();
+    for chunk in names.chunks(50) {
+        let _ = p
+            .command()
+            .args(["rm", "-f", "-t", "0"])
+            .args(chunk)
+            .output();
+    }
+    report.sections.push((
+        "podman".into(),
+        vec![
+            (
+                "containers restored within the budget".into(),
+                names.len().to_string(),
+            ),
+            (
+                "host memory a container".into(),
+                format!("{per_kib:.0} KiB"),
+            ),
+            (
+                "remove all (podman rm -f, 50 a call)".into(),
+                common::fmt_us(us(t)),
+            ),
+        ],
+    ));
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+fn ksm(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time of ksmd, in clock ticks.
+fn ksmd_ticks() -> u64 {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim() == "ksmd") {
+            let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+            let f: Vec<&str> = stat[stat.rfind(')').map(|i| i + 2).unwrap_or(0)..]
+                .split(' ')
+                .collect();
+            return f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    0
+}
+
+fn guest_counter(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/root/guest/serial.log")).ok()?;
+    let complete = &text[..text.rfind('\n')?];
+    complete.lines().rev().find_map(|l| {
+        let rest = &l[l.find("forkd-guest counter=")? + "forkd-guest counter=".len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Part 2.
+fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
+    eprintln!("[2] QEMU guest branches with KSM, {counts:?}");
+    let cache = common::cache_dir().join("qemu");
+    let (kernel, initrd) = (cache.join("vmlinuz"), cache.join("initrd.gz"));
+    if !kernel.is_file() || !initrd.is_file() {
+        return common::skip(
+            "density: QEMU part",
+            "guest fixture missing (fixtures/setup.sh qemu)",
+        );
+    }
+    let sb = d.create("debian")?;
+    d.put_files(&sb.id, "/guest", &[&kernel, &initrd])?;
+    d.exec_detached(&sb.id, common::QEMU_ARGV, "qemu")?;
+    let pid = sb.init_pid.unwrap_or(0);
+    if !common::wait_until(Duration::from_secs(120), || {
+        guest_counter(pid).is_some_and(|c| c >= 5)
+    }) {
+        bail!("the guest printed no counter within 120 s");
+    }
+    // The counter at the checkpoint is at least the one read just before it.
+    let at_ck = guest_counter(pid).unwrap_or(0);
+    let ck = d.checkpoint(&sb.id, true, true)?;
+    let mut rows = Vec::new();
+    for &n in counts {
+        // Let memory freed by the previous round come back first.
+        std::thread::sleep(Duration::from_secs(3));
+        let avail0 = common::mem_available_kib()?;
+        let ticks0 = ksmd_ticks();
+        let t = Instant::now();
+        let ids = fork(d, &ck.id, n)?;
+        let forked = t.elapsed();
+        let unshared_kib = avail0.saturating_sub(common::mem_available_kib()?);
+        // Settled: pages_sharing has not grown for 5 s (at most 180 s).
+        let t = Instant::now();
+        let (mut last, mut since) = (ksm("pages_sharing"), Instant::now());
+        while t.elapsed() < Duration::from_secs(180) && since.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = ksm("pages_sharing");
+            if now > last + 64 {
+                last = now;
+                since = Instant::now();
+            }
+        }
+        let settle = t.elapsed().saturating_sub(Duration::from_secs(5));
+        let cpu_s = ksmd_ticks().saturating_sub(ticks0) as f64 / 100.0;
+        let total_kib = avail0.saturating_sub(common::mem_available_kib()?);
+        let mut charged = 0u64;
+        let mut going = 0;
+        for id in &ids {
+            let info = d.inspect(id)?;
+            charged += info.memory_bytes.unwrap_or(0);
+            let p = info.init_pid.unwrap_or(0);
+            if common::wait_until(Duration::from_secs(30), || {
+                guest_counter(p).is_some_and(|c| c > at_ck)
+            }) {
+                going += 1;
+            }
+        }
+        eprintln!("  {n} branches: {} MiB after KSM ({} before), settled in {:.1} s, ksmd {cpu_s:.1} s CPU; {going}/{n} guests counting", total_kib / 1024, unshared_kib / 1024, settle.as_secs_f64());
+        rows.push(vec![
+            n.to_string(),
+            common::fmt_us(forked.as_micros() as u64),
+            format!("{} MiB", unshared_kib / 1024),
+            format!("{} MiB", total_kib / 1024),
+            format!("{} MiB", total_kib / 1024 / n as u64),
+            format!("{} MiB", charged >> 20),
+            format!("{:.1} s", settle.as_secs_f64()),
+            format!("{cpu_s:.1} s"),
+            format!("{} ({} sharing)", ksm("pages_shared"), ksm("pages_sharing")),
+            format!("{going}/{n}"),
+        ]);
+        for id in &ids {
+            d.remove(id)?;
+        }
+    }
+    report.tables.push(common::Table {
+        title: "QEMU 256 MiB TCG guest: branches of one checkpoint with KSM (memory = MemAvailable drop)".into(),
+        header: ["branches", "fork", "host memory right after the fork", "host memory, settled", "a branch, settled", "branches' cgroup charge", "settle time", "ksmd CPU", "KSM pages shared", "guests counting on"].iter().map(|s| s.to_string()).collect(),
+        rows,
+    });
+    let _ = d.remove(&sb.id);
+    let _ = d.remove_checkpoint(&ck.id);
+    Ok(())
+}

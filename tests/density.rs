@@ -1,0 +1,173 @@
+//! The mechanisms that keep a sandbox's cost independent of how many are alive
+//! (docs/DESIGN.md, "Many sandboxes"), and the semantics of memory shared between
+//! branches. The numbers at thousands of branches are in benches/density.rs.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+const LOOP: &str = "mkfifo /tmp/tick; exec 3<>/tmp/tick; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; read -t 10 x <&3; done";
+
+fn mount_lines(d: &TestDaemon, id: &str) -> usize {
+    let (code, out, err) = d.sh(id, "wc -l < /proc/self/mountinfo");
+    assert_eq!(code, 0, "{err}");
+    out.trim().parse().unwrap()
+}
+
+/// The host's mounts below the daemon's state root (its volume, CRIU's `/run`).
+fn host_mounts(d: &TestDaemon) -> Vec<String> {
+    mounts_under(&d.root)
+}
+
+#[test]
+fn roots_stay_out_of_the_host_mount_table_and_tables_do_not_grow() {
+    let name = "roots_stay_out_of_the_host_mount_table_and_tables_do_not_grow";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start("density-mounts");
+    let host_before = host_mounts(&d);
+    let first = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let fresh_table = mount_lines(&d, &first.id);
+    let ck = d.checkpoint(&first.id, true);
+    let b = d.fork(&ck.id, 1, false).branches.remove(0);
+    let branch_table = mount_lines(&d, &b.id);
+    // Sixteen more, half fresh and half branches.
+    for _ in 0..8 {
+        d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    }
+    d.fork(&ck.id, 8, false);
+    let last = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let last_b = d.fork(&ck.id, 1, false).branches.remove(0);
+    // What a set-up and a restore see does not depend on how many sandboxes exist.
+    assert_eq!(mount_lines(&d, &last.id), fresh_table);
+    assert_eq!(mount_lines(&d, &last_b.id), branch_table);
+    // No root was ever attached on the host: its table is as it was before the first.
+    assert!(d.sandbox_mounts().is_empty(), "{:?}", d.sandbox_mounts());
+    assert_eq!(host_mounts(&d), host_before);
+    // The daemon reaches every root through the init, and each is the sandbox's own.
+    d.sh(&last_b.id, "echo mine > /tmp/who");
+    let info: forkd::api::SandboxInfo = d
+        .client
+        .call("GET", &format!("/v1/sandboxes/{}", last_b.id), None)
+        .unwrap();
+    assert_eq!(
+        info.rootfs,
+        format!("/proc/{}/root", info.init_pid.unwrap())
+    );
+    let who = std::path::Path::new(&info.rootfs).join("tmp/who");
+    assert_eq!(std::fs::read_to_string(who).unwrap(), "mine\n");
+    let (_, other, _) = d.sh(&b.id, "cat /tmp/who 2>/dev/null || echo absent");
+    assert_eq!(other, "absent\n");
+    // A list reads no cgroup unless asked; inspect always does.
+    let list: Vec<forkd::api::SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert_eq!(list.len(), 20);
+    assert!(list
+        .iter()
+        .all(|s| s.memory_bytes.is_none() && s.oom_kills.is_none()));
+    let list: Vec<forkd::api::SandboxInfo> = d
+        .client
+        .call("GET", "/v1/sandboxes?stats=true", None)
+        .unwrap();
+    assert!(list.iter().all(|s| s.oom_kills == Some(0)), "{list:?}");
+    assert!(list.iter().any(|s| s.memory_bytes.is_some_and(|m| m > 0)));
+    let bad = d
+        .client
+        .call::<serde_json::Value>("GET", "/v1/sandboxes?stats=yes", None);
+    let e = format!("{}", bad.unwrap_err());
+    assert!(e.contains("stats must be true or false"), "{e}");
+}
+
+fn ksm(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A Python process holding 4,096 identical anonymous pages waits for a word in
+/// /tmp/go: `drop` discards the first half (`MADV_DONTNEED`), then it reports what both
+/// halves read.
+const PAGES: &str = r#"
+import mmap, os, time
+n = 4096
+m = mmap.mmap(-1, n * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+page = b"\x5a" * 4096
+for i in range(n):
+    m[i * 4096:(i + 1) * 4096] = page
+open("/tmp/ready", "w").write("ready")
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.02)
+if open("/tmp/go").read().strip() == "drop":
+    m.madvise(mmap.MADV_DONTNEED, 0, n // 2 * 4096)
+half = n // 2 * 4096
+zeros = m[:half] == b"\0" * half
+kept = m[half:] == page * (n // 2)
+first = m[:half] == page * (n // 2)
+open("/tmp/result", "w").write(f"zeros={zeros} kept={kept} first={first}")
+time.sleep(10**6)
+"#;
+
+#[test]
+fn a_discarded_page_reads_zeros_in_a_branch_whose_pages_are_merged() {
+    let name = "a_discarded_page_reads_zeros_in_a_branch_whose_pages_are_merged";
+    if !can_run_criu(name) {
+        return;
+    }
+    if !require(
+        name,
+        std::path::Path::new("/sys/kernel/mm/ksm/run").exists(),
+        "the kernel has no KSM",
+    ) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let run_knob = || {
+        std::fs::read_to_string("/sys/kernel/mm/ksm/run")
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let found = run_knob();
+    let d = TestDaemon::start_with_env("density-ksm", &[("FORKD_KSM", "on")]);
+    assert_eq!(run_knob(), "1");
+    d.import(&debian, "debian");
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["python3", "-c", PAGES] } }),
+    );
+    let ready = wait_until(Duration::from_secs(30), || {
+        d.sh(&sb.id, "cat /tmp/ready 2>/dev/null").1 == "ready"
+    });
+    assert!(ready, "the page holder never got ready");
+    let ck = d.checkpoint(&sb.id, true);
+    let sharing_before = ksm("pages_sharing");
+    let branches = d.fork(&ck.id, 2, false).branches;
+    // The branches' identical pages are merged (with each other and within each).
+    let merged = wait_until(Duration::from_secs(60), || {
+        ksm("pages_sharing") >= sharing_before + 4096
+    });
+    assert!(
+        merged,
+        "KSM merged {} pages",
+        ksm("pages_sharing") - sharing_before
+    );
+    d.sh(&branches[0].id, "echo drop > /tmp/go");
+    d.sh(&branches[1].id, "echo keep > /tmp/go");
+    let result = |id: &str| {
+        let mut out = String::new();
+        wait_until(Duration::from_secs(30), || {
+            out = d.sh(id, "cat /tmp/result 2>/dev/null").1;
+            !out.is_empty()
+        });
+        out
+    };
+    // Discarded merged pages read back as zeros; the rest and the sibling are untouched.
+    assert_eq!(result(&branches[0].id), "zeros=True kept=True first=False");
+    assert_eq!(result(&branches[1].id), "zeros=False kept=True first=True");
+    drop(d);
+    // The daemon put the machine's KSM setting back when it stopped.
+    assert_eq!(run_knob(), found);
+}
