@@ -40,7 +40,10 @@ def test_sandbox_lifecycle(client: forkd.Client) -> None:
         "busybox", hostname="py", memory_bytes=256 << 20, pids=128, labels={"k": "v"}, command="echo started; sleep 1000"
     )
     assert sb.running and sb.hostname == "py" and sb.limits.memory_bytes == 256 << 20 and sb.labels == {"k": "v"}
-    assert sb.id in {s.id for s in client.list_sandboxes()}
+    listed = {s.id: s for s in client.list_sandboxes()}
+    assert sb.id in listed and listed[sb.id].memory_bytes is None and listed[sb.id].oom_kills is None
+    counted = {s.id: s for s in client.list_sandboxes(stats=True)}
+    assert counted[sb.id].oom_kills == 0 and (counted[sb.id].memory_bytes or 0) > 0
     assert client.inspect(sb.id[:8]).id == sb.id
     r = client.exec(sb.id, "hostname")
     assert r.stdout == b"py\n"

@@ -147,9 +147,10 @@ def remove_image(name: str) -> Call[str]:
 # Sandboxes.
 
 
-def list_sandboxes() -> Call[list[t.SandboxInfo]]:
-    """`listSandboxes`."""
-    return json_call("GET", "/v1/sandboxes", lambda d: [t.SandboxInfo.from_json(x) for x in d])
+def list_sandboxes(stats: bool = False) -> Call[list[t.SandboxInfo]]:
+    """`listSandboxes`; with `stats`, each with its cgroup's counters."""
+    query = {"stats": "true"} if stats else {}
+    return json_call("GET", "/v1/sandboxes", lambda d: [t.SandboxInfo.from_json(x) for x in d], query=query)
 
 
 NetworkArg = Union[None, str, "t.Network", Mapping[str, Any]]

@@ -99,9 +99,9 @@ class Client:
         """Removes an image no sandbox uses; returns its name."""
         return self._send(_ops.remove_image(name))
 
-    def list_sandboxes(self) -> list[t.SandboxInfo]:
-        """Every sandbox, running or stopped."""
-        return self._send(_ops.list_sandboxes())
+    def list_sandboxes(self, stats: bool = False) -> list[t.SandboxInfo]:
+        """Every sandbox, running or stopped; with `stats`, with memory use and OOM kills."""
+        return self._send(_ops.list_sandboxes(stats))
 
     def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None) -> t.SandboxInfo:
         """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out are unlimited (`cpu_millis` is thousandths of a CPU). `network` is `"none"` (the default: loopback only), `"egress"` or `"allowlist=HOST,..."` (or a `types.Network`)."""

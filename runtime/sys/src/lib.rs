@@ -237,23 +237,10 @@ pub fn with_own_run(
     // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::unshare(libc::CLONE_NEWNS) < 0 {
+            if own_mount_namespace() < 0 {
                 return Err(io::Error::last_os_error());
             }
             let none = std::ptr::null::<libc::c_char>();
-            if libc::mount(
-                none,
-                c"/".as_ptr(),
-                none,
-                libc::MS_REC | libc::MS_SLAVE,
-                std::ptr::null(),
-            ) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            if fresh_proc() < 0 {
-                return Err(io::Error::last_os_error());
-            }
             let bind = libc::MS_BIND | libc::MS_REC;
             if libc::mount(src.as_ptr(), c"/run".as_ptr(), none, bind, std::ptr::null()) < 0 {
                 return Err(io::Error::last_os_error());
@@ -291,6 +278,29 @@ pub fn memory_merge_in_child(cmd: &mut std::process::Command) {
             Ok(())
         });
     }
+}
+
+/// Moves the calling process into a mount namespace of its own: a copy of its current
+/// one, made a slave of it, with a procfs instance of its own on `/proc` (see
+/// [`fresh_proc`]). Returns 0, or -1 with `errno` set. Async-signal safe.
+fn own_mount_namespace() -> libc::c_int {
+    let none = std::ptr::null::<libc::c_char>();
+    // SAFETY: integer flags and constant NUL-terminated strings; no pointer is kept past
+    // the calls.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) < 0
+            || libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            ) < 0
+        {
+            return -1;
+        }
+    }
+    fresh_proc()
 }
 
 /// Mounts a procfs instance of its own on `/proc` (in a mount namespace the caller has
@@ -336,22 +346,8 @@ pub fn attach_in_child(
     // it open for the duration of the spawn).
     unsafe {
         cmd.pre_exec(move || {
-            if own_namespace {
-                if libc::unshare(libc::CLONE_NEWNS) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let none = std::ptr::null::<libc::c_char>();
-                if libc::mount(
-                    none,
-                    c"/".as_ptr(),
-                    none,
-                    libc::MS_REC | libc::MS_SLAVE,
-                    std::ptr::null(),
-                ) < 0
-                    || fresh_proc() < 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+            if own_namespace && own_mount_namespace() < 0 {
+                return Err(io::Error::last_os_error());
             }
             if libc::syscall(
                 libc::SYS_move_mount,
