@@ -132,34 +132,43 @@ impl Daemon {
     }
 
     fn describe(&self, sb: &Sandbox, stats: bool) -> SandboxInfo {
-        let rec = sb.record.lock().unwrap().clone();
-        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
-        SandboxInfo {
-            id: rec.id.to_string(),
-            image: rec.image,
-            status: rec.status,
-            created: rec.created,
-            hostname: rec.hostname,
-            init_pid: rec.init_pid,
-            limits: rec.limits,
-            labels: rec.labels,
-            rootfs: match rec
-                .init_pid
-                .filter(|_| rec.status == SandboxStatus::Running)
-            {
-                Some(pid) => init_root(pid).display().to_string(),
-                None => sb.rootfs().display().to_string(),
-            },
-            upper: sb.upper().display().to_string(),
-            memory_bytes: if stats { cg.memory_current() } else { None },
-            oom_kills: stats.then(|| cg.oom_kills()),
-            cgroup: rec.cgroup,
-            create_us: rec.create_us,
-            network: rec
-                .lease
-                .as_ref()
-                .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
+        // Only the fields shown are copied, under the record's lock; the cgroup is read
+        // after it is released.
+        let mut info = {
+            let rec = sb.record.lock().unwrap();
+            SandboxInfo {
+                id: rec.id.to_string(),
+                image: rec.image.clone(),
+                status: rec.status,
+                created: rec.created,
+                hostname: rec.hostname.clone(),
+                init_pid: rec.init_pid,
+                limits: rec.limits.clone(),
+                labels: rec.labels.clone(),
+                rootfs: match rec
+                    .init_pid
+                    .filter(|_| rec.status == SandboxStatus::Running)
+                {
+                    Some(pid) => init_root(pid).display().to_string(),
+                    None => sb.rootfs().display().to_string(),
+                },
+                upper: sb.upper().display().to_string(),
+                memory_bytes: None,
+                oom_kills: None,
+                cgroup: rec.cgroup.clone(),
+                create_us: rec.create_us,
+                network: rec
+                    .lease
+                    .as_ref()
+                    .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
+            }
+        };
+        if stats {
+            let cg = Cgroup::new(&self.hierarchy, &info.cgroup);
+            info.memory_bytes = cg.memory_current();
+            info.oom_kills = Some(cg.oom_kills());
         }
+        info
     }
 
     /// Creates and starts a sandbox from an image.
