@@ -96,7 +96,6 @@ const DEBIAN_TREE: Tree = Tree {
     podman_image: "localhost/forkd-bench-debian",
 };
 
-use common::QEMU_ARGV;
 const GUEST_SERIAL: &str = "guest/serial.log";
 
 struct Config {
@@ -2098,7 +2097,7 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
     }
     d.put_files(&sb.id, "/guest", &[&kernel, &initrd])?;
     let booted = Instant::now();
-    d.exec_detached(&sb.id, QEMU_ARGV, "qemu")?;
+    d.exec_detached(&sb.id, &common::qemu_argv(), "qemu")?;
     let serial = Path::new(&sb.rootfs).join(GUEST_SERIAL);
     loop {
         if read_counter(&serial).is_some_and(|c| c >= 5) {

@@ -410,7 +410,7 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
     }
     let sb = d.create("debian")?;
     d.put_files(&sb.id, "/guest", &[&kernel, &initrd])?;
-    d.exec_detached(&sb.id, common::QEMU_ARGV, "qemu")?;
+    d.exec_detached(&sb.id, &common::qemu_argv(), "qemu")?;
     let pid = sb.init_pid.unwrap_or(0);
     if !common::wait_until(Duration::from_secs(120), || {
         guest_counter(pid).is_some_and(|c| c >= 5)

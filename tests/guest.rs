@@ -338,28 +338,10 @@ fn qemu_guest_resumes_in_every_branch() {
         ms(copied)
     );
 
-    let qemu_argv = [
-        "qemu-system-x86_64",
-        "-accel",
-        "tcg",
-        "-m",
-        "256",
-        "-nographic",
-        "-nodefaults",
-        "-no-reboot",
-        "-nic",
-        "none",
-        "-serial",
-        "file:/guest/serial.log",
-        "-monitor",
-        "none",
-        "-kernel",
-        "/guest/vmlinuz",
-        "-initrd",
-        "/guest/initrd.gz",
-        "-append",
-        "console=ttyS0 quiet panic=-1",
-    ];
+    // The same guest as the benches (one argument a line).
+    let qemu_argv: Vec<&str> = include_str!("../fixtures/qemu/sandbox-argv")
+        .lines()
+        .collect();
     let booted = Instant::now();
     let qemu_pid = d.detach(&src.id, &qemu_argv, &[], "qemu");
     // Boot under TCG takes a few seconds; wait for a handful of counter lines.

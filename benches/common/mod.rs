@@ -1258,27 +1258,12 @@ pub fn bench_output_dir() -> PathBuf {
     target.join("bench")
 }
 
-/// The QEMU guest of the benches, as tests/guest.rs starts it: TCG (CRIU cannot dump KVM file
-/// descriptors), serial console to a file inside the sandbox.
-pub const QEMU_ARGV: &[&str] = &[
-    "qemu-system-x86_64",
-    "-accel",
-    "tcg",
-    "-m",
-    "256",
-    "-nographic",
-    "-nodefaults",
-    "-no-reboot",
-    "-nic",
-    "none",
-    "-serial",
-    "file:/guest/serial.log",
-    "-monitor",
-    "none",
-    "-kernel",
-    "/guest/vmlinuz",
-    "-initrd",
-    "/guest/initrd.gz",
-    "-append",
-    "console=ttyS0 quiet panic=-1",
-];
+/// The QEMU guest of the benches and tests/guest.rs, run inside a Debian sandbox
+/// holding the fixture's kernel and initramfs in /guest: TCG (CRIU cannot dump KVM file
+/// descriptors), serial console to a file. One argument a line in
+/// fixtures/qemu/sandbox-argv.
+pub fn qemu_argv() -> Vec<&'static str> {
+    include_str!("../../fixtures/qemu/sandbox-argv")
+        .lines()
+        .collect()
+}
