@@ -492,6 +492,27 @@ fn cli_reports_errors_and_exit_codes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
     let out = d.cli(&["ps", "-q"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), id);
+    // Memory use only when asked for (two cgroup reads a sandbox).
+    let plain = String::from_utf8_lossy(&d.cli(&["ps"]).stdout).to_string();
+    assert!(plain.contains(&id) && !plain.contains("MEMORY"), "{plain}");
+    let with = String::from_utf8_lossy(&d.cli(&["ps", "--stats"]).stdout).to_string();
+    assert!(with.lines().next().unwrap().contains("MEMORY"), "{with}");
+    assert!(with.lines().nth(1).unwrap().contains('M'), "{with}");
+    // A reader that is gone (`forkd ps | head -0`) ends the listing quietly.
+    let (r, w) = nix::unistd::pipe().unwrap();
+    drop(r);
+    let out = std::process::Command::new(BIN)
+        .args(["ps"])
+        .env("FORKD_SOCKET", &d.socket)
+        .stdout(std::process::Stdio::from(w))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("panicked"),
+        "{:?}: {err}",
+        out.status
+    );
     // Without a daemon the CLI says how to start one.
     let out = std::process::Command::new(BIN)
         .args(["ps"])

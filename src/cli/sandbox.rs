@@ -110,27 +110,44 @@ pub fn ps(ctx: &Ctx, quiet: bool, all: bool, stats: bool) -> anyhow::Result<i32>
         .collect();
     if ctx.json {
         ctx.print_json(&list);
-    } else if quiet {
-        list.iter().for_each(|s| println!("{}", s.id));
+        return Ok(0);
+    }
+    // The table is written at once, and a reader that stops early (`| head`) ends the
+    // listing quietly.
+    let mut text = String::new();
+    if quiet {
+        list.iter()
+            .for_each(|s| text.push_str(&format!("{}\n", s.id)));
     } else {
-        println!(
-            "{:<16}  {:<24} {:<8} {:>8} {:>10}  HOSTNAME",
-            "ID", "IMAGE", "STATUS", "PID", "MEMORY"
-        );
+        let memory = if stats {
+            format!(" {:>10}", "MEMORY")
+        } else {
+            String::new()
+        };
+        text.push_str(&format!(
+            "{:<16}  {:<24} {:<8} {:>8}{memory}  HOSTNAME\n",
+            "ID", "IMAGE", "STATUS", "PID"
+        ));
         for s in list {
-            let mem = s
-                .memory_bytes
-                .map(|b| format!("{:.1}M", b as f64 / 1048576.0))
-                .unwrap_or_else(|| "-".into());
+            let mem = match (stats, s.memory_bytes) {
+                (false, _) => String::new(),
+                (true, Some(b)) => format!(" {:>10}", format!("{:.1}M", b as f64 / 1048576.0)),
+                (true, None) => format!(" {:>10}", "-"),
+            };
             let pid = s
                 .init_pid
                 .map(|p| p.to_string())
                 .unwrap_or_else(|| "-".into());
-            println!(
-                "{:<16}  {:<24} {:<8} {:>8} {:>10}  {}",
-                s.id, s.image, s.status, pid, mem, s.hostname
-            );
+            text.push_str(&format!(
+                "{:<16}  {:<24} {:<8} {:>8}{mem}  {}\n",
+                s.id, s.image, s.status, pid, s.hostname
+            ));
         }
+    }
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
     }
     Ok(0)
 }
