@@ -2035,18 +2035,6 @@ fn fork_checks(report: &mut Report, cfg: &Config, debian: bool) {
 // Part 3: a QEMU guest
 
 /// The last counter of complete `forkd-guest counter=N ...` lines in a serial log.
-fn last_counter(text: &str) -> Option<u64> {
-    let complete = &text[..text.rfind('\n')?];
-    complete.lines().rev().find_map(|l| {
-        let rest = &l[l.find("forkd-guest counter=")? + "forkd-guest counter=".len()..];
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
-fn read_counter(path: &Path) -> Option<u64> {
-    let bytes = std::fs::read(path).ok()?;
-    last_counter(&String::from_utf8_lossy(&bytes))
-}
 
 struct GuestMemory {
     cgroup_bytes: Option<u64>,
@@ -2100,7 +2088,7 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
     d.exec_detached(&sb.id, &common::qemu_argv(), "qemu")?;
     let serial = Path::new(&sb.rootfs).join(GUEST_SERIAL);
     loop {
-        if read_counter(&serial).is_some_and(|c| c >= 5) {
+        if common::read_guest_counter(&serial).is_some_and(|c| c >= 5) {
             break;
         }
         if booted.elapsed() > Duration::from_secs(90) {
@@ -2173,7 +2161,7 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
         .join(&ck.id)
         .join("fs/upper")
         .join(GUEST_SERIAL);
-    let at_checkpoint = read_counter(&ck_serial)
+    let at_checkpoint = common::read_guest_counter(&ck_serial)
         .ok_or_else(|| anyhow!("no counter in the checkpoint's {}", ck_serial.display()))?;
     eprintln!(
         "  checkpoint {}: CRIU images {}, counter {at_checkpoint} in its serial log",
@@ -2205,7 +2193,7 @@ fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
             let path =
                 PathBuf::from(format!("/proc/{}/root", b.init_pid.unwrap_or(0))).join(GUEST_SERIAL);
             let running = loop {
-                if read_counter(&path).is_some_and(|c| c > at_checkpoint) {
+                if common::read_guest_counter(&path).is_some_and(|c| c > at_checkpoint) {
                     break t0.elapsed();
                 }
                 if t0.elapsed() > Duration::from_secs(60) {

@@ -389,12 +389,7 @@ fn ksmd_ticks() -> u64 {
 }
 
 fn guest_counter(pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/root/guest/serial.log")).ok()?;
-    let complete = &text[..text.rfind('\n')?];
-    complete.lines().rev().find_map(|l| {
-        let rest = &l[l.find("forkd-guest counter=")? + "forkd-guest counter=".len()..];
-        rest.split_whitespace().next()?.parse().ok()
-    })
+    common::read_guest_counter(Path::new(&format!("/proc/{pid}/root/guest/serial.log")))
 }
 
 /// Part 2.

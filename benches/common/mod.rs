@@ -1267,3 +1267,14 @@ pub fn qemu_argv() -> Vec<&'static str> {
         .lines()
         .collect()
 }
+
+/// The last complete `forkd-guest counter=N` line of a guest's serial log at `path`.
+pub fn read_guest_counter(path: &Path) -> Option<u64> {
+    let bytes = std::fs::read(path).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let complete = &text[..text.rfind('\n')?];
+    complete.lines().rev().find_map(|l| {
+        let rest = &l[l.find("forkd-guest counter=")? + "forkd-guest counter=".len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
