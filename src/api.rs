@@ -290,17 +290,37 @@ impl NetworkInfo {
     }
 }
 
+/// Where a sandbox is in its life. `running` and `stopped` are the settled states (the
+/// only ones a record on disk holds); the others last while an operation that takes
+/// time runs, and a request that conflicts with one is refused with 409 naming it. Which
+/// request each state allows: `daemon::lifecycle`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxStatus {
     Running,
+    /// Its processes are being ended (a stop's grace period, then the clean-up).
+    Stopping,
+    /// A checkpoint of it is being taken.
+    Checkpointing,
+    /// It is being removed.
+    Removing,
     Stopped,
+}
+
+impl SandboxStatus {
+    /// Whether nothing is being done to the sandbox.
+    pub fn is_settled(self) -> bool {
+        matches!(self, SandboxStatus::Running | SandboxStatus::Stopped)
+    }
 }
 
 impl std::fmt::Display for SandboxStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             SandboxStatus::Running => "running",
+            SandboxStatus::Stopping => "stopping",
+            SandboxStatus::Checkpointing => "checkpointing",
+            SandboxStatus::Removing => "removing",
             SandboxStatus::Stopped => "stopped",
         })
     }

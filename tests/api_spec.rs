@@ -742,8 +742,15 @@ fn response_types_serialise_to_their_schemas() {
     let doc = doc();
     check_serialised(&doc, "SandboxInfo", &sample_info(true));
     check_serialised(&doc, "SandboxInfo", &sample_info(false));
-    check_serialised(&doc, "SandboxStatus", &SandboxStatus::Running);
-    check_serialised(&doc, "SandboxStatus", &SandboxStatus::Stopped);
+    for s in [
+        SandboxStatus::Running,
+        SandboxStatus::Stopping,
+        SandboxStatus::Checkpointing,
+        SandboxStatus::Removing,
+        SandboxStatus::Stopped,
+    ] {
+        check_serialised(&doc, "SandboxStatus", &s);
+    }
     check_serialised(
         &doc,
         "ImageInfo",

@@ -106,7 +106,7 @@ pub fn ps(ctx: &Ctx, quiet: bool, all: bool, stats: bool) -> anyhow::Result<i32>
     let list: Vec<SandboxInfo> = ctx.client.call("GET", path, None)?;
     let list: Vec<_> = list
         .into_iter()
-        .filter(|s| all || s.status == crate::api::SandboxStatus::Running)
+        .filter(|s| all || s.status != crate::api::SandboxStatus::Stopped)
         .collect();
     if ctx.json {
         ctx.print_json(&list);

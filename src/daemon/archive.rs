@@ -15,6 +15,7 @@
 
 use super::checkpoints::{Checkpoint, CheckpointRecord, Lower};
 use super::{log, Daemon};
+use super::{Lock as _, RwLockExt as _};
 use crate::api::ApiError;
 use forkd_layers::LayerId;
 use forkd_sandbox::CheckpointId;
@@ -23,7 +24,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const FORMAT: &str = "forkd-checkpoint-archive-v1";
@@ -135,7 +136,7 @@ impl Daemon {
     fn wait_tree_hash(&self, c: &Checkpoint) -> Result<String, ApiError> {
         let t = Instant::now();
         loop {
-            if let Some(h) = c.record.lock().unwrap().tree_hash.clone() {
+            if let Some(h) = c.record.locked().tree_hash.clone() {
                 return Ok(h);
             }
             if t.elapsed() > Duration::from_secs(600) {
@@ -151,6 +152,7 @@ impl Daemon {
     /// Writes checkpoint `c` to `dest` (atomically: a partial file is never left).
     pub fn export_checkpoint(&self, c: &Checkpoint, dest: &Path) -> Result<ExportResult, ApiError> {
         let t = Instant::now();
+        let _in_use = c.use_for("export")?;
         if !dest.is_absolute() {
             return Err(ApiError::bad_request(format!(
                 "export path {} must be absolute",
@@ -167,7 +169,7 @@ impl Daemon {
             }
         }
         let tree_hash = self.wait_tree_hash(c)?;
-        let rec = c.record.lock().unwrap().clone();
+        let rec = c.record.locked().clone();
         let partial = dest.with_file_name(format!(
             ".{}.partial-{}",
             dest.file_name()
@@ -198,7 +200,7 @@ impl Daemon {
                     Lower::Checkpoint(cid) => self
                         .checkpoint(cid.as_str())
                         .ok()
-                        .and_then(|p| p.record.lock().unwrap().fs_hash.clone())
+                        .and_then(|p| p.record.locked().fs_hash.clone())
                         .ok_or_else(|| {
                             ApiError::internal(format!("layer {lower}: tree hash unknown"))
                         })?,
@@ -283,7 +285,7 @@ impl Daemon {
             }
             _ => ApiError::internal(format!("open {}: {e}", src.display())),
         })?;
-        let _store = self.store_lock.read().unwrap();
+        let _store = self.store_lock.read_locked();
         let id = CheckpointId::random();
         let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
         let mut added_layers: Vec<LayerId> = Vec::new();
@@ -477,22 +479,59 @@ impl Daemon {
             .map_err(io_err("write meta.json in", stage))?;
         let dir = self.data.join("checkpoints").join(id.as_str());
         std::fs::rename(stage, &dir).map_err(io_err("rename into place", &dir))?;
-        let c = Arc::new(Checkpoint {
-            id: id.clone(),
-            dir,
-            record: Mutex::new(rec),
-            removed: Default::default(),
-        });
-        self.checkpoints
-            .lock()
-            .unwrap()
-            .insert(id.clone(), c.clone());
+        let c = Arc::new(Checkpoint::new(dir, rec));
+        self.checkpoints.locked().insert(id.clone(), c.clone());
         Ok(c)
     }
 
     /// Removes store layers that no image, sandbox or checkpoint uses.
+    /// Adds the layers every checkpoint directory on disk names, whether the table
+    /// holds it or not: a checkpoint whose `meta.json` did not load (damaged, of another
+    /// version) still keeps every layer its text names. A directory with no readable
+    /// `meta.json` at all stops the collection, since what it needs cannot be told.
+    fn layers_named_on_disk(
+        &self,
+        used: &mut std::collections::HashSet<LayerId>,
+    ) -> Result<(), ApiError> {
+        let dir = self.data.join("checkpoints");
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| ApiError::internal(format!("gc: read {}: {e}", dir.display())))?;
+        let known: std::collections::HashSet<String> = self
+            .checkpoints
+            .locked()
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            // Stages belong to checkpoints and imports in progress, which hold the store
+            // lock gc waits for; recovery removes those of a daemon that died.
+            if name.starts_with('.') || known.contains(&name) {
+                continue;
+            }
+            let meta = entry.path().join("meta.json");
+            let text = std::fs::read(&meta).map_err(|e| {
+                ApiError::conflict(format!(
+                    "gc: checkpoint directory {} has no readable meta.json ({e}), so the layers it needs cannot be told; nothing was removed (repair or remove that directory first)",
+                    entry.path().display()
+                ))
+            })?;
+            let text = String::from_utf8_lossy(&text);
+            for (i, _) in text.match_indices("layer:") {
+                let hex: String = text[i + 6..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_hexdigit())
+                    .collect();
+                if let Ok(id) = hex.parse::<LayerId>() {
+                    used.insert(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn gc(&self) -> Result<serde_json::Value, ApiError> {
-        let _store = self.store_lock.write().unwrap();
+        let _store = self.store_lock.write_locked();
         let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
         used.insert(self.runtime_layer);
         for img in self
@@ -502,20 +541,21 @@ impl Daemon {
         {
             used.extend(img.layers);
         }
-        for sb in self.sandboxes.lock().unwrap().values() {
-            for l in &sb.record.lock().unwrap().lowers {
+        for sb in self.sandboxes.locked().values() {
+            for l in &sb.record.locked().lowers {
                 if let Lower::Layer(id) = l {
                     used.insert(*id);
                 }
             }
         }
-        for c in self.checkpoints.lock().unwrap().values() {
-            for l in &c.record.lock().unwrap().lowers {
+        for c in self.checkpoints.locked().values() {
+            for l in &c.record.locked().lowers {
                 if let Lower::Layer(id) = l {
                     used.insert(*id);
                 }
             }
         }
+        self.layers_named_on_disk(&mut used)?;
         let mut removed = Vec::new();
         let mut freed = 0u64;
         for info in self

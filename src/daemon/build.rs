@@ -46,6 +46,7 @@ use sha2::{Digest, Sha256};
 use super::checkpoints::Lower;
 use super::sandboxes::SandboxRecord;
 use super::{log, Daemon, Sandbox};
+use super::{Lock as _, RwLockExt as _};
 use crate::api::{ApiError, BuildRequest, BuildResult, BuildStatus, BuildStep};
 
 const CACHE_VERSION: u32 = 1;
@@ -63,10 +64,9 @@ pub struct Builds {
 impl Builds {
     pub fn list(&self) -> Vec<BuildStatus> {
         self.jobs
-            .lock()
-            .unwrap()
+            .locked()
             .values()
-            .map(|j| j.lock().unwrap().clone())
+            .map(|j| j.locked().clone())
             .collect()
     }
 }
@@ -79,7 +79,7 @@ struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.builds.jobs.lock().unwrap().remove(&self.name);
+        self.builds.jobs.locked().remove(&self.name);
     }
 }
 
@@ -275,7 +275,7 @@ impl Daemon {
             current: None,
         }));
         let _registered = {
-            let mut jobs = self.builds.jobs.lock().unwrap();
+            let mut jobs = self.builds.jobs.locked();
             if jobs.contains_key(&req.name) {
                 return Err(ApiError::conflict(format!(
                     "image {} is being built already",
@@ -288,7 +288,7 @@ impl Daemon {
                 name: req.name.clone(),
             }
         };
-        let _store = self.store_lock.read().unwrap();
+        let _store = self.store_lock.read_locked();
         let mut made = Made {
             layers_before: self.layer_names(),
             ..Default::default()
@@ -333,7 +333,7 @@ impl Daemon {
                 };
                 match finish() {
                     Ok(image) => {
-                        let steps = status.lock().unwrap().steps.clone();
+                        let steps = status.locked().steps.clone();
                         log::info(&format!(
                             "build {}: done in {} ms",
                             req.name,
@@ -501,12 +501,12 @@ impl Job<'_> {
             let mut state = self.base(i, &base, stage.line, &done, made)?;
             self.record(i, stage.line, &format!("FROM {base}"), "config", None, t0);
             for step in &stage.steps {
-                self.status.lock().unwrap().current = Some(step.text.clone());
+                self.status.locked().current = Some(step.text.clone());
                 let t0 = Instant::now();
                 let (cache, layer) = self.step(i, step, &mut state, &globals, &done, made)?;
                 self.record(i, step.line, &step.text, cache, layer, t0);
             }
-            self.status.lock().unwrap().current = None;
+            self.status.locked().current = None;
             done[i] = Some(state);
         }
         Ok(done[target].take().expect("the target stage was built"))
@@ -538,7 +538,7 @@ impl Job<'_> {
             cache,
             step.duration_us / 1000
         ));
-        self.status.lock().unwrap().steps.push(step);
+        self.status.locked().steps.push(step);
     }
 
     /// The state a stage starts from.
@@ -795,7 +795,7 @@ impl Job<'_> {
         &self,
         state: &mut State,
         made: &mut Made,
-        action: impl FnOnce(&Sandbox) -> Result<(), ApiError>,
+        action: impl FnOnce(&Arc<Sandbox>) -> Result<(), ApiError>,
     ) -> Result<(&'static str, Option<LayerId>), ApiError> {
         if !self.req.no_cache {
             if let Some(hit) = self.d.cache_get(&state.key) {
@@ -1013,7 +1013,7 @@ impl Job<'_> {
     /// `--chown` resolved against the step sandbox's own `/etc/passwd` and `/etc/group`.
     fn owner(
         &self,
-        sb: &Sandbox,
+        sb: &Arc<Sandbox>,
         chown: Option<&str>,
         line: usize,
     ) -> Result<(u32, u32), ApiError> {
@@ -1032,7 +1032,7 @@ impl Job<'_> {
         context::resolve_owner(spec, &passwd, &group).map_err(|e| self.err(line, e))
     }
 
-    fn read_file(&self, sb: &Sandbox, path: &str) -> String {
+    fn read_file(&self, sb: &Arc<Sandbox>, path: &str) -> String {
         let Ok(tar) = self.d.copy_out(sb, path) else {
             return String::new();
         };

@@ -18,8 +18,9 @@
 //! checkpoint's layer stack and, for a live checkpoint, the process tree restored by CRIU
 //! into new namespaces and its own cgroup (eagerly, or lazily through userfaultfd).
 
+use super::lifecycle::{Begun, Verb};
 use super::sandboxes::{Sandbox, SandboxRecord};
-use super::{log, Daemon};
+use super::{log, Daemon, Lock, RwLockExt};
 use crate::api::{
     ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, ForkRequest, ForkResult, SandboxStatus,
 };
@@ -143,9 +144,72 @@ pub struct Checkpoint {
     pub record: Mutex<CheckpointRecord>,
     /// Set (under the record's lock) when the checkpoint is being removed.
     pub removed: std::sync::atomic::AtomicBool,
+    /// Requests reading its files (forks, exports), and whether a removal has begun:
+    /// both changed under the record's lock, so that a removal never deletes files a
+    /// fork is restoring from (see [`Checkpoint::use_for`]).
+    users: std::sync::atomic::AtomicUsize,
+    removing: std::sync::atomic::AtomicBool,
+}
+
+/// A request reading a checkpoint's files; the checkpoint cannot be removed while one
+/// is held.
+pub struct InUse<'a>(&'a Checkpoint);
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        self.0
+            .users
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Checkpoint {
+    pub fn new(dir: PathBuf, record: CheckpointRecord) -> Checkpoint {
+        Checkpoint {
+            id: record.id.clone(),
+            dir,
+            record: Mutex::new(record),
+            removed: Default::default(),
+            users: Default::default(),
+            removing: Default::default(),
+        }
+    }
+
+    /// Marks the checkpoint as read by a request (`what`: "fork", "export") until the
+    /// guard is dropped; refused once its removal has begun.
+    pub fn use_for(&self, what: &str) -> Result<InUse<'_>, ApiError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _rec = self.record.locked();
+        if self.removing.load(SeqCst) {
+            return Err(ApiError::conflict(format!(
+                "checkpoint {} is being removed: no {what} of it can start",
+                self.id
+            )));
+        }
+        self.users.fetch_add(1, SeqCst);
+        Ok(InUse(self))
+    }
+
+    /// Begins a removal: refused while a request reads the checkpoint's files.
+    fn begin_removal(&self) -> Result<(), ApiError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _rec = self.record.locked();
+        let users = self.users.load(SeqCst);
+        if users > 0 {
+            return Err(ApiError::conflict(format!(
+                "checkpoint {} is in use by {users} fork or export request(s) in flight: remove it once they return",
+                self.id
+            )));
+        }
+        if self.removing.swap(true, SeqCst) {
+            return Err(ApiError::conflict(format!(
+                "checkpoint {} is already being removed",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
     /// The checkpoint's own overlay layer.
     pub fn fs(&self) -> PathBuf {
         self.dir.join("fs/upper")
@@ -233,20 +297,18 @@ impl Daemon {
     }
 
     pub fn checkpoint(&self, id: &str) -> Result<Arc<Checkpoint>, ApiError> {
-        super::find_by_prefix(&self.checkpoints.lock().unwrap(), id, "checkpoint")
+        super::find_by_prefix(&self.checkpoints.locked(), id, "checkpoint")
     }
 
     /// Sandboxes whose layer stack uses checkpoint `id`.
     fn branches_of(&self, id: &CheckpointId) -> Vec<String> {
         let mut out: Vec<String> = self
             .sandboxes
-            .lock()
-            .unwrap()
+            .locked()
             .values()
             .filter(|sb| {
                 sb.record
-                    .lock()
-                    .unwrap()
+                    .locked()
                     .lowers
                     .contains(&Lower::Checkpoint(id.clone()))
             })
@@ -260,14 +322,12 @@ impl Daemon {
     fn children_of(&self, id: &CheckpointId) -> Vec<String> {
         let mut out: Vec<String> = self
             .checkpoints
-            .lock()
-            .unwrap()
+            .locked()
             .values()
             .filter(|c| {
                 c.id != *id
                     && c.record
-                        .lock()
-                        .unwrap()
+                        .locked()
                         .lowers
                         .contains(&Lower::Checkpoint(id.clone()))
             })
@@ -278,7 +338,7 @@ impl Daemon {
     }
 
     pub fn checkpoint_info(&self, c: &Checkpoint) -> CheckpointInfo {
-        let r = c.record.lock().unwrap().clone();
+        let r = c.record.locked().clone();
         CheckpointInfo {
             branches: self.branches_of(&c.id),
             id: r.id.to_string(),
@@ -296,8 +356,7 @@ impl Daemon {
     }
 
     pub fn list_checkpoints(&self) -> Vec<CheckpointInfo> {
-        let all: Vec<Arc<Checkpoint>> =
-            self.checkpoints.lock().unwrap().values().cloned().collect();
+        let all: Vec<Arc<Checkpoint>> = self.checkpoints.locked().values().cloned().collect();
         let mut out: Vec<CheckpointInfo> = all.iter().map(|c| self.checkpoint_info(c)).collect();
         out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
         out
@@ -309,31 +368,8 @@ impl Daemon {
         sb: &Sandbox,
         req: &CheckpointRequest,
     ) -> Result<Arc<Checkpoint>, ApiError> {
-        let _store = self.store_lock.read().unwrap();
+        let _store = self.store_lock.read_locked();
         let total = Instant::now();
-        let rec = sb.record.lock().unwrap();
-        let running = rec.status == SandboxStatus::Running;
-        if req.live && !running {
-            return Err(ApiError::conflict(format!(
-                "sandbox {} is {}: a live checkpoint needs it running",
-                sb.id, rec.status
-            )));
-        }
-        if req.live {
-            let busy = self
-                .execs_in_flight
-                .lock()
-                .unwrap()
-                .get(&sb.id)
-                .copied()
-                .unwrap_or(0);
-            if busy > 0 {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {} has {busy} exec session(s) open to the host; a live checkpoint needs them finished",
-                    sb.id
-                )));
-            }
-        }
         let criu = if req.live {
             Some(self.criu.as_ref().map_err(|e| {
                 ApiError::conflict(format!("live checkpoints are unavailable: {e}"))
@@ -341,6 +377,20 @@ impl Daemon {
         } else {
             None
         };
+        // The sandbox is `checkpointing` from here until the end; its record is read
+        // once, and no lock is held through the dump, the snapshot or a squash.
+        let held = match sb.begin(Verb::Checkpoint { live: req.live })? {
+            Begun::Held(h) => h,
+            Begun::Nothing => {
+                return Err(ApiError::internal(format!(
+                    "sandbox {}: a checkpoint was granted nothing to do",
+                    sb.id
+                )))
+            }
+        };
+        let prior = held.prior();
+        let running = prior == SandboxStatus::Running;
+        let rec = held.record().clone();
         let id = CheckpointId::random();
         let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
         let fs = stage.join("fs");
@@ -473,6 +523,15 @@ impl Daemon {
             self.delete_checkpoint_dir(&stage);
             return Err(e);
         }
+        // The sandbox's part is done: what follows (a squash, the record) reads only the
+        // checkpoint's own files, so the sandbox settles now, unless it is to be
+        // stopped once the checkpoint is safe.
+        let to_stop = if req.stop && running {
+            Some(held)
+        } else {
+            held.settle(prior, |_| Ok(()))?;
+            None
+        };
         let mut lowers = vec![Lower::Checkpoint(id.clone())];
         if rec.lowers.len() + 1 > max_stack() {
             // Deep chains: flatten everything below this checkpoint's own layer into one
@@ -526,18 +585,14 @@ impl Daemon {
             self.delete_checkpoint_dir(&stage);
             return Err(e);
         }
-        if req.stop {
+
+        if let Some(mut held) = to_stop {
             // A live dump with `stop` already ended the tree; either way, tidy up like a stop.
-            drop(rec);
-            let _ = self.stop_sandbox(sb, Duration::from_secs(10));
+            held.pass_to(SandboxStatus::Stopping);
+            let _ = self.stop_held(sb, held, Duration::from_secs(10));
         }
-        let c = Arc::new(Checkpoint {
-            id: id.clone(),
-            dir,
-            record: Mutex::new(record),
-            removed: Default::default(),
-        });
-        self.checkpoints.lock().unwrap().insert(id, c.clone());
+        let c = Arc::new(Checkpoint::new(dir, record));
+        self.checkpoints.locked().insert(id, c.clone());
         self.hash_in_background(c.clone());
         Ok(c)
     }
@@ -582,7 +637,7 @@ impl Daemon {
                     return;
                 }
             };
-            let lowers = c.record.lock().unwrap().lowers.clone();
+            let lowers = c.record.locked().lowers.clone();
             let mut stack = sha2::Sha256::default();
             use sha2::Digest;
             stack.update(b"forkd-stack-v1\0");
@@ -603,7 +658,7 @@ impl Daemon {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            let mut rec = c.record.lock().unwrap();
+            let mut rec = c.record.locked();
             // Removed meanwhile: its directory is going or gone, write nothing there.
             // The flag is set under this record's lock, so a write in progress finishes
             // before the directory is deleted. (Only the record lock is taken here: the
@@ -623,8 +678,8 @@ impl Daemon {
 
     fn wait_fs_hash(&self, id: &CheckpointId) -> Option<String> {
         for _ in 0..6000 {
-            let c = self.checkpoints.lock().unwrap().get(id).cloned()?;
-            if let Some(h) = c.record.lock().unwrap().fs_hash.clone() {
+            let c = self.checkpoints.locked().get(id).cloned()?;
+            if let Some(h) = c.record.locked().fs_hash.clone() {
                 return Some(h);
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -644,7 +699,8 @@ impl Daemon {
                 "branch count {count} must be between 1 and 10000"
             )));
         }
-        let ck = c.record.lock().unwrap().clone();
+        let _in_use = c.use_for("fork")?;
+        let ck = c.record.locked().clone();
         if req.lazy && req.fresh {
             return Err(ApiError::bad_request(
                 "lazy and fresh exclude each other: a fresh branch restores no memory",
@@ -682,7 +738,7 @@ impl Daemon {
             let mut labels = ck.labels.clone();
             labels.extend(req.labels.clone());
             let record = SandboxRecord {
-                version: 1,
+                version: super::sandboxes::RECORD_VERSION,
                 id: id.clone(),
                 image: ck.image.clone(),
                 lowers: ck.lowers.clone(),
@@ -803,7 +859,7 @@ impl Daemon {
                 phases.insert("prepare".into(), p.as_micros() as u64);
             }
             phases.insert("total".into(), started.elapsed().as_micros() as u64);
-            let init_pid = sb.record.lock().unwrap().init_pid;
+            let init_pid = sb.record.locked().init_pid;
             Ok(BranchInfo {
                 id: sb.id.to_string(),
                 mode: mode.into(),
@@ -821,7 +877,7 @@ impl Daemon {
                     while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
                         let r = one();
                         let failed = r.is_err();
-                        results.lock().unwrap().push(r);
+                        results.locked().push(r);
                         if failed {
                             // Stop handing out work; the others finish what they started.
                             next.store(count, std::sync::atomic::Ordering::Relaxed);
@@ -861,6 +917,15 @@ impl Daemon {
     /// Removes a checkpoint. Refused while branches or later checkpoints use its layer,
     /// unless `force`, which removes those first.
     pub fn remove_checkpoint(&self, c: &Checkpoint, force: bool) -> Result<(), ApiError> {
+        c.begin_removal()?;
+        let res = self.remove_begun(c, force);
+        if res.is_err() {
+            c.removing.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        res
+    }
+
+    fn remove_begun(&self, c: &Checkpoint, force: bool) -> Result<(), ApiError> {
         let branches = self.branches_of(&c.id);
         let children = self.children_of(&c.id);
         if !force && (!branches.is_empty() || !children.is_empty()) {
@@ -887,10 +952,10 @@ impl Daemon {
                 self.remove_checkpoint(&cc, true)?;
             }
         }
-        self.checkpoints.lock().unwrap().remove(&c.id);
+        self.checkpoints.locked().remove(&c.id);
         // Stop a background hash from writing meta.json (see hash_in_background).
         {
-            let _rec = c.record.lock().unwrap();
+            let _rec = c.record.locked();
             c.removed.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         self.delete_checkpoint_dir(&c.dir);
@@ -925,13 +990,8 @@ impl Daemon {
                 continue;
             };
             let missing_hash = rec.tree_hash.is_none();
-            let c = Arc::new(Checkpoint {
-                id: id.clone(),
-                dir: path,
-                record: Mutex::new(rec),
-                removed: Default::default(),
-            });
-            self.checkpoints.lock().unwrap().insert(id, c.clone());
+            let c = Arc::new(Checkpoint::new(path, rec));
+            self.checkpoints.locked().insert(id, c.clone());
             if missing_hash {
                 self.hash_in_background(c);
             }

@@ -5,10 +5,11 @@
 use super::{Daemon, Sandbox};
 use crate::api::ApiError;
 use forkd_sandbox::proto::{valid_log_name, ExecRequest};
+use std::sync::Arc;
 
 impl Daemon {
     /// The output of a detached command (`main` is the one given at create time).
-    pub fn logs(&self, sb: &Sandbox, name: &str) -> Result<Vec<u8>, ApiError> {
+    pub fn logs(&self, sb: &Arc<Sandbox>, name: &str) -> Result<Vec<u8>, ApiError> {
         if !valid_log_name(name) {
             return Err(ApiError::bad_request(format!("invalid log name {name:?}")));
         }
@@ -23,7 +24,7 @@ impl Daemon {
 
     pub(super) fn tool(
         &self,
-        sb: &Sandbox,
+        sb: &Arc<Sandbox>,
         verb: &str,
         path: &str,
         stdin: Option<&[u8]>,
@@ -42,12 +43,18 @@ impl Daemon {
             ],
             ..Default::default()
         };
-        // A copy's output is the archive itself: kept whole (never silently cut).
-        let out = self.exec(sb, &req, stdin, usize::MAX)?;
-        let stdout = crate::api::b64::decode(&out.stdout_b64).map_err(ApiError::internal)?;
+        // A copy's output is the archive itself: kept whole up to the copy limit, and
+        // refused past it (never silently cut).
+        let limit = super::http::copy_limit();
+        let out = self.exec_output(sb, &req, stdin, limit)?;
+        if out.truncated {
+            return Err(ApiError::bad_request(format!(
+                "sandbox {}: the archive of {path} is over the copy limit of {limit} bytes (FORKD_MAX_COPY_BYTES on the daemon sets it)",
+                sb.id
+            )));
+        }
         if out.exit.exit_code != 0 {
-            let stderr = crate::api::b64::decode(&out.stderr_b64).unwrap_or_default();
-            let msg = String::from_utf8_lossy(&stderr).trim().to_string();
+            let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
             return Err(
                 if msg.contains("No such file") || msg.contains("does not exist") {
                     ApiError::not_found(format!("sandbox {}: {msg}", sb.id))
@@ -56,21 +63,22 @@ impl Daemon {
                 },
             );
         }
+        let stdout = out.stdout;
         Ok(stdout)
     }
 
     /// A tar of `path` inside the sandbox.
-    pub fn copy_out(&self, sb: &Sandbox, path: &str) -> Result<Vec<u8>, ApiError> {
+    pub fn copy_out(&self, sb: &Arc<Sandbox>, path: &str) -> Result<Vec<u8>, ApiError> {
         self.tool(sb, "__tar", path, None)
     }
 
     /// Creates the directory `path` (and its parents) inside the sandbox, as root.
-    pub fn make_dirs(&self, sb: &Sandbox, path: &str) -> Result<(), ApiError> {
+    pub fn make_dirs(&self, sb: &Arc<Sandbox>, path: &str) -> Result<(), ApiError> {
         self.tool(sb, "__mkdirs", path, None).map(|_| ())
     }
 
     /// Unpacks the tar `body` at `path` inside the sandbox; returns the entry count.
-    pub fn copy_in(&self, sb: &Sandbox, path: &str, body: &[u8]) -> Result<u64, ApiError> {
+    pub fn copy_in(&self, sb: &Arc<Sandbox>, path: &str, body: &[u8]) -> Result<u64, ApiError> {
         let out = self.tool(sb, "__untar", path, Some(body))?;
         Ok(String::from_utf8_lossy(&out).trim().parse().unwrap_or(0))
     }

@@ -8,8 +8,32 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 const MAX_HEAD: usize = 64 * 1024;
-/// Largest request body accepted (file uploads for `cp` included).
-pub const MAX_BODY: usize = 4 << 30;
+/// Largest JSON request body accepted (an exec's stdin included).
+pub const MAX_JSON_BODY: usize = 64 << 20;
+/// Largest archive `cp` moves either way by default; `FORKD_MAX_COPY_BYTES` sets it.
+pub const DEFAULT_MAX_COPY: usize = 1 << 30;
+
+/// The largest archive a `cp` carries in or out of a sandbox.
+pub fn copy_limit() -> usize {
+    std::env::var("FORKD_MAX_COPY_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(DEFAULT_MAX_COPY)
+}
+
+/// The largest body a request to `path` may carry: uploads (a tar for `cp`) are
+/// binary and may be large, every other body is JSON.
+pub fn body_limit(method: &str, path: &str) -> usize {
+    let upload = method == "PUT"
+        && path.starts_with("/v1/sandboxes/")
+        && path.trim_end_matches('/').ends_with("/files");
+    if upload {
+        copy_limit()
+    } else {
+        MAX_JSON_BODY
+    }
+}
 
 pub struct Request {
     pub method: String,
@@ -98,9 +122,15 @@ pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, Ap
             .map_err(|_| ApiError::bad_request(format!("bad Content-Length {v:?}")))?,
         None => 0,
     };
-    if len > MAX_BODY {
+    let limit = body_limit(&method, &path);
+    if len > limit {
         return Err(ApiError::bad_request(format!(
-            "request body of {len} bytes is too large"
+            "request body of {len} bytes is over the limit of {limit} bytes for {method} {path}{}",
+            if limit == MAX_JSON_BODY {
+                ""
+            } else {
+                " (FORKD_MAX_COPY_BYTES sets it)"
+            }
         )));
     }
     let mut body = buf[head_end + 4..].to_vec();
@@ -114,14 +144,22 @@ pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, Ap
             .await
             .map_err(|e| ApiError::bad_request(format!("write 100 Continue: {e}")))?;
     }
-    if body.len() < len {
-        body.reserve(len - body.len());
-        let mut rest = vec![0u8; len - body.len()];
-        stream
-            .read_exact(&mut rest)
+    // Read as it arrives: memory grows with what the client sends, not with what its
+    // Content-Length claims.
+    let mut chunk = vec![0u8; 64 << 10];
+    while body.len() < len {
+        let want = (len - body.len()).min(chunk.len());
+        let n = stream
+            .read(&mut chunk[..want])
             .await
             .map_err(|e| ApiError::bad_request(format!("read request body: {e}")))?;
-        body.extend_from_slice(&rest);
+        if n == 0 {
+            return Err(ApiError::bad_request(format!(
+                "request body ended after {} of {len} bytes",
+                body.len()
+            )));
+        }
+        body.extend_from_slice(&chunk[..n]);
     }
     body.truncate(len);
     Ok(Some(Request {

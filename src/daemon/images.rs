@@ -2,15 +2,16 @@
 //! Removal is refused while any sandbox, running or stopped, still uses the image.
 
 use super::{log, Daemon};
+use super::{Lock as _, RwLockExt as _};
 use crate::api::{ApiError, ImageInfo, ImportImageRequest};
 use forkd_layers::{Image, ImageError, Progress};
 
 impl Daemon {
     pub(super) fn users_of(&self, name: &str) -> Vec<String> {
-        let table = self.sandboxes.lock().unwrap();
+        let table = self.sandboxes.locked();
         let mut ids: Vec<String> = table
             .values()
-            .filter(|sb| sb.record.lock().unwrap().image == name)
+            .filter(|sb| sb.record.locked().image == name)
             .map(|sb| sb.id.to_string())
             .collect();
         ids.sort();
@@ -62,7 +63,7 @@ impl Daemon {
                 req.name
             )));
         }
-        let _store = self.store_lock.read().unwrap();
+        let _store = self.store_lock.read_locked();
         let name = req.name.clone();
         let mut last = std::time::Instant::now();
         let mut progress = |p: Progress| {

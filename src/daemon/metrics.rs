@@ -1,5 +1,6 @@
 //! Per-operation latency, kept in memory and served at `GET /v1/metrics`.
 
+use super::Lock as _;
 use crate::api::OpStats;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -14,7 +15,7 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn record(&self, op: &str, micros: u64, ok: bool) {
-        let mut ops = self.ops.lock().unwrap();
+        let mut ops = self.ops.locked();
         let (samples, count, errors) = ops.entry(op.to_string()).or_default();
         if samples.len() == WINDOW {
             samples.pop_front();
@@ -27,7 +28,7 @@ impl Metrics {
     }
 
     pub fn snapshot(&self) -> BTreeMap<String, OpStats> {
-        let ops = self.ops.lock().unwrap();
+        let ops = self.ops.locked();
         ops.iter()
             .map(|(op, (samples, count, errors))| {
                 let mut s: Vec<u64> = samples.iter().copied().collect();

@@ -14,6 +14,7 @@ pub use checkpoints::fork_parallelism;
 mod files;
 mod http;
 mod images;
+mod lifecycle;
 mod metrics;
 mod network;
 mod routes;
@@ -48,8 +49,6 @@ pub struct Daemon {
     pub volume: forkd_volume::Volume,
     /// CRIU, if usable here; live checkpoints need it.
     pub criu: Result<forkd_criu::Criu, String>,
-    /// Execs in flight per sandbox: a live checkpoint waits for none.
-    pub execs_in_flight: Mutex<HashMap<forkd_sandbox::SandboxId, usize>>,
     pub checkpoints: Mutex<HashMap<forkd_sandbox::CheckpointId, Arc<checkpoints::Checkpoint>>>,
     /// Held for reading by whatever adds layers to the store before a record refers to
     /// them (imports, squashes); `gc` holds it for writing.
@@ -79,6 +78,38 @@ pub struct Daemon {
     favor_dynmods: bool,
     /// Whether the last attempt to set it failed (so a failure is logged once).
     favor_dynmods_failed: std::sync::atomic::AtomicBool,
+}
+
+/// Locks that outlive a panicking holder. A handler that panics answers 500 and its
+/// thread ends; the tables and records it held stay usable (they change by whole
+/// entries and fields, so no half-done update is left behind), where `lock().unwrap()`
+/// would make every later request panic until the daemon restarts.
+pub(crate) trait Lock<T> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, T>;
+}
+
+impl<T> Lock<T> for Mutex<T> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, T> {
+        self.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The same for the store's read-write lock.
+pub(crate) trait RwLockExt<T> {
+    fn read_locked(&self) -> std::sync::RwLockReadGuard<'_, T>;
+    fn write_locked(&self) -> std::sync::RwLockWriteGuard<'_, T>;
+}
+
+impl<T> RwLockExt<T> for std::sync::RwLock<T> {
+    fn read_locked(&self) -> std::sync::RwLockReadGuard<'_, T> {
+        self.read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    fn write_locked(&self) -> std::sync::RwLockWriteGuard<'_, T> {
+        self.write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Seconds since the Unix epoch.
@@ -275,7 +306,6 @@ impl Daemon {
             data,
             volume,
             criu,
-            execs_in_flight: Mutex::new(HashMap::new()),
             checkpoints: Mutex::new(HashMap::new()),
             store_lock: std::sync::RwLock::new(()),
             exe,
@@ -361,10 +391,9 @@ impl Daemon {
         }
         let running = self
             .sandboxes
-            .lock()
-            .unwrap()
+            .locked()
             .values()
-            .any(|sb| sb.record.lock().unwrap().status == crate::api::SandboxStatus::Running);
+            .any(|sb| sb.record.locked().status == crate::api::SandboxStatus::Running);
         if running || self.volume.loop_image().is_none() {
             return;
         }
@@ -457,7 +486,7 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             cfg.socket.display(),
             cfg.root.display(),
             daemon.hierarchy.version(),
-            daemon.sandboxes.lock().unwrap().len()
+            daemon.sandboxes.locked().len()
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {

@@ -3,6 +3,7 @@
 //! failed start, a restart that finds the sandbox gone). The mechanism (veth pairs,
 //! rules, name files) is `forkd_net`; see docs/NETWORK.md.
 
+use super::Lock as _;
 use super::{log, Daemon};
 use crate::api::ApiError;
 use forkd_net::{Lease, NetError, Network, Policy};
@@ -62,7 +63,7 @@ impl Daemon {
         // Held across the change: leases are made and given back one at a time, so the
         // table is never cleared under a lease being made.
         let lease = {
-            let mut leases = self.leases.lock().unwrap();
+            let mut leases = self.leases.locked();
             let held: Vec<&Lease> = leases.values().collect();
             let lease = self
                 .egress
@@ -95,7 +96,7 @@ impl Daemon {
 
     /// Gives back sandbox `id`'s lease, if it holds one: its rules and its link go.
     pub(super) fn disconnect(&self, id: &SandboxId) {
-        let mut leases = self.leases.lock().unwrap();
+        let mut leases = self.leases.locked();
         let Some(lease) = leases.remove(id) else {
             return;
         };
@@ -119,7 +120,7 @@ impl Daemon {
                 log::warn(&format!("delete link {}: {e}", l.link));
             }
         }
-        let mut leases = self.leases.lock().unwrap();
+        let mut leases = self.leases.locked();
         leases.extend(alive);
         let held: Vec<&Lease> = leases.values().collect();
         if let Err(e) = self.egress.reconcile(&held) {

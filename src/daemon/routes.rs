@@ -2,6 +2,7 @@
 //! blocking pool, answer, log one line with the request id and latency.
 
 use super::http::{self, Request, Response};
+use super::Lock as _;
 use super::{log, Daemon};
 use crate::api::{self, ApiError, ExecBody, ExecResult, VersionInfo, EXEC_UPGRADE};
 use forkd_sandbox::host;
@@ -285,8 +286,7 @@ fn handle(
             // The checkpoint's own layer: its snapshot, or (imported) its topmost store layer.
             let top = c
                 .record
-                .lock()
-                .unwrap()
+                .locked()
                 .lowers
                 .first()
                 .map(|l| d.lower_path(l))
@@ -302,34 +302,20 @@ fn handle(
 }
 
 impl Daemon {
-    fn running_rootfs(&self, sb: &super::Sandbox) -> Result<std::path::PathBuf, ApiError> {
-        let rec = sb.record.lock().unwrap();
-        if rec.status != api::SandboxStatus::Running {
-            return Err(ApiError::conflict(format!(
-                "sandbox {} is {}, not running",
-                sb.id, rec.status
-            )));
-        }
-        match rec.init_pid {
-            Some(pid) => Ok(super::sandboxes::init_root(pid)),
-            None => Err(ApiError::conflict(format!("sandbox {} has no init", sb.id))),
-        }
-    }
-
     /// Runs a command to completion inside the sandbox, through its init.
     pub fn exec(
         &self,
-        sb: &super::Sandbox,
+        sb: &Arc<super::Sandbox>,
         req: &ExecRequest,
         stdin: Option<&[u8]>,
         output_limit: usize,
     ) -> Result<ExecResult, ApiError> {
         req.validate()
             .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
-        let rootfs = self.running_rootfs(sb)?;
-        let _busy = self.exec_session(sb);
-        let t0 = SystemTime::now();
         if req.detach {
+            let (_session, pid) = sb.begin_exec()?;
+            let rootfs = super::sandboxes::init_root(pid);
+            let t0 = SystemTime::now();
             let (_, started) = host::start_exec(&rootfs, req).map_err(|e| exec_error(sb, e))?;
             let v = serde_json::json!({ "pid": started.pid, "log": started.log_path });
             self.log_exec(sb, req, t0, &v);
@@ -348,13 +334,7 @@ impl Daemon {
                 truncated: false,
             });
         }
-        let out = host::exec(&rootfs, req, stdin, output_limit).map_err(|e| exec_error(sb, e))?;
-        self.log_exec(
-            sb,
-            req,
-            t0,
-            &serde_json::to_value(&out.exit).unwrap_or_default(),
-        );
+        let out = self.exec_output(sb, req, stdin, output_limit)?;
         let stdout_b64 = api::b64::encode(&out.stdout);
         let stderr_b64 = api::b64::encode(&out.stderr);
         // With one stream empty (always so with merge_stderr) the merged form is the other.
@@ -375,38 +355,29 @@ impl Daemon {
             truncated: out.truncated,
         })
     }
-}
 
-/// Counts an exec connection to a sandbox's init for as long as it lives.
-pub struct ExecSession<'a> {
-    daemon: &'a Daemon,
-    id: forkd_sandbox::SandboxId,
-}
-
-impl Drop for ExecSession<'_> {
-    fn drop(&mut self) {
-        let mut m = self.daemon.execs_in_flight.lock().unwrap();
-        if let Some(n) = m.get_mut(&self.id) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.id);
-            }
-        }
-    }
-}
-
-impl Daemon {
-    pub fn exec_session(&self, sb: &super::Sandbox) -> ExecSession<'_> {
-        *self
-            .execs_in_flight
-            .lock()
-            .unwrap()
-            .entry(sb.id.clone())
-            .or_default() += 1;
-        ExecSession {
-            daemon: self,
-            id: sb.id.clone(),
-        }
+    /// Runs a command to completion and returns its output as read (at most
+    /// `output_limit` bytes kept), logged in the sandbox's trajectory.
+    pub fn exec_output(
+        &self,
+        sb: &Arc<super::Sandbox>,
+        req: &ExecRequest,
+        stdin: Option<&[u8]>,
+        output_limit: usize,
+    ) -> Result<host::ExecOutput, ApiError> {
+        req.validate()
+            .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
+        let (_session, pid) = sb.begin_exec()?;
+        let rootfs = super::sandboxes::init_root(pid);
+        let t0 = SystemTime::now();
+        let out = host::exec(&rootfs, req, stdin, output_limit).map_err(|e| exec_error(sb, e))?;
+        self.log_exec(
+            sb,
+            req,
+            t0,
+            &serde_json::to_value(&out.exit).unwrap_or_default(),
+        );
+        Ok(out)
     }
 }
 
@@ -435,10 +406,11 @@ async fn exec_upgraded(
         body.validate()
             .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;
         d.apply_image_defaults(&sb, &mut body);
-        let rootfs = d.running_rootfs(&sb)?;
-        Ok::<_, ApiError>((sb, body, rootfs))
+        // Counted from before the upgrade until the relay ends.
+        let (session, pid) = sb.begin_exec()?;
+        Ok::<_, ApiError>((sb, body, session, super::sandboxes::init_root(pid)))
     })();
-    let (sb, body, rootfs) = match prepared {
+    let (sb, body, session, rootfs) = match prepared {
         Ok(x) => x,
         Err(mut e) => {
             e.request_id = rid.to_string();
@@ -456,9 +428,12 @@ async fn exec_upgraded(
         .set_nonblocking(false)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let d2 = d.clone();
-    tokio::task::spawn_blocking(move || relay_frames(&d2, &sb, &body, &rootfs, client))
-        .await
-        .unwrap_or_else(|e| Err(ApiError::internal(format!("exec relay panicked: {e}"))))
+    tokio::task::spawn_blocking(move || {
+        let _session = session;
+        relay_frames(&d2, &sb, &body, &rootfs, client)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(format!("exec relay panicked: {e}"))))
 }
 
 fn relay_frames(
@@ -469,7 +444,6 @@ fn relay_frames(
     mut client: std::os::unix::net::UnixStream,
 ) -> Result<(), ApiError> {
     let t0 = SystemTime::now();
-    let _busy = d.exec_session(sb);
     let mut init =
         host::connect(rootfs).map_err(|e| ApiError::from_chain("connect to init", &e))?;
     let body = serde_json::to_vec(req).expect("serialisable");

@@ -7,13 +7,17 @@
 //! persisted [`SandboxRecord`], written atomically) and `execs.jsonl` (one line per exec:
 //! the sandbox's trajectory).
 //!
-//! State machine: `running -> stopped -> removed`. `stop` and `rm` are idempotent; `rm`
-//! of a running sandbox needs `force`. A record is written only once the sandbox is fully
-//! up, so a directory without `state.json` is a half-made sandbox and recovery removes
-//! it. Everything here blocks; callers run it on the blocking pool.
+//! States: `running -> stopped -> removed`, with `stopping`, `checkpointing` and
+//! `removing` while such an operation runs; what each allows is one table in
+//! [`super::lifecycle`]. `stop` is idempotent; `rm` of a running sandbox needs `force`.
+//! No lock is held across a grace period, a CRIU call or a file walk. A record is
+//! written only once the sandbox is fully up, so a directory without `state.json` is a
+//! half-made sandbox and recovery removes it. Everything here blocks; callers run it on
+//! the blocking pool.
 
 use super::checkpoints::Lower;
-use super::Daemon;
+use super::lifecycle::{Begun, Held, Verb};
+use super::{Daemon, Lock};
 use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
 use forkd_cgroups::{Cgroup, Limits};
 use forkd_layers::ImageConfig;
@@ -27,10 +31,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-const RECORD_VERSION: u32 = 1;
+/// The version of `state.json`; a record of another version is not loaded.
+pub(super) const RECORD_VERSION: u32 = 1;
 
 /// What `state.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,15 +71,30 @@ pub struct SandboxRecord {
     pub lease: Option<forkd_net::Lease>,
 }
 
-/// A sandbox in the table. The mutex serialises lifecycle changes; execs only read the
-/// (immutable) paths.
+/// A sandbox in the table. The record's mutex is held only to read or change fields,
+/// never across slow work: operations that take time hold the sandbox in a passing state
+/// instead ([`super::lifecycle`]).
 pub struct Sandbox {
     pub id: SandboxId,
     pub dir: PathBuf,
     pub record: Mutex<SandboxRecord>,
+    /// Signalled whenever the state changes.
+    pub changed: Condvar,
+    /// Execs in flight (changed under the record's lock; see `begin_exec`).
+    pub execs: AtomicUsize,
 }
 
 impl Sandbox {
+    pub fn new(dir: PathBuf, record: SandboxRecord) -> Sandbox {
+        Sandbox {
+            id: record.id.clone(),
+            dir,
+            record: Mutex::new(record),
+            changed: Condvar::new(),
+            execs: AtomicUsize::new(0),
+        }
+    }
+
     /// Where the sandbox's root is attached inside its own mount namespace (and where a
     /// restored tree's root goes). On the host this is an empty directory: use
     /// [`Sandbox::root`] to reach the files.
@@ -82,12 +103,9 @@ impl Sandbox {
     }
     /// The sandbox's merged root as the daemon reaches it: through its running init
     /// (the root lives in the sandbox's mount namespace only; see
-    /// `forkd_sys::mount`). `None` once the init is gone.
+    /// `forkd_sys::mount`). `None` once it is stopped.
     pub fn root(&self) -> Option<PathBuf> {
-        let rec = self.record.lock().unwrap();
-        rec.init_pid
-            .filter(|_| rec.status == SandboxStatus::Running)
-            .map(init_root)
+        self.record.locked().init_pid.map(init_root)
     }
     /// The sandbox's own writable layer: a btrfs subvolume holding the overlay's
     /// `upper` and `work` directories (overlayfs copies up by renaming from `work` into
@@ -114,13 +132,13 @@ impl Daemon {
 
     /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
-        super::find_by_prefix(&self.sandboxes.lock().unwrap(), id, "sandbox")
+        super::find_by_prefix(&self.sandboxes.locked(), id, "sandbox")
     }
 
     /// Every sandbox, oldest first; with `stats`, each with its cgroup's counters (two
     /// file reads a sandbox). The table lock is held only to copy the entries out.
     pub fn list_sandboxes(&self, stats: bool) -> Vec<SandboxInfo> {
-        let entries: Vec<Arc<Sandbox>> = self.sandboxes.lock().unwrap().values().cloned().collect();
+        let entries: Vec<Arc<Sandbox>> = self.sandboxes.locked().values().cloned().collect();
         let mut out: Vec<SandboxInfo> = entries.iter().map(|sb| self.describe(sb, stats)).collect();
         out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
         out
@@ -135,7 +153,7 @@ impl Daemon {
         // Only the fields shown are copied, under the record's lock; the cgroup is read
         // after it is released.
         let mut info = {
-            let rec = sb.record.lock().unwrap();
+            let rec = sb.record.locked();
             SandboxInfo {
                 id: rec.id.to_string(),
                 image: rec.image.clone(),
@@ -145,10 +163,7 @@ impl Daemon {
                 init_pid: rec.init_pid,
                 limits: rec.limits.clone(),
                 labels: rec.labels.clone(),
-                rootfs: match rec
-                    .init_pid
-                    .filter(|_| rec.status == SandboxStatus::Running)
-                {
+                rootfs: match rec.init_pid {
                     Some(pid) => init_root(pid).display().to_string(),
                     None => sb.rootfs().display().to_string(),
                 },
@@ -246,7 +261,7 @@ impl Daemon {
     /// directory and user apply unless the request names its own. forkd's own tools
     /// (`cp`) do not go through this: they always run as root from `/`.
     pub fn apply_image_defaults(&self, sb: &Sandbox, req: &mut ExecRequest) {
-        let rec = sb.record.lock().unwrap();
+        let rec = sb.record.locked();
         let c = &rec.config;
         if !c.env.is_empty() {
             let mut env = c.env.clone();
@@ -282,15 +297,8 @@ impl Daemon {
             self.delete_sandbox_dir(dir);
             return Err(e);
         }
-        let sb = Arc::new(Sandbox {
-            id: record.id.clone(),
-            dir: dir.to_path_buf(),
-            record: Mutex::new(record),
-        });
-        self.sandboxes
-            .lock()
-            .unwrap()
-            .insert(sb.id.clone(), sb.clone());
+        let sb = Arc::new(Sandbox::new(dir.to_path_buf(), record));
+        self.sandboxes.locked().insert(sb.id.clone(), sb.clone());
         self.watch(sb.clone());
         Ok(sb)
     }
@@ -430,15 +438,45 @@ impl Daemon {
         self.disconnect(id);
     }
 
-    /// SIGTERM to the init (which passes it on), SIGKILL for all after `grace`.
+    /// SIGTERM to the init (which passes it on), SIGKILL for all after `grace`. The
+    /// sandbox is `stopping` meanwhile; no lock is held through the grace period.
     pub fn stop_sandbox(&self, sb: &Sandbox, grace: Duration) -> Result<(), ApiError> {
-        let mut rec = sb.record.lock().unwrap();
-        if rec.status == SandboxStatus::Stopped {
-            return Ok(());
+        match sb.begin(Verb::Stop)? {
+            Begun::Nothing => Ok(()),
+            Begun::Held(held) => self.stop_held(sb, held, grace),
         }
-        if let Some(pid) = rec.init_pid {
+    }
+
+    /// Stops a sandbox an operation already holds (a stop, a checkpoint that stops it,
+    /// the clean-up after an init that exited) and settles it as `stopped`.
+    pub(super) fn stop_held(
+        &self,
+        sb: &Sandbox,
+        held: Held<'_>,
+        grace: Duration,
+    ) -> Result<(), ApiError> {
+        self.end_processes(sb, &held, grace);
+        held.settle(SandboxStatus::Stopped, |rec| {
+            rec.lease = None;
+            rec.init_pid = None;
+            rec.init_start = None;
+            super::write_json_atomic(&sb.dir, "state.json", &*rec, super::Survive::DaemonCrash)
+        })
+    }
+
+    /// Ends a held sandbox's processes (`grace` for them to exit on SIGTERM) and tears
+    /// down what they used. The record is read, not changed.
+    fn end_processes(&self, sb: &Sandbox, held: &Held<'_>, grace: Duration) {
+        let (pid, start, cgroup) = {
+            let rec = held.record();
+            (rec.init_pid, rec.init_start, rec.cgroup.clone())
+        };
+        if held.prior() != SandboxStatus::Running {
+            return;
+        }
+        if let Some(pid) = pid {
             if let Ok(fd) = forkd_sys::pidfd_open(pid) {
-                if forkd_sys::process_start_time(pid) == rec.init_start {
+                if forkd_sys::process_start_time(pid) == start && !grace.is_zero() {
                     let _ =
                         forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGTERM);
                     let deadline = Instant::now() + grace;
@@ -448,34 +486,30 @@ impl Daemon {
                 }
             }
         }
-        self.teardown(&sb.id, &sb.dir, &rec.cgroup, rec.init_pid);
-        rec.lease = None;
-        rec.status = SandboxStatus::Stopped;
-        rec.init_pid = None;
-        rec.init_start = None;
-        super::write_json_atomic(&sb.dir, "state.json", &*rec, super::Survive::DaemonCrash)
+        self.teardown(&sb.id, &sb.dir, &cgroup, pid);
     }
 
-    /// Removes a sandbox entirely. A running one needs `force` (it is stopped first).
+    /// Removes a sandbox entirely. A running one needs `force` (its processes are
+    /// killed first). The sandbox is `removing` meanwhile.
     pub fn remove_sandbox(&self, sb: &Sandbox, force: bool) -> Result<(), ApiError> {
-        let status = sb.record.lock().unwrap().status;
-        if status == SandboxStatus::Running {
-            if !force {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {} is running: stop it first, or remove it with force",
-                    sb.id
-                )));
-            }
-            self.stop_sandbox(sb, Duration::ZERO)?;
-        }
-        self.sandboxes.lock().unwrap().remove(&sb.id);
+        let held = match sb.begin(Verb::Remove { force })? {
+            Begun::Held(h) => h,
+            Begun::Nothing => return Ok(()),
+        };
+        self.end_processes(sb, &held, Duration::ZERO);
+        self.sandboxes.locked().remove(&sb.id);
         self.delete_sandbox_dir(&sb.dir);
-        Ok(())
+        held.settle(SandboxStatus::Removing, |rec| {
+            rec.lease = None;
+            rec.init_pid = None;
+            rec.init_start = None;
+            Ok(())
+        })
     }
 
     /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
     pub(super) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
-        let Some(pid) = sb.record.lock().unwrap().init_pid else {
+        let Some(pid) = sb.record.locked().init_pid else {
             return;
         };
         let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
@@ -494,16 +528,24 @@ impl Daemon {
             if let Ok(afd) = registered {
                 let _ = afd.readable().await;
             }
-            let _ = tokio::task::spawn_blocking(move || {
-                let running = {
-                    let rec = sb.record.lock().unwrap();
-                    rec.status == SandboxStatus::Running && rec.init_pid == Some(pid)
-                };
-                if running && daemon.sandboxes.lock().unwrap().contains_key(&sb.id) {
-                    log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
-                    let _ = daemon.stop_sandbox(&sb, Duration::ZERO);
-                } else {
+            let _ = tokio::task::spawn_blocking(move || loop {
+                // A checkpoint in progress settles first; a stop or removal in progress
+                // cleans up after the init itself.
+                if sb.record.locked().init_pid != Some(pid) {
                     reap(pid);
+                    return;
+                }
+                match sb.begin(Verb::Exited) {
+                    Ok(Begun::Held(held)) => {
+                        log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
+                        let _ = daemon.stop_held(&sb, held, Duration::ZERO);
+                        return;
+                    }
+                    Ok(Begun::Nothing) => {
+                        reap(pid);
+                        return;
+                    }
+                    Err(_) => sb.wait_settled(),
                 }
             })
             .await;
@@ -549,17 +591,13 @@ impl Daemon {
                 rec.init_start = None;
                 super::write_json_atomic(&path, "state.json", &rec, super::Survive::DaemonCrash)?;
             }
-            let sb = Arc::new(Sandbox {
-                id: id.clone(),
-                dir: path,
-                record: Mutex::new(rec),
-            });
+            let sb = Arc::new(Sandbox::new(path, rec));
             if alive {
-                if let Some(l) = &sb.record.lock().unwrap().lease {
+                if let Some(l) = &sb.record.locked().lease {
                     alive_leases.push((id.clone(), l.clone()));
                 }
             }
-            self.sandboxes.lock().unwrap().insert(id, sb.clone());
+            self.sandboxes.locked().insert(id, sb.clone());
             if alive {
                 to_watch.push(sb);
             }

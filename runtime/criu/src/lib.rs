@@ -40,6 +40,12 @@ pub enum CriuError {
     },
     #[error("CRIU RPC: {0}")]
     Rpc(String),
+    #[error("criu {action} did not answer within {} s and was killed (FORKD_CRIU_TIMEOUT_SECS raises the limit; log {log})", limit.as_secs())]
+    TimedOut {
+        action: &'static str,
+        limit: Duration,
+        log: PathBuf,
+    },
     #[error("criu {action} failed: {message} (log {log}){tail}")]
     Failed {
         action: &'static str,
@@ -62,6 +68,25 @@ pub struct Criu {
     private_run: Option<PrivateRun>,
     /// How CRIU is started: a program and the arguments that precede CRIU's own.
     launch: (PathBuf, Vec<std::ffi::OsString>),
+    /// How long one dump or restore may take before CRIU is killed
+    /// (`FORKD_CRIU_TIMEOUT_SECS`, default [`DEFAULT_TIMEOUT`]): whatever the tree's
+    /// processes do (a task in uninterruptible sleep, one CRIU waits on for ever), the
+    /// request ends.
+    pub timeout: Duration,
+}
+
+/// The default bound on one CRIU exchange: ten minutes, well above the dump of a
+/// guest of several GiB here.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `FORKD_CRIU_TIMEOUT_SECS`, or the default.
+pub fn timeout_from_env() -> Duration {
+    std::env::var("FORKD_CRIU_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_TIMEOUT)
 }
 
 /// The tmpfs every CRIU sees as its `/run`, and the cgroup yard restores are given.
@@ -208,6 +233,7 @@ impl Criu {
             version: format!("{major}.{minor}"),
             private_run: None,
             launch,
+            timeout: timeout_from_env(),
         })
     }
 
@@ -336,6 +362,7 @@ impl Criu {
         let mut hook_error = None;
         let resp = self.call(
             rpc::Criu_req_type::DUMP,
+            &log,
             o,
             &Child::default(),
             &mut |script| {
@@ -406,7 +433,7 @@ impl Criu {
             root_mount: opts.root_mount.as_deref().map(|m| (m, opts.root.as_path())),
             mergeable: opts.mergeable,
         };
-        let resp = self.call(rpc::Criu_req_type::RESTORE, o, &child, &mut |_| true)?;
+        let resp = self.call(rpc::Criu_req_type::RESTORE, &log, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;
         let pid = resp.restore.as_ref().map(|r| r.pid()).unwrap_or(0);
         if pid <= 0 {
@@ -456,10 +483,12 @@ impl Criu {
         Ok(child)
     }
 
-    /// One swrk exchange: request, notifications, response.
+    /// One swrk exchange: request, notifications, response, within [`Criu::timeout`]
+    /// (CRIU is killed when it passes, which also lets go of every task it had seized).
     fn call(
         &self,
         kind: rpc::Criu_req_type,
+        log: &Path,
         opts: rpc::Criu_opts,
         child_setup: &Child<'_>,
         notify: &mut dyn FnMut(&str) -> bool,
@@ -513,7 +542,25 @@ impl Criu {
             .write_to_bytes()
             .map_err(|e| CriuError::Rpc(e.to_string()))?;
         sock.write_all(&bytes).map_err(io("send request to criu"))?;
+        let deadline = Instant::now() + self.timeout;
+        let action = match kind {
+            rpc::Criu_req_type::DUMP => "dump",
+            rpc::Criu_req_type::RESTORE => "restore",
+            _ => "request",
+        };
         let result = loop {
+            match wait_readable(&sock, deadline) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = child.kill();
+                    break Err(CriuError::TimedOut {
+                        action,
+                        limit: self.timeout,
+                        log: log.to_path_buf(),
+                    });
+                }
+                Err(e) => break Err(io("wait for criu")(e)),
+            }
             let mut buf = vec![0u8; 1 << 16];
             let n = match sock.read(&mut buf) {
                 Ok(0) => {
@@ -563,6 +610,25 @@ impl Criu {
             }
             other => other,
         })
+    }
+}
+
+/// Waits until `f` can be read or `deadline` passes; whether it can.
+fn wait_readable(f: &std::fs::File, deadline: Instant) -> std::io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => continue,
+            Ok(_) => return Ok(true),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

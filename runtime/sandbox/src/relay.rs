@@ -475,10 +475,16 @@ fn kill_tree(main: i32, status: &mut Option<WaitStatus>) {
 
 /// Builds the command: program, environment, working directory and identity.
 fn build_command(req: &ExecRequest) -> Result<Command, String> {
+    // Checked again here rather than trusted: the request came over a socket that
+    // processes inside the sandbox can reach too.
+    req.validate()?;
     let argv = req.command_line();
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| "argv is empty".to_string())?;
     let (uid, gid, home) = resolve_user(req.user.as_deref())?;
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]);
+    let mut cmd = Command::new(program);
+    cmd.args(args);
     cmd.env_clear();
     cmd.env("PATH", DEFAULT_PATH).env("HOME", &home);
     if let Ok(h) = nix::unistd::gethostname() {
@@ -488,7 +494,9 @@ fn build_command(req: &ExecRequest) -> Result<Command, String> {
         cmd.env("TERM", "xterm-256color");
     }
     for kv in &req.env {
-        let (k, v) = kv.split_once('=').expect("validated");
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("env entry {kv:?} is not KEY=VALUE"))?;
         cmd.env(k, v);
     }
     cmd.current_dir(req.cwd.as_deref().unwrap_or("/"));
@@ -547,4 +555,37 @@ fn resolve_user(spec: Option<&str>) -> Result<(u32, u32, String), String> {
         },
     };
     Ok((uid, gid, home))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What reaches `init.sock` can come from inside the sandbox: a request that would
+    /// not pass the daemon's checks is refused with an error, never a panic.
+    #[test]
+    fn requests_the_daemon_would_refuse_are_refused_not_panicked_on() {
+        let empty = ExecRequest::default();
+        assert!(build_command(&empty).unwrap_err().contains("argv is empty"));
+        let bad_env = ExecRequest {
+            argv: vec!["/bin/true".into()],
+            env: vec!["NOEQUALS".into()],
+            ..Default::default()
+        };
+        assert!(build_command(&bad_env).unwrap_err().contains("KEY=VALUE"));
+        let nul = ExecRequest {
+            argv: vec!["/bin/tr\0ue".into()],
+            ..Default::default()
+        };
+        assert!(build_command(&nul).unwrap_err().contains("NUL"));
+        let ok = ExecRequest {
+            argv: vec!["/bin/true".into(), "x".into()],
+            env: vec!["A=b=c".into()],
+            ..Default::default()
+        };
+        let cmd = build_command(&ok).unwrap();
+        assert_eq!(cmd.get_program(), "/bin/true");
+        let envs: Vec<_> = cmd.get_envs().collect();
+        assert!(envs.contains(&(std::ffi::OsStr::new("A"), Some(std::ffi::OsStr::new("b=c")))));
+    }
 }
