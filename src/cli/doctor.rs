@@ -16,7 +16,6 @@ use serde::Serialize;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,8 +23,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long an external program (criu, qemu) or the namespace probe may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
-/// Where `fixtures/setup.sh criu` installs the pinned CRIU.
-const DEFAULT_CRIU: &str = "/opt/forkd/criu/bin/criu";
 /// The oldest CRIU that works here (Debian 12's 3.17 fails `criu check` on new kernels,
 /// and before 4.2 no TCP or UDP socket can be dumped on Linux >= 6.16).
 const MIN_CRIU: (u32, u32) = forkd_criu::MIN_VERSION;
@@ -288,50 +285,10 @@ fn namespace_problem(ns: &str, sysctl: &str) -> Option<String> {
     }
 }
 
-/// Creates the namespaces in `flags` in a forked child that exits at once; the
-/// namespaces die with it. Proves more than the `/proc/self/ns` files do: seccomp, a
-/// missing capability or an exhausted limit all show up here.
+/// Creates the namespaces in `flags` in a child that exits at once (see
+/// `forkd_sys::probe_unshare`). Proves more than the `/proc/self/ns` files do.
 fn try_unshare(flags: libc::c_int) -> anyhow::Result<()> {
-    // SAFETY: the child only calls unshare(2), reads errno and calls _exit(2), all
-    // async-signal-safe, so forking is sound even if other threads hold locks (the unit
-    // tests run this inside the multi-threaded test harness).
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(std::io::Error::last_os_error()).context("fork");
-    }
-    if pid == 0 {
-        // SAFETY: see above; _exit skips atexit handlers and stdio buffers inherited
-        // from the parent, which must not be flushed twice.
-        unsafe {
-            let code = if libc::unshare(flags) == 0 {
-                0
-            } else {
-                *libc::__errno_location()
-            };
-            libc::_exit(code.clamp(0, 255));
-        }
-    }
-    let pid = nix::unistd::Pid::from_raw(pid);
-    let deadline = Instant::now() + COMMAND_TIMEOUT;
-    loop {
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        match waitpid(pid, Some(WaitPidFlag::WNOHANG)).context("waitpid on the unshare probe")? {
-            WaitStatus::Exited(_, 0) => return Ok(()),
-            WaitStatus::Exited(_, errno) => {
-                bail!("{}", std::io::Error::from_raw_os_error(errno))
-            }
-            WaitStatus::Signaled(_, signal, _) => bail!("probe child killed by {signal}"),
-            _ if Instant::now() >= deadline => {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                let _ = waitpid(pid, None);
-                bail!(
-                    "probe child still running after {} s",
-                    COMMAND_TIMEOUT.as_secs()
-                );
-            }
-            _ => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    forkd_sys::probe_unshare(flags, COMMAND_TIMEOUT).map_err(anyhow::Error::from)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -346,10 +303,10 @@ fn check_overlayfs() -> Check {
         Err(e) => return Check::not_ok(NAME, true, format!("{filesystems}: {e}")),
     }
     match overlay_probe() {
-        Ok(dir) => Check::ok(
+        Ok(how) => Check::ok(
             NAME,
             true,
-            format!("mount, write to upper, unmount ({dir})"),
+            format!("mount as the daemon does, write to upper ({how})"),
         ),
         Err(e) => Check::not_ok(NAME, true, format!("{e:#}")),
     }
@@ -387,66 +344,32 @@ impl Drop for TempDir {
     }
 }
 
-/// An overlay mount that is lazily detached on drop if it was not unmounted cleanly, so
-/// a failed probe never leaves a mount (or deletes through one) behind.
-struct Mounted<'a>(Option<&'a Path>);
-
-impl Mounted<'_> {
-    fn unmount(mut self) -> anyhow::Result<()> {
-        let path = self.0.take().expect("mounted");
-        nix::mount::umount2(path, nix::mount::MntFlags::empty())
-            .with_context(|| format!("umount {}", path.display()))
-            .inspect_err(|_| {
-                let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
-            })
-    }
-}
-
-impl Drop for Mounted<'_> {
-    fn drop(&mut self) {
-        if let Some(path) = self.0 {
-            let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
-
-/// Mounts lower/upper/work/merged under a temporary directory, checks that a lower file
-/// shows through and that a write through the mount lands in the upper directory.
+/// Builds an overlay exactly as the daemon builds a sandbox's root (the same code:
+/// `forkd_sys::mount::overlay`, a detached mount with one `lowerdir+` per layer), checks
+/// that a lower file shows through and that a write through it lands in the upper
+/// directory. The mount is detached, so it is in no mount table and goes with its
+/// descriptor.
 fn overlay_probe() -> anyhow::Result<String> {
     let tmp = TempDir::new("forkd-doctor")?;
-    let [lower, upper, work, merged] = ["lower", "upper", "work", "merged"].map(|d| tmp.0.join(d));
-    for dir in [&lower, &upper, &work, &merged] {
+    let [lower, upper, work] = ["lower", "upper", "work"].map(|d| tmp.0.join(d));
+    for dir in [&lower, &upper, &work] {
         fs::create_dir(dir).with_context(|| format!("create {}", dir.display()))?;
     }
     let lower_file = lower.join("from-lower");
     fs::write(&lower_file, b"lower\n")
         .with_context(|| format!("write {}", lower_file.display()))?;
-
-    let data = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
-        upper.display(),
-        work.display()
-    );
-    nix::mount::mount(
-        Some("overlay"),
-        &merged,
-        Some("overlay"),
-        nix::mount::MsFlags::empty(),
-        Some(data.as_str()),
-    )
-    .with_context(|| format!("mount overlay at {}", merged.display()))?;
-    let mounted = Mounted(Some(merged.as_path()));
-
+    let mnt = forkd_sys::mount::overlay(&[&lower], Some((&upper, &work)))
+        .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
+    let merged = forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&mnt));
     let seen = merged.join("from-lower");
     let text = fs::read_to_string(&seen).with_context(|| format!("read {}", seen.display()))?;
     if text != "lower\n" {
-        bail!("{} does not show the lower file's content", seen.display());
+        bail!("the overlay does not show the lower file's content");
     }
     let probe = merged.join("probe");
-    fs::write(&probe, b"forkd\n").with_context(|| format!("write {}", probe.display()))?;
+    fs::write(&probe, b"forkd\n").context("write through the overlay")?;
+    drop(mnt);
     let landed = upper.join("probe");
-    mounted.unmount()?;
     match fs::read(&landed) {
         Ok(bytes) if bytes == b"forkd\n" => {}
         Ok(_) => bail!(
@@ -464,12 +387,23 @@ fn overlay_probe() -> anyhow::Result<String> {
             lower.display()
         );
     }
-    Ok(tmp
-        .0
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .display()
-        .to_string())
+    Ok(format!(
+        "lowerdir+ on Linux {}, under {}",
+        forkd_sys::mount::kernel_release(),
+        tmp.0.parent().unwrap_or(Path::new("/")).display()
+    ))
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        cur = s.source();
+    }
+    text
 }
 
 // ---------------------------------------------------------------------------------------
@@ -561,34 +495,23 @@ fn check_btrfs() -> Check {
 
 fn check_pidfd() -> Check {
     const NAME: &str = "pidfd";
-    // SAFETY: pidfd_open takes a pid and flags by value and returns a new fd or -1; it
-    // touches no memory of ours.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = forkd_sys::pidfd_open(std::process::id() as libc::pid_t) {
         return Check::not_ok(
             NAME,
             true,
             format!("pidfd_open on self: {e} (needs Linux >= 5.3)"),
         );
     }
-    // SAFETY: the syscall just returned this fd, and nothing else owns it.
-    drop(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
     Check::ok(NAME, true, "pidfd_open works")
 }
 
 fn check_userfaultfd() -> Check {
     const NAME: &str = "userfaultfd";
     let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-    // SAFETY: userfaultfd takes flags by value and returns a new fd or -1; it touches no
-    // memory of ours.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
-    if fd >= 0 {
-        // SAFETY: the syscall just returned this fd, and nothing else owns it.
-        drop(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
-        return Check::ok(NAME, false, "userfaultfd works (lazy restore possible)");
-    }
-    let e = std::io::Error::last_os_error();
+    let e = match forkd_sys::userfaultfd(flags) {
+        Ok(_) => return Check::ok(NAME, false, "userfaultfd works (lazy restore possible)"),
+        Err(e) => e,
+    };
     // CRIU falls back to the device (Linux >= 6.1) when the syscall is not allowed.
     let device = "/dev/userfaultfd";
     let device_error = match fs::OpenOptions::new().read(true).write(true).open(device) {
@@ -674,20 +597,19 @@ fn check_criu(explicit: Option<&Path>) -> Check {
     }
 }
 
-/// The CRIU to use: the explicit path, `$FORKD_CRIU`, the pinned install, or `PATH`.
+/// The CRIU to use, found by the daemon's own rules (`forkd_criu::Criu::locate`: the
+/// explicit path, `$FORKD_CRIU`, the pinned install, `PATH`). Its version is checked
+/// below with a bounded wait, and so is not required of the locator.
 fn resolve_criu(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(path) = explicit {
-        return Ok(path.to_path_buf());
+    match forkd_criu::Criu::locate(explicit) {
+        Ok(c) => Ok(c.path),
+        // Found but too old: reported with its version by the check itself.
+        Err(forkd_criu::CriuError::TooOld { .. }) => forkd_criu::Criu::candidates(explicit)
+            .into_iter()
+            .find(|p| p.is_file())
+            .context("criu not found"),
+        Err(e) => Err(anyhow::anyhow!("{e}")),
     }
-    if let Some(path) = std::env::var_os("FORKD_CRIU").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
-    }
-    if Path::new(DEFAULT_CRIU).exists() {
-        return Ok(PathBuf::from(DEFAULT_CRIU));
-    }
-    find_on_path("criu").with_context(|| {
-        format!("criu not found: FORKD_CRIU unset, no {DEFAULT_CRIU}, none on PATH")
-    })
 }
 
 fn find_on_path(program: &str) -> Option<PathBuf> {

@@ -269,6 +269,42 @@ fn stopped_tasks(cg: &Cgroup) -> Vec<i32> {
         .collect()
 }
 
+/// The processes of the cgroup that another process traces (`TracerPid` in
+/// `/proc/PID/status`), each with its tracer: (pid, comm, tracer pid, tracer comm),
+/// pids as the sandbox sees them.
+fn traced_tasks(cg: &Cgroup) -> Vec<(i32, String, i32, String)> {
+    let comm = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_default()
+    };
+    // The innermost of `NSpid`'s pids: the one in the sandbox's own pid namespace.
+    let inner = |pid: i32| -> i32 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last()?.parse().ok())
+            })
+            .unwrap_or(pid)
+    };
+    cg.pids()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let tracer: i32 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            (tracer != 0).then(|| (inner(pid), comm(pid), inner(tracer), comm(tracer)))
+        })
+        .collect()
+}
+
 fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -414,6 +450,22 @@ impl Daemon {
                 // still be on its way out when the checkpoint starts; dumped mid-exit, its
                 // memory restores broken (CRIU's restorer fails reading its pages). Wait
                 // for such relays to be gone first.
+                // CRIU seizes every task with ptrace, which a task already traced
+                // refuses: say so plainly instead of failing deep in the dump.
+                let traced = traced_tasks(&cg);
+                if !traced.is_empty() {
+                    let list: Vec<String> = traced
+                        .iter()
+                        .map(|(p, c, t, tc)| {
+                            format!("process {p} ({c}) is traced by process {t} ({tc})")
+                        })
+                        .collect();
+                    return Err(ApiError::conflict(format!(
+                        "live checkpoint of sandbox {}: {}; CRIU cannot seize a traced process: detach the tracer first (a filesystem checkpoint works meanwhile)",
+                        sb.id,
+                        list.join("; ")
+                    )));
+                }
                 let t = Instant::now();
                 wait_for_exiting_relays(&cg, rec.init_pid.unwrap_or(0), Duration::from_secs(2));
                 phases.insert("relays".into(), t.elapsed().as_micros() as u64);

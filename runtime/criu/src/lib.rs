@@ -193,7 +193,21 @@ impl Criu {
     /// Finds CRIU: `explicit`, then `$FORKD_CRIU`, then the bundle installed by
     /// `fixtures/setup.sh criu`, then `criu` on PATH; checks its version.
     pub fn locate(explicit: Option<&Path>) -> Result<Criu, CriuError> {
-        let candidates: Vec<PathBuf> = explicit
+        let path = Self::candidates(explicit)
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                CriuError::NotFound(
+                    "criu not found (set FORKD_CRIU or run fixtures/setup.sh criu)".into(),
+                )
+            })?;
+        Self::at(path)
+    }
+
+    /// Where [`Criu::locate`] looks, in order: `explicit`, `$FORKD_CRIU`, the bundle
+    /// installed by `fixtures/setup.sh criu`, then `criu` in each `PATH` directory.
+    pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
+        explicit
             .map(Path::to_path_buf)
             .into_iter()
             .chain(std::env::var_os("FORKD_CRIU").map(PathBuf::from))
@@ -203,15 +217,11 @@ impl Criu {
                     .map(|d| d.join("criu"))
                     .collect::<Vec<_>>()
             }))
-            .collect();
-        let path = candidates
-            .into_iter()
-            .find(|p| p.is_file())
-            .ok_or_else(|| {
-                CriuError::NotFound(
-                    "criu not found (set FORKD_CRIU or run fixtures/setup.sh criu)".into(),
-                )
-            })?;
+            .collect()
+    }
+
+    /// CRIU at `path`, version-checked.
+    fn at(path: PathBuf) -> Result<Criu, CriuError> {
         let out = Command::new(&path)
             .arg("--version")
             .stdin(Stdio::null())

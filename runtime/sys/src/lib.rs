@@ -111,6 +111,68 @@ pub fn exit_immediately(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Creates the namespaces in `flags` (`CLONE_NEW*`) in a forked child that exits at
+/// once, so the namespaces die with it; waits for it at most `limit`. Says whether
+/// this process may make them here (seccomp, a missing capability or an exhausted
+/// limit all show), without changing its own namespaces.
+pub fn probe_unshare(flags: libc::c_int, limit: std::time::Duration) -> io::Result<()> {
+    // SAFETY: the child only calls unshare(2), reads errno and calls _exit(2), all
+    // async-signal-safe, so forking is sound even if other threads hold locks.
+    let pid = unsafe { libc::fork() };
+    check(pid as libc::c_long)?;
+    if pid == 0 {
+        // SAFETY: see above; _exit skips atexit handlers and stdio buffers inherited
+        // from the parent, which must not be flushed twice.
+        unsafe {
+            let code = if libc::unshare(flags) == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            libc::_exit(code.clamp(0, 255));
+        }
+    }
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid, writable int for the call.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        check(r as libc::c_long)?;
+        if r == pid {
+            if libc::WIFEXITED(status) {
+                return match libc::WEXITSTATUS(status) {
+                    0 => Ok(()),
+                    errno => Err(io::Error::from_raw_os_error(errno)),
+                };
+            }
+            return Err(io::Error::other(format!(
+                "probe child killed by signal {}",
+                libc::WTERMSIG(status)
+            )));
+        }
+        if std::time::Instant::now() >= deadline {
+            // SAFETY: plain integer arguments; the child is ours and not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("probe child still running after {} s", limit.as_secs()),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// `userfaultfd(2)` with `flags` (`O_CLOEXEC`, `O_NONBLOCK`).
+pub fn userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: userfaultfd takes flags by value and returns a new fd or -1; it touches no
+    // memory of ours.
+    let fd = check(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) })?;
+    Ok(own_fd(fd as RawFd))
+}
+
 /// Forks the current process. The parent gets the child's pid, the child gets 0.
 ///
 /// Used by forkd's in-sandbox init, which is single-threaded.

@@ -23,6 +23,11 @@
 //! number of sandboxes (every new namespace copies its creator's table, and every mount
 //! and unmount on the host takes a lock whose hold time grows with it).
 //!
+//! Kernels before 6.8 have no `lowerdir+` (and `fsconfig` takes string values of at
+//! most 256 bytes, so the whole stack cannot go in one `lowerdir` either); there the
+//! first `lowerdir+` fails and the error says which kernel is needed
+//! ([`LOWERDIR_PLUS_KERNEL`]). `forkd doctor` probes overlays through this same code.
+//!
 //! When a step fails, the kernel usually explains why in the context's message log
 //! (read from the `fsopen` descriptor); the error carries those lines.
 //!
@@ -120,8 +125,26 @@ pub fn overlay(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<Ow
         ));
     }
     let fs = FsContext::open(c"overlay").map_err(io::Error::from)?;
-    for lower in lowers {
-        fs.set_path("lowerdir+", lower)?;
+    for (i, lower) in lowers.iter().enumerate() {
+        let set = fs.set_path("lowerdir+", lower);
+        if let (0, Err(e)) = (i, &set) {
+            // Kernels before 6.8 do not know the option (EINVAL, or ENOPARAM through
+            // the legacy path); a path that does not resolve is ENOENT.
+            let old_kernel =
+                kernel_version(&kernel_release()).is_some_and(|v| v < LOWERDIR_PLUS_KERNEL);
+            if old_kernel && e.kind() != io::ErrorKind::NotFound {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "overlayfs on this kernel ({}) lacks lowerdir+, which forkd needs for its layer stacks: Linux {}.{} or later ({e})",
+                        kernel_release(),
+                        LOWERDIR_PLUS_KERNEL.0,
+                        LOWERDIR_PLUS_KERNEL.1
+                    ),
+                ));
+            }
+        }
+        set?;
     }
     if let Some((upper, work)) = upper {
         fs.set_path("upperdir", upper)?;
@@ -134,6 +157,30 @@ pub fn overlay(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<Ow
         0
     };
     fs.mount(attrs)
+}
+
+/// The first kernel whose overlayfs takes `lowerdir+`.
+pub const LOWERDIR_PLUS_KERNEL: (u32, u32) = (6, 8);
+
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// (major, minor) of a kernel release such as `6.1.0-27-amd64`.
+pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts
+        .next()?
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .ok()?;
+    Some((major, minor))
 }
 
 /// Attaches the detached mount `mnt` at `target` in the caller's mount namespace. A
@@ -406,6 +453,15 @@ mod tests {
             fs::read_to_string(lowers[0].join("generation")).unwrap(),
             "0"
         );
+    }
+
+    #[test]
+    fn kernel_versions_parse() {
+        assert_eq!(kernel_version("6.1.0-27-amd64"), Some((6, 1)));
+        assert_eq!(kernel_version("6.18.2"), Some((6, 18)));
+        assert_eq!(kernel_version("5.15.0-1051-azure"), Some((5, 15)));
+        assert_eq!(kernel_version("6.8-rc1"), Some((6, 8)));
+        assert_eq!(kernel_version("garbage"), None);
     }
 
     #[test]
