@@ -229,26 +229,8 @@ fn a_criu_that_never_answers_is_killed_at_the_timeout() {
     if !can_run_criu(name) {
         return;
     }
-    let real = forkd_criu::Criu::locate(None).unwrap().path;
-    let dir = std::env::temp_dir().join(format!("forkd-hang-criu-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("bin")).unwrap();
-    let hang = dir.join("hang");
-    let wrapper = dir.join("bin/criu");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = swrk ] && [ -e {} ]; then exec sleep 600; fi\nexec {} \"$@\"\n",
-            hang.display(),
-            real.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let wrapper_s = wrapper.display().to_string();
+    let criu = HangingCriu::new("timeout");
+    let (hang, wrapper_s) = (criu.hang.clone(), criu.wrapper.clone());
     let d = TestDaemon::start_with_env(
         "hostile-timeout",
         &[("FORKD_CRIU", &wrapper_s), ("FORKD_CRIU_TIMEOUT_SECS", "3")],
@@ -301,5 +283,4 @@ fn a_criu_that_never_answers_is_killed_at_the_timeout() {
     std::fs::remove_file(&hang).unwrap();
     let ck = live_checkpoint(&d, &sb.id).expect("checkpoint once CRIU answers");
     assert!(ck.live);
-    let _ = std::fs::remove_dir_all(&dir);
 }

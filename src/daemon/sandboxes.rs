@@ -582,6 +582,15 @@ impl Daemon {
                     forkd_sys::process_alive(p)
                         && forkd_sys::process_start_time(p) == rec.init_start
                 });
+            if alive {
+                // A daemon killed in the middle of a checkpoint left the tree frozen.
+                let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+                if cg.freezer_dir().is_some() {
+                    if let Err(e) = cg.set_frozen(false, Duration::from_secs(10)) {
+                        log::warn(&format!("sandbox {id}: thaw after restart: {e}"));
+                    }
+                }
+            }
             if rec.status == SandboxStatus::Running && !alive {
                 log::info(&format!("sandbox {id}: init is gone; cleaning up"));
                 self.teardown(&id, &path, &rec.cgroup, None);

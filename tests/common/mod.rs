@@ -468,3 +468,50 @@ pub fn wait_until(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bo
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A CRIU stand-in that, while its `hang` file exists, answers no swrk request (it
+/// sleeps in CRIU's place), and otherwise runs the real CRIU: for tests of operations
+/// caught in the middle of a dump or restore.
+pub struct HangingCriu {
+    dir: PathBuf,
+    /// Touch to make the next dumps and restores hang; remove to let them through.
+    pub hang: PathBuf,
+    /// The wrapper, for the daemon's `FORKD_CRIU`.
+    pub wrapper: String,
+}
+
+impl HangingCriu {
+    pub fn new(tag: &str) -> HangingCriu {
+        let real = forkd_criu::Criu::locate(None).expect("criu").path;
+        let dir =
+            std::env::temp_dir().join(format!("forkd-hang-criu-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        let hang = dir.join("hang");
+        let wrapper = dir.join("bin/criu");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = swrk ] && [ -e {} ]; then exec sleep 600; fi\nexec {} \"$@\"\n",
+                hang.display(),
+                real.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        HangingCriu {
+            wrapper: wrapper.display().to_string(),
+            hang,
+            dir,
+        }
+    }
+}
+
+impl Drop for HangingCriu {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -524,6 +524,8 @@ impl Criu {
             fds.push((ns.as_raw_fd(), fd));
         }
         forkd_sys::inherit_fds(&mut cmd, fds);
+        // A daemon killed mid-dump must not leave CRIU holding the tree seized.
+        forkd_sys::die_with_parent(&mut cmd);
         if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
             forkd_sys::fresh_netns_fd(&mut cmd, fd);
         }

@@ -342,6 +342,31 @@ pub fn memory_merge_in_child(cmd: &mut std::process::Command) {
     }
 }
 
+/// Makes `cmd` get SIGKILL when the thread that started it exits (`PR_SET_PDEATHSIG`):
+/// a helper such as CRIU, which seizes a sandbox's processes, must not outlive a daemon
+/// killed in the middle of its work. The thread waits for the helper, so it lives as
+/// long as the helper is wanted.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs between fork and exec and makes one system call with integer
+    // arguments.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Moves the calling process into a mount namespace of its own: a copy of its current
 /// one, made a slave of it, with a procfs instance of its own on `/proc` (see
 /// [`fresh_proc`]). Returns 0, or -1 with `errno` set. Async-signal safe.
