@@ -184,6 +184,7 @@ class SandboxInfo(_Model):
 
     id: str = ""
     image: str = ""
+    # running, stopped; stopping, checkpointing or removing while such an operation runs
     status: str = ""
     created: int = 0
     hostname: str = ""
