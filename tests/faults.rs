@@ -8,7 +8,6 @@ mod common;
 
 use common::*;
 use forkd::api::{CheckpointInfo, SandboxInfo, SandboxStatus};
-use forkd::client::Client;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -104,16 +103,11 @@ fn kill_9_during_a_fork_of_20_branches() {
     }));
     d.wait_for(&sb.id, "cat /tmp/n", "");
     let ck: CheckpointInfo = d.checkpoint(&sb.id, true);
-    let forker = {
-        let (socket, id) = (d.socket.clone(), ck.id.clone());
-        std::thread::spawn(move || {
-            Client::new(&socket).call::<forkd::api::ForkResult>(
-                "POST",
-                &format!("/v1/checkpoints/{id}/fork"),
-                Some(&serde_json::json!({ "count": 20 })),
-            )
-        })
-    };
+    let forker = d.call_in_background::<forkd::api::ForkResult>(
+        "POST",
+        format!("/v1/checkpoints/{}/fork", ck.id),
+        serde_json::json!({ "count": 20 }),
+    );
     let mut seen = BTreeSet::new();
     assert!(
         wait_until(Duration::from_secs(60), || {
@@ -179,16 +173,11 @@ fn kill_9_during_a_live_checkpoint() {
     }));
     d.wait_for(&sb.id, "cat /tmp/n", "");
     std::fs::write(&criu.hang, b"").unwrap();
-    let dumper = {
-        let (socket, id) = (d.socket.clone(), sb.id.clone());
-        std::thread::spawn(move || {
-            Client::new(&socket).call::<CheckpointInfo>(
-                "POST",
-                &format!("/v1/sandboxes/{id}/checkpoint"),
-                Some(&serde_json::json!({ "live": true })),
-            )
-        })
-    };
+    let dumper = d.call_in_background::<CheckpointInfo>(
+        "POST",
+        format!("/v1/sandboxes/{}/checkpoint", sb.id),
+        serde_json::json!({ "live": true }),
+    );
     let daemon_pid = d.child.as_ref().unwrap().id();
     let mut hung = Vec::new();
     assert!(

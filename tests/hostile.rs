@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use forkd::api::{CheckpointInfo, SandboxInfo, SandboxStatus};
-use forkd::client::{Client, ClientError};
+use forkd::client::ClientError;
 use std::time::Duration;
 
 fn debian(name: &str, tag: &str, env: &[(&str, &str)]) -> Option<(TestDaemon, SandboxInfo)> {
@@ -241,16 +241,11 @@ fn a_criu_that_never_answers_is_killed_at_the_timeout() {
     }));
     d.wait_for(&sb.id, "cat /tmp/n", "");
     std::fs::write(&hang, b"").unwrap();
-    let dumper = {
-        let (socket, id) = (d.socket.clone(), sb.id.clone());
-        std::thread::spawn(move || {
-            Client::new(&socket).call::<CheckpointInfo>(
-                "POST",
-                &format!("/v1/sandboxes/{id}/checkpoint"),
-                Some(&serde_json::json!({ "live": true })),
-            )
-        })
-    };
+    let dumper = d.call_in_background::<CheckpointInfo>(
+        "POST",
+        format!("/v1/sandboxes/{}/checkpoint", sb.id),
+        serde_json::json!({ "live": true }),
+    );
     assert!(
         wait_until(Duration::from_secs(10), || {
             let list: Vec<SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();

@@ -8,10 +8,8 @@ mod common;
 
 use common::*;
 use forkd::api::{CheckpointInfo, SandboxInfo, SandboxStatus};
-use forkd::client::{Client, ClientError};
+use forkd::client::ClientError;
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn conflict(r: Result<serde_json::Value, ClientError>) -> String {
@@ -44,19 +42,11 @@ fn requests_are_answered_while_a_stop_waits_out_its_grace_period() {
         "command": { "shell": "trap '' TERM; while :; do sleep 1; done" }
     }));
     let other = d.busybox();
-    let stopped = Arc::new(AtomicBool::new(false));
-    let stopper = {
-        let (socket, id, stopped) = (d.socket.clone(), sb.id.clone(), stopped.clone());
-        std::thread::spawn(move || {
-            let r: Result<SandboxInfo, _> = Client::new(&socket).call(
-                "POST",
-                &format!("/v1/sandboxes/{id}/stop"),
-                Some(&serde_json::json!({ "grace_secs": 10 })),
-            );
-            stopped.store(true, Ordering::SeqCst);
-            r
-        })
-    };
+    let stopper = d.call_in_background::<SandboxInfo>(
+        "POST",
+        format!("/v1/sandboxes/{}/stop", sb.id),
+        serde_json::json!({ "grace_secs": 10 }),
+    );
     assert!(
         wait_until(Duration::from_secs(5), || inspect(&d, &sb.id).status
             == SandboxStatus::Stopping),
@@ -94,7 +84,7 @@ fn requests_are_answered_while_a_stop_waits_out_its_grace_period() {
     let (code, out, _) = d.sh(&other.id, "echo beside");
     assert_eq!((code, out.trim()), (0, "beside"));
     assert!(
-        !stopped.load(Ordering::SeqCst),
+        !stopper.is_finished(),
         "the stop returned before the requests made during its grace period"
     );
     println!("list during a stop: {list_us} us");
@@ -130,16 +120,11 @@ fn a_checkpoint_is_not_removed_under_a_fork_in_flight() {
         .unwrap();
     d.remove(&sb.id);
     let count = 30;
-    let forker = {
-        let (socket, id) = (d.socket.clone(), ck.id.clone());
-        std::thread::spawn(move || {
-            Client::new(&socket).call::<forkd::api::ForkResult>(
-                "POST",
-                &format!("/v1/checkpoints/{id}/fork"),
-                Some(&serde_json::json!({ "count": count })),
-            )
-        })
-    };
+    let forker = d.call_in_background::<forkd::api::ForkResult>(
+        "POST",
+        format!("/v1/checkpoints/{}/fork", ck.id),
+        serde_json::json!({ "count": count }),
+    );
     // The fork is in flight once its first branch is listed.
     assert!(
         wait_until(Duration::from_secs(30), || {

@@ -515,3 +515,17 @@ impl Drop for HangingCriu {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+impl TestDaemon {
+    /// Sends one request from a thread of its own, for a test that acts while it is in
+    /// flight; join the handle for the answer.
+    pub fn call_in_background<T: serde::de::DeserializeOwned + Send + 'static>(
+        &self,
+        method: &'static str,
+        path: String,
+        body: serde_json::Value,
+    ) -> std::thread::JoinHandle<Result<T, ClientError>> {
+        let socket = self.socket.clone();
+        std::thread::spawn(move || Client::new(&socket).call(method, &path, Some(&body)))
+    }
+}
