@@ -196,6 +196,9 @@ impl Daemon {
             forkd_layers::ImageError::NotFound(_) => {
                 ApiError::not_found(format!("no such image: {}", req.image))
             }
+            e @ forkd_layers::ImageError::InvalidName { .. } => {
+                ApiError::bad_request(format!("image: {e}"))
+            }
             other => ApiError::from_chain("read image", &other),
         })?;
         let mut req = req;
@@ -479,7 +482,10 @@ impl Daemon {
                 if forkd_sys::process_start_time(pid) == start && !grace.is_zero() {
                     let _ =
                         forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGTERM);
-                    let deadline = Instant::now() + grace;
+                    // A grace of centuries is a wait until the processes exit.
+                    let deadline = Instant::now()
+                        .checked_add(grace)
+                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 32));
                     while forkd_sys::process_alive(pid) && Instant::now() < deadline {
                         std::thread::sleep(Duration::from_millis(5));
                     }
