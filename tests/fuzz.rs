@@ -480,3 +480,146 @@ fn mutated_frames_and_task_files_are_errors_not_panics() {
         start.elapsed()
     );
 }
+
+/// Checkpoint archives and image tarballs with bytes flipped, cut or inserted: each
+/// import either yields a checkpoint or image that verifies, or is refused with a 400
+/// or 409; nothing half-made is left (no stage, no new checkpoint or image for a refused
+/// import), nothing lands outside the daemon's root, and the daemon goes on.
+#[test]
+fn mutated_archives_are_refused_cleanly_or_import_whole() {
+    let name = "mutated_archives_are_refused_cleanly_or_import_whole";
+    if !can_run(name) {
+        return;
+    }
+    let d = TestDaemon::start("fuzz-archives");
+    let sb = d.busybox();
+    let (code, _, err) = d.sh(
+        &sb.id,
+        "mkdir -p /data && echo payload > /data/f && ln -s /etc /data/l",
+    );
+    assert_eq!(code, 0, "{err}");
+    let ck = d.checkpoint(&sb.id, false);
+    let scratch = d.root.parent().unwrap().join("fuzz-archives");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let good = scratch.join("good.forkd");
+    let _: Value = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{}/export", ck.id),
+            Some(&json!({ "path": good })),
+        )
+        .expect("export");
+    let archive = std::fs::read(&good).unwrap();
+    let image = std::fs::read(busybox_tar()).unwrap();
+    let outside_before: Vec<_> = std::fs::read_dir(d.root.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let mut rng = Rng::new("archives");
+    let (start, mut cases, mut imported) = (Instant::now(), 0usize, 0usize);
+    while start.elapsed() < budget() {
+        let is_image = rng.chance(3);
+        let mut bytes = if is_image {
+            image.clone()
+        } else {
+            archive.clone()
+        };
+        for _ in 0..1 + rng.below(3) {
+            let at = rng.below(bytes.len());
+            match rng.below(4) {
+                0 => bytes[at] ^= 1 << rng.below(8),
+                1 => bytes.truncate(at.max(1)),
+                2 => bytes[at] = rng.next() as u8,
+                _ => bytes.insert(at, rng.next() as u8),
+            }
+        }
+        let file = scratch.join(if is_image { "m.tar" } else { "m.forkd" });
+        std::fs::write(&file, &bytes).unwrap();
+        cases += 1;
+        let (before_ck, before_img) = (
+            d.client
+                .call::<Vec<Value>>("GET", "/v1/checkpoints", None)
+                .unwrap()
+                .len(),
+            d.client
+                .call::<Vec<Value>>("GET", "/v1/images", None)
+                .unwrap()
+                .len(),
+        );
+        let (path, body) = if is_image {
+            (
+                "/v1/images",
+                json!({ "source": file, "name": format!("m{cases}") }),
+            )
+        } else {
+            ("/v1/checkpoints/import", json!({ "path": file }))
+        };
+        let r = d
+            .client
+            .raw("POST", path, &serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        let text = String::from_utf8_lossy(&r.body).to_string();
+        let (after_ck, after_img) = (
+            d.client
+                .call::<Vec<Value>>("GET", "/v1/checkpoints", None)
+                .unwrap()
+                .len(),
+            d.client
+                .call::<Vec<Value>>("GET", "/v1/images", None)
+                .unwrap()
+                .len(),
+        );
+        match r.status {
+            201 => {
+                imported += 1;
+                println!(
+                    "  whole: {} ({} bytes)",
+                    if is_image { "image" } else { "checkpoint" },
+                    bytes.len()
+                );
+                assert_eq!(after_ck + after_img, before_ck + before_img + 1, "{text}");
+            }
+            400 | 409 => {
+                assert_eq!(
+                    (after_ck, after_img),
+                    (before_ck, before_img),
+                    "a refused import left something: {text}"
+                );
+            }
+            other => panic!("import answered {other}: {text}"),
+        }
+        let stages: Vec<String> = std::fs::read_dir(d.data().join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(stages.is_empty(), "stages left: {stages:?}");
+    }
+    let outside_after: Vec<_> = std::fs::read_dir(d.root.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        outside_before.len(),
+        outside_after.len(),
+        "something was written beside the root"
+    );
+    println!(
+        "fuzz archives: {cases} imports ({imported} whole) in {:?}",
+        start.elapsed()
+    );
+    // The archive itself, unharmed, still imports and forks.
+    let ok: Value = d
+        .client
+        .call(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&json!({ "path": good })),
+        )
+        .expect("the good archive imports");
+    assert!(ok["id"].is_string());
+}
