@@ -517,6 +517,16 @@ fn mutated_archives_are_refused_cleanly_or_import_whole() {
         .flatten()
         .map(|e| e.file_name())
         .collect();
+    // (checkpoints, images) the daemon lists.
+    let counts = || {
+        let n = |path| {
+            d.client
+                .call::<Vec<Value>>("GET", path, None)
+                .unwrap()
+                .len()
+        };
+        (n("/v1/checkpoints"), n("/v1/images"))
+    };
     let mut rng = Rng::new("archives");
     let (start, mut cases, mut imported) = (Instant::now(), 0usize, 0usize);
     while start.elapsed() < budget() {
@@ -538,16 +548,7 @@ fn mutated_archives_are_refused_cleanly_or_import_whole() {
         let file = scratch.join(if is_image { "m.tar" } else { "m.forkd" });
         std::fs::write(&file, &bytes).unwrap();
         cases += 1;
-        let (before_ck, before_img) = (
-            d.client
-                .call::<Vec<Value>>("GET", "/v1/checkpoints", None)
-                .unwrap()
-                .len(),
-            d.client
-                .call::<Vec<Value>>("GET", "/v1/images", None)
-                .unwrap()
-                .len(),
-        );
+        let (before_ck, before_img) = counts();
         let (path, body) = if is_image {
             (
                 "/v1/images",
@@ -561,16 +562,7 @@ fn mutated_archives_are_refused_cleanly_or_import_whole() {
             .raw("POST", path, &serde_json::to_vec(&body).unwrap())
             .unwrap();
         let text = String::from_utf8_lossy(&r.body).to_string();
-        let (after_ck, after_img) = (
-            d.client
-                .call::<Vec<Value>>("GET", "/v1/checkpoints", None)
-                .unwrap()
-                .len(),
-            d.client
-                .call::<Vec<Value>>("GET", "/v1/images", None)
-                .unwrap()
-                .len(),
-        );
+        let (after_ck, after_img) = counts();
         match r.status {
             201 => {
                 imported += 1;
