@@ -39,6 +39,22 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("POST", "/v1/gc", "gc"),
     ("GET", "/v1/sandboxes/{id}/execs", "sandboxExecs"),
     ("GET", "/v1/checkpoints/{id}/delta", "checkpointDelta"),
+    ("POST", "/v1/sandboxes/{id}/grants", "grantSandbox"),
+    ("GET", "/v1/grants/{grant}", "inspectGrant"),
+    ("DELETE", "/v1/grants/{grant}", "revokeGrant"),
+];
+
+/// The operations a grant's socket serves (see [`GrantRequest`]), each only for the
+/// grant's own sandbox: its exec (plain and streamed), files, logs, trajectory and
+/// state, and the daemon's version.
+pub const GRANTED_OPERATIONS: &[&str] = &[
+    "version",
+    "inspectSandbox",
+    "execInSandbox",
+    "sandboxLogs",
+    "copyFromSandbox",
+    "copyToSandbox",
+    "sandboxExecs",
 ];
 
 /// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
@@ -51,6 +67,8 @@ pub const EXEC_UPGRADE: &str = "forkd-exec";
 pub enum ErrorKind {
     BadRequest,
     NotFound,
+    /// A grant's socket was asked for something outside its grant, or past its budget.
+    Forbidden,
     Conflict,
     Internal,
 }
@@ -80,6 +98,9 @@ impl ApiError {
     pub fn not_found(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, m)
     }
+    pub fn forbidden(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Forbidden, m)
+    }
     pub fn conflict(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::Conflict, m)
     }
@@ -101,6 +122,7 @@ impl ApiError {
         match self.kind {
             ErrorKind::BadRequest => 400,
             ErrorKind::NotFound => 404,
+            ErrorKind::Forbidden => 403,
             ErrorKind::Conflict => 409,
             ErrorKind::Internal => 500,
         }
@@ -572,3 +594,56 @@ pub struct ArchivePath {
     /// An absolute path on the daemon's host.
     pub path: String,
 }
+
+/// `POST /v1/sandboxes/{id}/grants`: a capability on one sandbox for one unprivileged
+/// user, served on a socket of its own. Whoever can connect to that socket (the user
+/// `uid`, and root) may exec in the sandbox, copy files in and out, and read its state,
+/// logs and trajectory; nothing else, and no other sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantRequest {
+    /// The user that owns the grant's socket (never 0).
+    pub uid: u32,
+    /// Its group; default the same number as `uid`.
+    #[serde(default)]
+    pub gid: Option<u32>,
+    /// Execs the grant allows in all; the one past it is refused (403). Default: no limit.
+    #[serde(default)]
+    pub max_steps: Option<u64>,
+}
+
+/// A request a grant's socket refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// Microseconds since the Unix epoch.
+    pub t_us: u64,
+    pub method: String,
+    pub path: String,
+    /// Why, as the 403 answer said.
+    pub reason: String,
+    /// Whether it was an exec past the step budget.
+    pub budget: bool,
+}
+
+/// A grant: its socket, its budget, and what it allowed and refused so far.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrantInfo {
+    pub id: String,
+    pub sandbox: String,
+    /// The socket that serves the grant (owned by `uid`, mode 0600).
+    pub socket: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub max_steps: Option<u64>,
+    /// Execs started through the grant.
+    pub steps: u64,
+    /// Requests refused, in all.
+    pub refused: u64,
+    /// The first refusals (at most [`GRANT_REFUSALS_KEPT`]).
+    pub refusals: Vec<Refusal>,
+    /// Whether the grant still serves (false once revoked, or its sandbox removed).
+    pub active: bool,
+}
+
+/// How many refusals a grant keeps in detail (`refused` counts them all).
+pub const GRANT_REFUSALS_KEPT: usize = 64;

@@ -21,8 +21,8 @@
 use forkd::api::{
     self, ApiError, ArchivePath, BranchInfo, BuildRequest, BuildResult, BuildStatus, BuildStep,
     CheckpointInfo, CheckpointRequest, CreateSandboxRequest, ErrorKind, ExecBody, ExecResult,
-    ForkRequest, ForkResult, ImageConfig, ImageInfo, ImportImageRequest, OpStats, SandboxInfo,
-    SandboxStatus, StopRequest, VersionInfo,
+    ForkRequest, ForkResult, GrantInfo, GrantRequest, ImageConfig, ImageInfo, ImportImageRequest,
+    OpStats, Refusal, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
 };
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
@@ -409,6 +409,7 @@ fn every_error_response_is_an_api_error_with_its_kinds_status() {
     let kinds = [
         ErrorKind::BadRequest,
         ErrorKind::NotFound,
+        ErrorKind::Forbidden,
         ErrorKind::Conflict,
         ErrorKind::Internal,
     ];
@@ -428,7 +429,7 @@ fn every_error_response_is_an_api_error_with_its_kinds_status() {
         .collect();
     assert_eq!(
         statuses,
-        ["400", "404", "409", "500"].map(String::from).into()
+        ["400", "403", "404", "409", "500"].map(String::from).into()
     );
     for ((method, path, id), op) in operations(&doc) {
         let responses = op["responses"].as_object().unwrap();
@@ -501,6 +502,7 @@ fn request_and_response_bodies_reference_the_right_schemas() {
         ("forkCheckpoint", Some("application/json ForkRequest")),
         ("exportCheckpoint", Some("application/json ArchivePath")),
         ("importCheckpoint", Some("application/json ArchivePath")),
+        ("grantSandbox", Some("application/json GrantRequest")),
     ];
     for (_, _, id) in api::ROUTES {
         let want = expected_bodies
@@ -575,6 +577,9 @@ fn request_and_response_bodies_reference_the_right_schemas() {
         ("gc", "200", "application/json GcResult"),
         ("sandboxExecs", "200", "application/x-ndjson binary"),
         ("checkpointDelta", "200", "application/x-tar binary"),
+        ("grantSandbox", "201", "application/json GrantInfo"),
+        ("inspectGrant", "200", "application/json GrantInfo"),
+        ("revokeGrant", "200", "application/json GrantInfo"),
     ];
     assert_eq!(expected.len(), api::ROUTES.len());
     for (id, code, want) in expected {
@@ -917,6 +922,31 @@ fn response_types_serialise_to_their_schemas() {
             branches: Vec::new(),
         },
     );
+    let refusal = Refusal {
+        t_us: 1_718_000_012_345_678,
+        method: "POST".into(),
+        path: "/v1/checkpoints/89abcdef01234567/fork".into(),
+        reason: "grant 0c1d2e3f40516273 allows exec, files, logs and inspect of sandbox 0123456789abcdef only, not forkCheckpoint".into(),
+        budget: false,
+    };
+    for (max_steps, refusals) in [(Some(4), vec![refusal]), (None, Vec::new())] {
+        check_serialised(
+            &doc,
+            "GrantInfo",
+            &GrantInfo {
+                id: "0c1d2e3f40516273".into(),
+                sandbox: "0123456789abcdef".into(),
+                socket: "/run/forkd/forkd.sock.grants/0c1d2e3f40516273.sock".into(),
+                uid: 2_000_000_001,
+                gid: 2_000_000_001,
+                max_steps,
+                steps: 3,
+                refused: refusals.len() as u64,
+                refusals,
+                active: true,
+            },
+        );
+    }
     for name in ["RemovedImage", "RemovedSandbox", "RemovedCheckpoint"] {
         check_serialised(&doc, name, &json!({ "removed": "x" }));
     }
@@ -935,6 +965,9 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<CheckpointRequest>(&doc, "CheckpointRequest");
     check_request::<ForkRequest>(&doc, "ForkRequest");
     check_request::<ArchivePath>(&doc, "ArchivePath");
+    check_request::<GrantRequest>(&doc, "GrantRequest");
+    let g: GrantRequest = serde_json::from_value(json!({ "uid": 5 })).unwrap();
+    assert!(g.gid.is_none() && g.max_steps.is_none());
 
     // ExecBody is ExecRequest's fields plus stdin_b64, flattened.
     let body = names(schema(&doc, "ExecBody").get("properties"));

@@ -340,3 +340,252 @@ fn external_and_replay_agents_act_through_forkd_within_budgets() {
         "{traj}"
     );
 }
+
+/// The forkd CLI where an agent's user can run it: a hard link (or copy) in `dir`, which
+/// is world-readable, whatever the permissions of the checkout's directories.
+fn cli_for_agents(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("forkd");
+    if std::fs::hard_link(BIN, &bin).is_err() {
+        std::fs::copy(BIN, &bin).unwrap();
+    }
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+#[test]
+fn agents_reach_only_their_own_trial_and_budget() {
+    if !can_run_criu("agents_reach_only_their_own_trial_and_budget") {
+        return;
+    }
+    let d = TestDaemon::start("evalconfine");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(&mini().join("add"), &suite.join("add"));
+    let toml = std::fs::read_to_string(suite.join("add/task.toml")).unwrap();
+    std::fs::write(
+        suite.join("add/task.toml"),
+        toml.replace("max_steps = 20", "max_steps = 4"),
+    )
+    .unwrap();
+    let bin = cli_for_agents(&work);
+    // A sibling trial's sandbox and a checkpoint of it, made on the daemon's own socket.
+    let sibling: serde_json::Value = d
+        .client
+        .call(
+            "POST",
+            "/v1/sandboxes",
+            Some(&serde_json::json!({ "image": "busybox" })),
+        )
+        .unwrap();
+    let sibling = sibling["id"].as_str().unwrap().to_string();
+    let ckpt: serde_json::Value = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{sibling}/checkpoint"),
+            Some(&serde_json::json!({})),
+        )
+        .unwrap();
+    let ckpt = ckpt["id"].as_str().unwrap().to_string();
+    let run = work.join("run");
+    // Tries everything it must not do, says what happened, then fixes the bug with one
+    // exec in its own sandbox.
+    // A raw exec request on whatever socket FORKD_SOCKET names: exits 0 if it ran.
+    let raw_exec = work.join("raw_exec.py");
+    std::fs::write(
+        &raw_exec,
+        "import os, socket, sys\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.connect(os.environ['FORKD_SOCKET'])\n\
+         body = b'{\"argv\": [\"true\"]}'\n\
+         head = 'POST /v1/sandboxes/%s/exec HTTP/1.1\\r\\nHost: forkd\\r\\nContent-Length: %d\\r\\n\\r\\n' % (sys.argv[1], len(body))\n\
+         s.sendall(head.encode() + body)\n\
+         answer = s.recv(64)\n\
+         sys.exit(0 if b' 200 ' in answer else 1)\n",
+    )
+    .unwrap();
+    let hostile = work.join("hostile.sh");
+    std::fs::write(
+        &hostile,
+        format!(
+            r#"#!/bin/sh
+F={bin}
+try() {{ what=$1; shift; if "$@" >/dev/null 2>&1; then echo "LEAK $what"; else echo "refused $what"; fi; }}
+echo "uid $(id -u)"
+try read-tests cat {suite}/add/tests/check.sh
+try read-solution cat {suite}/add/solution/patch.diff
+try read-manifest cat {run}/manifest.json
+echo "trials: $(ls {run}/trials | tr '\n' ' ')"
+try main-socket $F --socket {main} ps
+try exec-sibling $F exec {sibling} -- true
+try exec-sibling-raw python3 {raw_exec} {sibling}
+try own-exec-raw python3 {raw_exec} "$FORKD_SANDBOX"
+try fork $F fork {ckpt}
+try remove-checkpoint $F checkpoint rm -f {ckpt}
+try remove-sibling $F rm -f {sibling}
+try list-sandboxes $F ps
+try own-inspect $F inspect "$FORKD_SANDBOX"
+$F exec "$FORKD_SANDBOX" --sh -- "cd $FORKD_WORKDIR && sed -i 's/\$1 - \$2/\$1 + \$2/' app/add.sh"
+"#,
+            bin = bin.display(),
+            suite = suite.display(),
+            run = run.display(),
+            main = d.socket.display(),
+            raw_exec = raw_exec.display(),
+        ),
+    )
+    .unwrap();
+    // Runs one exec more than its budget, then claims success.
+    let greedy = work.join("greedy.sh");
+    std::fs::write(
+        &greedy,
+        format!(
+            "#!/bin/sh\nfor i in 1 2 3 4 5; do {} exec \"$FORKD_SANDBOX\" -- true || echo \"refused step $i\"; done\nexit 0\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let agents = format!(
+        "oracle,hostile=sh {},greedy=sh {}",
+        hostile.display(),
+        greedy.display()
+    );
+    let out = d.cli(&[
+        "--socket",
+        d.socket.to_str().unwrap(),
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        &agents,
+        "--conditions",
+        "clean",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = results(&run);
+    let by = |a: &str| {
+        rows.iter()
+            .find(|r| r.agent == a)
+            .unwrap_or_else(|| panic!("no row for {a}: {rows:?}"))
+    };
+    let trial = |a: &str| run.join("trials").join(&by(a).trial_id);
+    let grant = |a: &str| -> forkd::api::GrantInfo {
+        serde_json::from_slice(&std::fs::read(trial(a).join("grant.json")).unwrap()).unwrap()
+    };
+
+    // The hostile agent: every attempt failed, and it says so in its own output.
+    let said = std::fs::read_to_string(trial("hostile").join("agent.out")).unwrap();
+    let uid: u32 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("uid "))
+        .unwrap_or_else(|| panic!("no uid line: {said}"))
+        .parse()
+        .unwrap();
+    assert!(uid >= forkd::eval::confine::DEFAULT_UID_BASE, "{said}");
+    for what in [
+        "read-tests",
+        "read-solution",
+        "read-manifest",
+        "main-socket",
+        "exec-sibling",
+        "exec-sibling-raw",
+        "fork",
+        "remove-checkpoint",
+        "remove-sibling",
+        "list-sandboxes",
+    ] {
+        assert!(said.contains(&format!("refused {what}")), "{what}: {said}");
+    }
+    assert!(
+        said.contains("LEAK own-inspect"),
+        "its own sandbox is its to inspect: {said}"
+    );
+    assert!(said.contains("LEAK own-exec-raw"), "and to exec in: {said}");
+    // Of the run directory it sees only the way to its own directory.
+    assert!(
+        said.contains(&format!("trials: {} \n", by("hostile").trial_id)),
+        "{said}"
+    );
+    assert!(
+        !said.contains("LEAK read")
+            && !said.contains("LEAK exec")
+            && !said.contains("LEAK fork")
+            && !said.contains("LEAK remove")
+            && !said.contains("LEAK list")
+            && !said.contains("LEAK main"),
+        "{said}"
+    );
+    // The daemon refused each API attempt, and the trial's record keeps them.
+    let g = grant("hostile");
+    assert!(!g.active);
+    assert_eq!(g.uid, uid);
+    let refused: Vec<(&str, &str)> = g
+        .refusals
+        .iter()
+        .map(|r| (r.method.as_str(), r.path.as_str()))
+        .collect();
+    // (The CLI's exec looks the sandbox up first: that is where it is refused.)
+    for (method, path) in [
+        ("GET", format!("/v1/sandboxes/{sibling}")),
+        ("POST", format!("/v1/sandboxes/{sibling}/exec")),
+        ("POST", format!("/v1/checkpoints/{ckpt}/fork")),
+        ("DELETE", format!("/v1/checkpoints/{ckpt}")),
+        ("DELETE", format!("/v1/sandboxes/{sibling}")),
+        ("GET", "/v1/sandboxes".to_string()),
+    ] {
+        assert!(
+            refused.iter().any(|(m, p)| *m == method && *p == path),
+            "{method} {path} not among the refusals: {refused:?}"
+        );
+    }
+    assert!(g.refusals.iter().all(|r| !r.budget), "{:?}", g.refusals);
+    assert_eq!(g.steps, 2, "inspect is not a step; its two execs are");
+    // Its grade is the oracle's: the attempts changed nothing it was graded on.
+    assert_eq!(by("hostile").outcome, Outcome::Pass, "{:?}", by("hostile"));
+    assert_eq!(by("hostile").tests, by("oracle").tests);
+    assert_eq!(by("hostile").steps, 2);
+    // The sibling and the checkpoint are untouched: no exec in the sibling's trajectory.
+    let execs = d
+        .client
+        .raw("GET", &format!("/v1/sandboxes/{sibling}/execs"), &[])
+        .unwrap()
+        .body;
+    assert!(execs.is_empty(), "{}", String::from_utf8_lossy(&execs));
+    let _: serde_json::Value = d
+        .client
+        .call("GET", &format!("/v1/checkpoints/{ckpt}"), None)
+        .expect("the checkpoint is still there");
+
+    // The greedy agent: four execs ran, the fifth was refused for the budget, and the
+    // trial is a budget exhaustion whatever the agent claimed.
+    let g = grant("greedy");
+    assert_eq!(g.steps, 4);
+    assert!(
+        g.refusals
+            .iter()
+            .any(|r| r.budget && r.reason.contains("4 execs")),
+        "{:?}",
+        g.refusals
+    );
+    assert_eq!(
+        by("greedy").outcome,
+        Outcome::BudgetExhausted,
+        "{:?}",
+        by("greedy")
+    );
+    assert_eq!(by("greedy").steps, 4);
+    // Nothing of the grants is left.
+    let left: Vec<_> = std::fs::read_dir(work.join("forkd.sock.grants"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != ".stage")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

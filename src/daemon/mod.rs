@@ -12,6 +12,7 @@ mod build;
 mod checkpoints;
 pub use checkpoints::fork_parallelism;
 mod files;
+mod grants;
 mod http;
 mod images;
 mod lifecycle;
@@ -68,6 +69,8 @@ pub struct Daemon {
     pub sharing: Option<Arc<sharing::Sharing>>,
     /// Sandbox egress: the pool, the nftables table, `nft`.
     pub egress: forkd_net::Egress,
+    /// Capabilities on single sandboxes, each served on a socket of its own.
+    pub grants: grants::Grants,
     /// The network lease of every sandbox that holds one.
     pub leases: Mutex<HashMap<forkd_sandbox::SandboxId, forkd_net::Lease>>,
     pub runtime: tokio::runtime::Handle,
@@ -300,8 +303,15 @@ impl Daemon {
             Some(s) => Some(sharing::Sharing::start(s)?),
             None => None,
         };
+        let grant_dir = {
+            let mut p = cfg.socket.clone().into_os_string();
+            p.push(".grants");
+            PathBuf::from(p)
+        };
+        let grants = grants::Grants::open(grant_dir).context("prepare the grant directory")?;
         let daemon = Arc::new(Daemon {
             sharing,
+            grants,
             root: cfg.root.clone(),
             data,
             volume,
@@ -495,7 +505,7 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     match accepted {
                         Ok((stream, _)) => {
                             let d = daemon.clone();
-                            tokio::spawn(async move { routes::serve(d, stream).await });
+                            tokio::spawn(async move { routes::serve(d, stream, None).await });
                         }
                         Err(e) => log::warn(&format!("accept: {e}")),
                     }

@@ -1,6 +1,7 @@
 //! Request dispatch: match a route from [`crate::api::ROUTES`], run its handler on the
 //! blocking pool, answer, log one line with the request id and latency.
 
+use super::grants::Grant;
 use super::http::{self, Request, Response};
 use super::Lock as _;
 use super::{log, Daemon};
@@ -56,7 +57,9 @@ pub fn match_route(
     }
 }
 
-pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream) {
+/// Serves one connection: on the daemon's socket (`grant` is `None`), or on a grant's,
+/// where every request must pass [`Grant::admit`] first.
+pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Arc<Grant>>) {
     let started = Instant::now();
     let rid = daemon.request_id();
     let req = match http::read_request(&mut stream).await {
@@ -83,6 +86,21 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream) {
             return;
         }
     };
+    if let Some(g) = &grant {
+        if let Err(mut e) = g.admit(&daemon, &req.method, &req.path, op, &params) {
+            e.request_id = rid.clone();
+            log::info(&format!(
+                "{rid} {} {} -> {} grant {} ({})",
+                req.method,
+                req.path,
+                e.status(),
+                g.id,
+                e.message
+            ));
+            let _ = http::write_response(&mut stream, &Response::error(&e), &rid).await;
+            return;
+        }
+    }
     if op == "execInSandbox" && req.header("upgrade") == Some(EXEC_UPGRADE) {
         let result = exec_upgraded(daemon.clone(), &req, &params, stream, &rid).await;
         let us = started.elapsed().as_micros() as u64;
@@ -297,6 +315,13 @@ fn handle(
             })?;
             Ok(Response::bytes(tar, "application/x-tar"))
         }
+        "grantSandbox" => {
+            let sb = d.sandbox(&param("id"))?;
+            let body: api::GrantRequest = req.json()?;
+            Ok(Response::json(201, &d.grant(&sb, &body)?))
+        }
+        "inspectGrant" => Ok(Response::json(200, &d.grants.get(&param("grant"))?.info())),
+        "revokeGrant" => Ok(Response::json(200, &d.revoke_grant(&param("grant"))?)),
         other => Err(ApiError::internal(format!("route {other} has no handler"))),
     }
 }

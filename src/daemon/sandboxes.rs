@@ -502,6 +502,7 @@ impl Daemon {
             Begun::Held(h) => h,
             Begun::Nothing => return Ok(()),
         };
+        self.revoke_grants_of(&sb.id);
         self.end_processes(sb, &held, Duration::ZERO);
         self.sandboxes.locked().remove(&sb.id);
         self.delete_sandbox_dir(&sb.dir);

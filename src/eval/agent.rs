@@ -7,6 +7,7 @@
 //! Real harnesses (`mini-swe-agent[:CONFIG][#MODEL]`) are in [`super::harness`].
 //! Every exec of every agent is logged by the daemon with timestamps: the trajectory.
 
+use super::confine::{budget_refused, Confined};
 use super::harness::{MiniSweAgent, MINI_SWE_AGENT};
 use super::session::{InfraResult, Session};
 use super::task::Task;
@@ -118,8 +119,11 @@ pub struct Brief<'a> {
     pub note: Option<String>,
     pub timeout: Duration,
     pub max_steps: u64,
-    /// Where to put the instruction and note files for external agents.
+    /// The trial's directory: an external agent's own directory is `agent/` in it, and
+    /// its grant's record `grant.json`.
     pub scratch: &'a Path,
+    /// What an external agent must not see (the suites, the run directory).
+    pub hide: Vec<PathBuf>,
 }
 
 pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentRun> {
@@ -230,15 +234,17 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
 
 fn run_external(s: &Session, command: &str, b: &Brief) -> InfraResult<AgentRun> {
     let infra = |m: String| super::session::Infra(m);
-    std::fs::create_dir_all(b.scratch)
-        .map_err(|e| infra(format!("create {}: {e}", b.scratch.display())))?;
-    let instr = b.scratch.join("instruction.md");
-    std::fs::write(&instr, &b.instruction)
-        .map_err(|e| infra(format!("write {}: {e}", instr.display())))?;
+    let jail = Confined::prepare(
+        s,
+        b.sandbox,
+        b.max_steps,
+        &b.scratch.join("agent"),
+        b.hide.clone(),
+    )?;
+    let instr = jail.give("instruction.md", b.instruction.as_bytes())?;
     let mut cmd = std::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(command)
-        .env("FORKD_SOCKET", &s.socket)
         .env("FORKD_SANDBOX", b.sandbox)
         .env("FORKD_WORKDIR", b.task.workdir())
         .env("FORKD_INSTRUCTION", &instr)
@@ -252,49 +258,61 @@ fn run_external(s: &Session, command: &str, b: &Brief) -> InfraResult<AgentRun> 
             std::fs::File::create(b.scratch.join("agent.err")).map_err(|e| infra(e.to_string()))?,
         );
     if let Some(note) = &b.note {
-        let p = b.scratch.join("note.md");
-        std::fs::write(&p, note).map_err(|e| infra(format!("write {}: {e}", p.display())))?;
-        cmd.env("FORKD_NOTE", p);
+        cmd.env("FORKD_NOTE", jail.give("note.md", note.as_bytes())?);
     }
+    jail.apply(&mut cmd)?;
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd
+    let spawned = cmd
         .spawn()
-        .map_err(|e| infra(format!("start agent {command:?}: {e}")))?;
+        .map_err(|e| infra(format!("start agent {command:?}: {e}")));
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = jail.finish(s, &b.scratch.join("grant.json"));
+            return Err(e);
+        }
+    };
     let start = Instant::now();
-    let base = s.execs(b.sandbox)?.len() as u64;
-    loop {
+    let ended = loop {
         if let Some(status) = child.try_wait().map_err(|e| infra(e.to_string()))? {
-            return Ok(AgentRun {
-                submitted: status.success(),
-                budget_exhausted: false,
-                note: format!("exit {status}"),
-                steps: None,
-            });
+            break Ok(status);
         }
         let over_time = start.elapsed() > b.timeout;
-        let over_steps = s
-            .execs(b.sandbox)
-            .map(|e| e.len() as u64 - base > b.max_steps)
-            .unwrap_or(false);
-        if over_time || over_steps {
+        if over_time || jail.budget_spent(s) {
             // The whole process group: agents often start helpers.
             let _ = nix::sys::signal::killpg(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::SIGKILL,
             );
             let _ = child.wait();
-            let why = if over_time {
+            break Err(if over_time {
                 "wall-clock budget"
             } else {
                 "step budget"
-            };
-            return Ok(AgentRun {
-                submitted: false,
-                budget_exhausted: true,
-                note: why.into(),
-                steps: None,
             });
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
+    };
+    let grant = jail.finish(s, &b.scratch.join("grant.json"))?;
+    Ok(match ended {
+        // An agent that ran into its step budget did not finish, whatever it exited with.
+        Ok(_) if budget_refused(&grant) => AgentRun {
+            submitted: false,
+            budget_exhausted: true,
+            note: "step budget".into(),
+            steps: None,
+        },
+        Ok(status) => AgentRun {
+            submitted: status.success(),
+            budget_exhausted: false,
+            note: format!("exit {status}"),
+            steps: None,
+        },
+        Err(why) => AgentRun {
+            submitted: false,
+            budget_exhausted: true,
+            note: why.into(),
+            steps: None,
+        },
+    })
 }

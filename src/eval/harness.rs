@@ -18,6 +18,7 @@
 //! `HOSTED_VLLM_API_BASE`, ...).
 
 use super::agent::{AgentRun, Brief};
+use super::confine::{budget_refused, Confined};
 use super::session::{Infra, InfraResult, Session};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -168,16 +169,34 @@ impl MiniSweAgent {
         cmd
     }
 
-    /// Runs the harness on the trial's sandbox under the brief's budgets.
+    /// Runs the harness on the trial's sandbox under the brief's budgets, confined to it
+    /// (see [`super::confine`]): its own user, a grant on the sandbox, the suites and the
+    /// run directory out of sight. Its configuration files are copied into its directory.
     pub fn run(&self, s: &Session, b: &Brief) -> InfraResult<AgentRun> {
         let infra = |m: String| Infra(format!("{}: {m}", self.name()));
-        let dir = b.scratch.join("agent");
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| infra(format!("create {}: {e}", dir.display())))?;
+        let jail = Confined::prepare(
+            s,
+            b.sandbox,
+            b.max_steps,
+            &b.scratch.join("agent"),
+            b.hide.clone(),
+        )?;
+        let dir = jail.dir.clone();
         let (brief_path, result_path) = (dir.join("brief.json"), dir.join("result.json"));
         let trajectory = dir.join("trajectory.json");
-        let _ = std::fs::remove_file(&result_path);
-        let mut brief = self.brief(&s.socket);
+        let mut brief = self.brief(Path::new(&jail.grant.socket));
+        let mut configs = Vec::new();
+        for (i, c) in self.config.iter().enumerate() {
+            let data = std::fs::read(c).map_err(|e| infra(format!("read {}: {e}", c.display())))?;
+            let name = format!(
+                "config-{i}-{}",
+                c.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default()
+            );
+            configs.push(jail.give(&name, &data)?);
+        }
+        brief["configs"] = serde_json::to_value(&configs).expect("json");
         brief["sandbox"] = b.sandbox.into();
         brief["workdir"] = b.task.workdir().into();
         brief["task"] = b.instruction.clone().into();
@@ -185,49 +204,64 @@ impl MiniSweAgent {
         brief["wall_time_limit_seconds"] = b.timeout.as_secs().into();
         brief["trajectory"] = trajectory.to_string_lossy().into_owned().into();
         brief["result"] = result_path.to_string_lossy().into_owned().into();
-        std::fs::write(
-            &brief_path,
-            serde_json::to_vec_pretty(&brief).expect("json"),
-        )
-        .map_err(|e| infra(format!("write {}: {e}", brief_path.display())))?;
+        jail.give(
+            "brief.json",
+            &serde_json::to_vec_pretty(&brief).expect("json"),
+        )?;
         let file = |name: &str| {
-            std::fs::File::create(dir.join(name))
-                .map_err(|e| infra(format!("create {}: {e}", dir.join(name).display())))
+            std::fs::File::create(b.scratch.join(name))
+                .map_err(|e| infra(format!("create {}: {e}", b.scratch.join(name).display())))
         };
-        let mut cmd = self.command(&brief_path, &s.socket);
+        let mut cmd = self.command(&brief_path, Path::new(&jail.grant.socket));
         cmd.stdout(file("harness.out")?)
             .stderr(file("harness.err")?);
+        jail.apply(&mut cmd)?;
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| infra(format!("start {}: {e} (set FORKD_PYTHON)", python())))?;
+        let record = b.scratch.join("grant.json");
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = jail.finish(s, &record);
+                return Err(infra(format!("start {}: {e} (set FORKD_PYTHON)", python())));
+            }
+        };
         let start = Instant::now();
         let status = loop {
             if let Some(st) = child.try_wait().map_err(|e| infra(e.to_string()))? {
-                break st;
+                break Some(st);
             }
-            if start.elapsed() > b.timeout + GRACE {
+            if start.elapsed() > b.timeout + GRACE || jail.budget_spent(s) {
                 let _ = nix::sys::signal::killpg(
                     nix::unistd::Pid::from_raw(child.id() as i32),
                     nix::sys::signal::SIGKILL,
                 );
                 let _ = child.wait();
-                return Ok(AgentRun {
-                    submitted: false,
-                    budget_exhausted: true,
-                    note: "wall-clock budget (killed)".into(),
-                    steps: None,
-                });
+                break None;
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        let grant = jail.finish(s, &record)?;
+        if budget_refused(&grant) || status.is_none() {
+            let note = if budget_refused(&grant) {
+                "step budget (an exec past it was refused)"
+            } else {
+                "wall-clock budget (killed)"
+            };
+            return Ok(AgentRun {
+                submitted: false,
+                budget_exhausted: true,
+                note: note.into(),
+                steps: None,
+            });
+        }
+        let status = status.expect("checked above");
         let result: HarnessResult = match std::fs::read(&result_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| infra(format!("result {}: {e}", result_path.display())))?,
             Err(_) => {
                 return Err(infra(format!(
                     "exited ({status}) without a result; stderr: {}",
-                    tail(&dir.join("harness.err"))
+                    tail(&b.scratch.join("harness.err"))
                 )))
             }
         };

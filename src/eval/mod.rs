@@ -3,6 +3,7 @@
 //! `grade`, `run` (states, trials, the run directory) and `delta` (what a state changed).
 
 pub mod agent;
+pub mod confine;
 pub mod delta;
 pub mod grade;
 pub mod harbor_task;

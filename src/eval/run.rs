@@ -131,6 +131,20 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// What agents must not see: the run directory and every suite the run's tasks come
+    /// from (their hidden tests and solutions).
+    pub fn hidden_from_agents(&self) -> Vec<PathBuf> {
+        let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut hide = vec![abs(&self.run_dir)];
+        for t in self.tasks {
+            let suite = abs(t.dir.parent().unwrap_or(&t.dir));
+            if !hide.contains(&suite) {
+                hide.push(suite);
+            }
+        }
+        hide
+    }
+
     /// How residual states of `task` are built in this run.
     pub fn reconstruct_for(&self, task: &Task) -> super::reconstruct::Reconstruct {
         self.reconstruct
@@ -475,6 +489,7 @@ fn attempt(
             timeout: Duration::from_secs(task.config.agent.timeout_secs),
             max_steps: task.config.agent.max_steps,
             scratch,
+            hide: ctx.hidden_from_agents(),
         };
         let t0 = Instant::now();
         let run = run_agent(s, agent, &brief)?;

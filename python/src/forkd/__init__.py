@@ -9,7 +9,7 @@
 
 from .aio import AsyncClient
 from .client import Client
-from .errors import BadRequest, Conflict, ConnectionFailed, ForkdError, InternalError, NotFound
+from .errors import BadRequest, Conflict, ConnectionFailed, Forbidden, ForkdError, InternalError, NotFound
 from .types import (
     BranchInfo,
     CheckpointInfo,
@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointInfo",
     "Client",
     "Conflict",
+    "Forbidden",
     "ConnectionFailed",
     "ExecRecord",
     "ExecResult",

@@ -337,6 +337,23 @@ def import_checkpoint(path: str) -> Call[t.CheckpointInfo]:
     return json_call("POST", "/v1/checkpoints/import", t.CheckpointInfo.from_json, {"path": path})
 
 
+def grant(id: str, uid: int, *, gid: Optional[int] = None, max_steps: Optional[int] = None) -> Call[t.GrantInfo]:
+    """`grantSandbox`: exec, files and inspect of sandbox `id` for user `uid`, on a socket
+    of its own (a `Client` on `GrantInfo.socket` speaks to it)."""
+    body: dict[str, Any] = {"uid": uid, "gid": gid, "max_steps": max_steps}
+    return json_call("POST", f"/v1/sandboxes/{segment(id)}/grants", t.GrantInfo.from_json, body)
+
+
+def inspect_grant(grant: str) -> Call[t.GrantInfo]:
+    """`inspectGrant`: its steps and refusals."""
+    return json_call("GET", f"/v1/grants/{segment(grant)}", t.GrantInfo.from_json)
+
+
+def revoke_grant(grant: str) -> Call[t.GrantInfo]:
+    """`revokeGrant`: its socket goes; answers the grant as it ended."""
+    return json_call("DELETE", f"/v1/grants/{segment(grant)}", t.GrantInfo.from_json)
+
+
 def checkpoint_delta(id: str) -> Call[bytes]:
     """`checkpointDelta`: a tar of the checkpoint's own layer."""
     return Call("GET", f"/v1/checkpoints/{segment(id)}/delta", lambda a: a.body)

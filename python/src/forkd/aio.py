@@ -178,6 +178,18 @@ class AsyncClient:
         """Starts `count` branches of a checkpoint, each a running sandbox (a live checkpoint's processes resume in each; `fresh` starts a new init over its files instead)."""
         return await self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels, network=network))
 
+    async def grant(self, id: str, uid: int, *, gid: Optional[int] = None, max_steps: Optional[int] = None) -> t.GrantInfo:
+        """Exec, files and inspect of sandbox `id` for user `uid`, on a socket of its own, with at most `max_steps` execs."""
+        return await self._send(_ops.grant(id, uid, gid=gid, max_steps=max_steps))
+
+    async def inspect_grant(self, grant: str) -> t.GrantInfo:
+        """A grant's steps and refusals."""
+        return await self._send(_ops.inspect_grant(grant))
+
+    async def revoke_grant(self, grant: str) -> t.GrantInfo:
+        """Ends a grant; answers it as it ended."""
+        return await self._send(_ops.revoke_grant(grant))
+
     async def export_checkpoint(self, id: str, path: str) -> t.ExportResult:
         """Writes a checkpoint as one verified archive at `path` on the daemon's host."""
         return await self._send(_ops.export_checkpoint(id, path))

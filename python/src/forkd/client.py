@@ -176,6 +176,18 @@ class Client:
         """Imports (and verifies) an archive at `path` on the daemon's host."""
         return self._send(_ops.import_checkpoint(path))
 
+    def grant(self, id: str, uid: int, *, gid: Optional[int] = None, max_steps: Optional[int] = None) -> t.GrantInfo:
+        """Exec, files and inspect of sandbox `id` for user `uid`, on a socket of its own, with at most `max_steps` execs."""
+        return self._send(_ops.grant(id, uid, gid=gid, max_steps=max_steps))
+
+    def inspect_grant(self, grant: str) -> t.GrantInfo:
+        """A grant's steps and refusals."""
+        return self._send(_ops.inspect_grant(grant))
+
+    def revoke_grant(self, grant: str) -> t.GrantInfo:
+        """Ends a grant; answers it as it ended."""
+        return self._send(_ops.revoke_grant(grant))
+
     def checkpoint_delta(self, id: str) -> bytes:
         """A tar of the checkpoint's own layer: what it changed over its parent."""
         return self._send(_ops.checkpoint_delta(id))

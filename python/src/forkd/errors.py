@@ -41,6 +41,12 @@ class NotFound(ForkdError):
     kind = "not_found"
 
 
+class Forbidden(ForkdError):
+    """403: on a grant's socket, a request outside the grant or past its step budget."""
+
+    kind = "forbidden"
+
+
 class Conflict(ForkdError):
     """409: the wrong state (a stopped sandbox, an image in use, CRIU unavailable)."""
 
@@ -60,7 +66,7 @@ class ConnectionFailed(ForkdError):
 
 
 _BY_KIND: dict[str, type[ForkdError]] = {
-    c.kind: c for c in (BadRequest, NotFound, Conflict, InternalError, ConnectionFailed)
+    c.kind: c for c in (BadRequest, NotFound, Forbidden, Conflict, InternalError, ConnectionFailed)
 }
 
 

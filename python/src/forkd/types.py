@@ -317,6 +317,33 @@ class GcResult(_Model):
 
 
 # Schema name -> class, for the schema test and for readers of the wire format.
+@dataclass
+class Refusal(_Model):
+    """A request a grant's socket refused (403)."""
+
+    t_us: int = 0
+    method: str = ""
+    path: str = ""
+    reason: str = ""
+    budget: bool = False
+
+
+@dataclass
+class GrantInfo(_Model):
+    """`POST /v1/sandboxes/{id}/grants`: a capability on one sandbox, on its own socket."""
+
+    id: str = ""
+    sandbox: str = ""
+    socket: str = ""
+    uid: int = 0
+    gid: int = 0
+    max_steps: Optional[int] = None
+    steps: int = 0
+    refused: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
+    active: bool = False
+
+
 SCHEMAS: dict[str, type[_Model]] = {
     "VersionInfo": VersionInfo,
     "OpStats": OpStats,
@@ -336,4 +363,6 @@ SCHEMAS: dict[str, type[_Model]] = {
     "ForkResult": ForkResult,
     "ExportResult": ExportResult,
     "GcResult": GcResult,
+    "Refusal": Refusal,
+    "GrantInfo": GrantInfo,
 }
