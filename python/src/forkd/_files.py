@@ -71,6 +71,34 @@ def single_file(archive: bytes, path: str) -> bytes:
         return f.read()
 
 
+def checked_members(members: list[tarfile.TarInfo], dest: Path) -> list[tarfile.TarInfo]:
+    """What the `data` extraction filter does, for Pythons that lack it (3.10 before
+    3.10.12, 3.11 before 3.11.4): refuses names and links that leave `dest` and special
+    files, drops set-id, sticky and group/other write bits, and keeps no owner."""
+    root = os.path.realpath(dest)
+
+    def inside(path: str) -> bool:
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+    out = []
+    for m in members:
+        name = m.name
+        if os.path.isabs(name) or ".." in name.split("/") or not inside(os.path.join(root, name)):
+            raise tarfile.TarError(f"archive member {name!r} would land outside {dest}")
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            raise tarfile.TarError(f"archive member {name!r} is a special file")
+        if m.issym():
+            target = os.path.join(root, os.path.dirname(name), m.linkname)
+            if os.path.isabs(m.linkname) or not inside(target):
+                raise tarfile.TarError(f"symlink {name!r} points outside {dest}: {m.linkname!r}")
+        if m.islnk() and (os.path.isabs(m.linkname) or not inside(os.path.join(root, m.linkname))):
+            raise tarfile.TarError(f"hard link {name!r} points outside {dest}: {m.linkname!r}")
+        m.mode &= 0o755 if (m.isdir() or m.mode & 0o100) else 0o644
+        m.uid, m.gid, m.uname, m.gname = os.geteuid(), os.getegid(), "", ""
+        out.append(m)
+    return out
+
+
 def unpack_into(archive: bytes, dest: Path, *, strip_top: bool) -> None:
     """Unpacks a `copy_out` archive into the host directory `dest` (made if missing).
     With `strip_top`, the archive's top entry is `dest` itself (its contents land in
@@ -90,4 +118,7 @@ def unpack_into(archive: bytes, dest: Path, *, strip_top: bool) -> None:
                     m.linkname = m.linkname[len(top) + 1 :]
                 kept.append(m)
             members = kept
-        tar.extractall(str(dest), members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(str(dest), members=members, filter="data")
+        else:
+            tar.extractall(str(dest), members=checked_members(members, dest))
