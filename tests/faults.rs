@@ -1,8 +1,11 @@
-//! Faults injected into a running daemon: `kill -9` in the middle of a fork of 20
-//! branches and in the middle of a live checkpoint. After a restart the listings are
-//! consistent with what is on disk and in the kernel, nothing is left behind (mounts,
-//! cgroups, sandbox directories and their subvolumes, checkpoint stages, processes,
-//! CRIU), and the next request works.
+//! Faults injected into a running daemon: `kill -9` in the middle of creates, of a fork
+//! of 20 branches, of a live checkpoint and of an archive import; CRIU killed in the
+//! middle of the restores of a fork of 8; `kill -9` of the daemon during an evaluator run,
+//! which `forkd eval resume` then completes with the rows a run without the fault gives;
+//! the state volume filled to its last MiB during a live checkpoint and an import. After a restart (or the failed request) the
+//! listings are consistent with what is on disk and in the kernel, nothing is left behind
+//! (mounts, cgroups, sandbox directories and their subvolumes, checkpoint and layer
+//! stages, processes, CRIU), and the next request works.
 
 mod common;
 
@@ -219,4 +222,445 @@ fn kill_9_during_a_live_checkpoint() {
     let fork = d.fork(&ck.id, 1, false);
     let b = &fork.branches[0].id;
     assert!(d.read_number(b, "/tmp/n") >= n);
+}
+
+/// Processes whose parent is `parent` and whose command line contains `word`.
+fn children_with(parent: u32, word: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let ppid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok());
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(parent)
+                && cmd
+                    .split(|&b| b == 0)
+                    .any(|p| String::from_utf8_lossy(p) == word)
+        })
+        .collect()
+}
+
+/// The daemon is killed while eight creates are in flight. After the restart every
+/// sandbox that is listed runs, every directory is a listed sandbox, the half-made ones
+/// left no cgroup or mount, and a create works.
+#[test]
+fn kill_9_during_creates() {
+    let name = "kill_9_during_creates";
+    if !can_run_criu(name) {
+        return;
+    }
+    let mut d = TestDaemon::start("faults-create");
+    let body = serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "while :; do sleep 1; done" }
+    });
+    let creators: Vec<_> = (0..8)
+        .map(|_| d.call_in_background::<SandboxInfo>("POST", "/v1/sandboxes".into(), body.clone()))
+        .collect();
+    let mut seen = BTreeSet::new();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            seen.extend(dirs(&d, "sandboxes"));
+            !seen.is_empty()
+        }),
+        "no create began"
+    );
+    d.kill9();
+    let answered = creators
+        .into_iter()
+        .map(|c| c.join())
+        .filter(|r| matches!(r, Ok(Ok(_))))
+        .count();
+    seen.extend(dirs(&d, "sandboxes"));
+    d.spawn();
+    let listed = consistent(&d, &seen);
+    assert!(
+        listed.len() >= answered,
+        "{answered} creates answered, {} listed",
+        listed.len()
+    );
+    let sb = d.create(body);
+    assert_eq!(d.sh(&sb.id, "echo ok").1.trim(), "ok");
+    for s in list(&d) {
+        d.remove(&s.id);
+    }
+    for id in &seen {
+        assert!(!cgroup_exists(id), "cgroup {id} left after removal");
+    }
+}
+
+/// The daemon is killed while it imports an archive (150 MB that does not compress).
+/// After the restart no checkpoint is listed, no stage is left in the checkpoints or in
+/// the layer store, and the same archive imports whole and forks.
+#[test]
+fn kill_9_during_an_archive_import() {
+    let name = "kill_9_during_an_archive_import";
+    if !can_run_criu(name) {
+        return;
+    }
+    let mut d = TestDaemon::start("faults-import");
+    let sb = d.create(serde_json::json!({ "image": "busybox" }));
+    let (code, sum, err) = d.sh(
+        &sb.id,
+        "head -c 150000000 /dev/urandom > /big && sha256sum /big | cut -d' ' -f1",
+    );
+    assert_eq!(code, 0, "{err}");
+    let ck = d.checkpoint(&sb.id, false);
+    let archive = d.root.parent().unwrap().join("big.forkd");
+    let _: serde_json::Value = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{}/export", ck.id),
+            Some(&serde_json::json!({ "path": archive })),
+        )
+        .unwrap();
+    d.remove(&sb.id);
+    let _: serde_json::Value = d
+        .client
+        .call("DELETE", &format!("/v1/checkpoints/{}", ck.id), None)
+        .unwrap();
+    let importer = d.call_in_background::<CheckpointInfo>(
+        "POST",
+        "/v1/checkpoints/import".into(),
+        serde_json::json!({ "path": archive }),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || dirs(&d, "checkpoints")
+            .iter()
+            .any(|n| n.starts_with(".stage-"))),
+        "the import never staged"
+    );
+    d.kill9();
+    assert!(
+        importer.join().unwrap().is_err(),
+        "the import cannot have answered"
+    );
+    d.spawn();
+    consistent(&d, &BTreeSet::new());
+    let none: Vec<CheckpointInfo> = d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    let staged: Vec<String> = std::fs::read_dir(d.data().join("layers/tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(staged.is_empty(), "layer stages left: {staged:?}");
+    let back: CheckpointInfo = d
+        .client
+        .call(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&serde_json::json!({ "path": archive })),
+        )
+        .unwrap();
+    let fork = d.fork(&back.id, 1, false);
+    let b = &fork.branches[0].id;
+    assert_eq!(d.sh(b, "sha256sum /big | cut -d' ' -f1").1, sum);
+}
+
+/// CRIU is killed (SIGKILL, every CRIU the daemon starts while the request runs) in the
+/// middle of the restores of a fork of 8 branches of a sandbox holding 200 MB. The fork
+/// fails as a whole: no branch is listed, none left a directory, a cgroup, a mount or a
+/// process; the source runs on and the checkpoint forks again.
+#[test]
+fn criu_killed_during_a_fork_of_8_leaves_nothing() {
+    let name = "criu_killed_during_a_fork_of_8_leaves_nothing";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start_with_env("faults-restore", &[("FORKD_FORK_PARALLEL", "2")]);
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x} > /tmp/ready; while :; do sleep 1; done" }
+    }));
+    d.wait_for(&sb.id, "cat /tmp/ready", "200000000");
+    let ck = d.checkpoint(&sb.id, true);
+    let daemon_pid = d.child.as_ref().unwrap().id();
+    let forker = d.call_in_background::<forkd::api::ForkResult>(
+        "POST",
+        format!("/v1/checkpoints/{}/fork", ck.id),
+        serde_json::json!({ "count": 8 }),
+    );
+    let mut seen = BTreeSet::new();
+    let mut killed = 0;
+    while !forker.is_finished() {
+        seen.extend(dirs(&d, "sandboxes"));
+        for pid in children_with(daemon_pid, "swrk") {
+            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL)
+                .is_ok()
+            {
+                killed += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(killed > 0, "no CRIU was seen to kill");
+    let err = match forker.join().unwrap() {
+        Ok(r) => panic!("the fork succeeded with {} branches", r.branches.len()),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("restore"), "{err}");
+    println!("fork of 8 with {killed} CRIU killed: {err}");
+    seen.extend(dirs(&d, "sandboxes"));
+    seen.remove(&sb.id);
+    assert!(!seen.is_empty(), "no branch was begun");
+    let listed = consistent(&d, &seen);
+    assert_eq!(
+        listed.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        vec![sb.id.clone()],
+        "only the source is left"
+    );
+    let again = d.fork(&ck.id, 1, false);
+    let b = &again.branches[0].id;
+    assert_eq!(d.sh(b, "cat /tmp/ready").1.trim(), "200000000");
+}
+
+fn rows_by_trial(
+    run: &std::path::Path,
+) -> std::collections::BTreeMap<String, forkd_analysis::TrialRow> {
+    let rows = results(run);
+    let n = rows.len();
+    let by: std::collections::BTreeMap<_, _> =
+        rows.into_iter().map(|r| (r.trial_id.clone(), r)).collect();
+    assert_eq!(by.len(), n, "a trial counted twice in {}", run.display());
+    by
+}
+
+/// The daemon is killed while an evaluator run is in its trials. The run ends (its
+/// trials from then on are infrastructure failures); after a restart, `forkd eval
+/// resume` runs those again and the run's rows equal, trial for trial (outcome and
+/// per-test results), those of the same run made without the fault; the decision log
+/// names the trials it ran again.
+#[test]
+fn kill_9_during_an_evaluator_run_then_resume() {
+    let name = "kill_9_during_an_evaluator_run_then_resume";
+    if !can_run_criu(name) {
+        return;
+    }
+    let mut d = TestDaemon::start("faults-eval");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/suites/mini"),
+        &suite,
+    );
+    let sock = d.socket.to_str().unwrap().to_string();
+    let args = |out: &std::path::Path| -> Vec<String> {
+        [
+            "--socket",
+            &sock,
+            "eval",
+            "run",
+            suite.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--agents",
+            "oracle,noop",
+            "--conditions",
+            "clean,residual",
+            "--retries",
+            "0",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let reference = work.join("reference");
+    let out = std::process::Command::new(BIN)
+        .args(args(&reference))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = rows_by_trial(&reference);
+    assert!(want.len() >= 6, "{} trials", want.len());
+
+    let run = work.join("faulted");
+    let log = std::fs::File::create(work.join("faulted.log")).unwrap();
+    let mut evaluator = std::process::Command::new(BIN)
+        .args(args(&run))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(120), || std::fs::read_to_string(
+            run.join("results.jsonl")
+        )
+        .map(|t| t.lines().count() >= 1)
+        .unwrap_or(false)),
+        "the run never reached its trials"
+    );
+    d.kill9();
+    assert!(
+        wait_until(Duration::from_secs(120), || evaluator
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the evaluator did not end without its daemon"
+    );
+    let cut = results(&run);
+    assert!(
+        cut.iter()
+            .any(|r| r.outcome == forkd_analysis::Outcome::InfraError),
+        "the fault shows as infrastructure: {cut:?}"
+    );
+    d.spawn();
+    let out = d.cli(&["--socket", &sock, "eval", "resume", run.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = rows_by_trial(&run);
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "the same trials"
+    );
+    for (id, w) in &want {
+        let g = &got[id];
+        assert_eq!((g.outcome, &g.tests), (w.outcome, &w.tests), "trial {id}");
+    }
+    let decisions = std::fs::read_to_string(run.join("decisions.jsonl")).unwrap();
+    let resumed: serde_json::Value = decisions
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.to_string().contains("retried_infra"))
+        .unwrap_or_else(|| panic!("no resume decision: {decisions}"));
+    let retried = resumed.to_string();
+    for r in cut
+        .iter()
+        .filter(|r| r.outcome == forkd_analysis::Outcome::InfraError)
+    {
+        assert!(
+            retried.contains(&r.trial_id),
+            "{} not named: {retried}",
+            r.trial_id
+        );
+    }
+}
+
+/// The state volume (a 640 MiB image here) filled by a sandbox to its last MiB: a live
+/// checkpoint of a sandbox holding 100 MB and the import of a 120 MB archive each fail
+/// with an error that says the volume is full, leave no checkpoint, stage or layer
+/// stage, and the sandbox runs on; once the sandbox frees the space both work.
+#[test]
+fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
+    let name = "a_full_volume_fails_checkpoints_and_imports_cleanly";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start_with_env("faults-full", &[("FORKD_VOLUME_SIZE", "640M")]);
+    // The archive to import, made first (its checkpoint then goes).
+    let src = d.create(serde_json::json!({ "image": "busybox" }));
+    let (code, _, err) = d.sh(&src.id, "head -c 120000000 /dev/urandom > /big");
+    assert_eq!(code, 0, "{err}");
+    let ck = d.checkpoint(&src.id, false);
+    let archive = d.root.parent().unwrap().join("big.forkd");
+    let _: serde_json::Value = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{}/export", ck.id),
+            Some(&serde_json::json!({ "path": archive })),
+        )
+        .unwrap();
+    d.remove(&src.id);
+    let _: serde_json::Value = d
+        .client
+        .call("DELETE", &format!("/v1/checkpoints/{}", ck.id), None)
+        .unwrap();
+    let _: serde_json::Value = d.client.call("POST", "/v1/gc", None).unwrap();
+
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo ${#x} > /tmp/ready; while :; do sleep 1; done" }
+    }));
+    d.wait_for(&sb.id, "cat /tmp/ready", "100000000");
+    let (_, out, _) = d.sh(
+        &sb.id,
+        "dd if=/dev/zero of=/fill bs=1M 2>&1 | tail -2; sync",
+    );
+    let free_kib = || -> u64 {
+        let st = nix::sys::statvfs::statvfs(&d.data()).unwrap();
+        st.blocks_available() as u64 * st.fragment_size() as u64 / 1024
+    };
+    assert!(
+        free_kib() < 64 * 1024,
+        "the volume is not full ({} KiB free): {out}",
+        free_kib()
+    );
+    let nothing_left = |what: &str| {
+        let listed: Vec<CheckpointInfo> = d.client.call("GET", "/v1/checkpoints", None).unwrap();
+        assert!(listed.is_empty(), "{what}: {listed:?}");
+        let stages: Vec<String> = dirs(&d, "checkpoints")
+            .into_iter()
+            .filter(|n| n.starts_with(".stage-"))
+            .collect();
+        assert!(stages.is_empty(), "{what}: stages left: {stages:?}");
+        let staged: Vec<String> = std::fs::read_dir(d.data().join("layers/tmp"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
+        assert!(staged.is_empty(), "{what}: layer stages left: {staged:?}");
+        assert_eq!(
+            d.sh(&sb.id, "echo up").1.trim(),
+            "up",
+            "{what}: the sandbox runs on"
+        );
+    };
+    let full = |e: &str| e.contains("No space left on device");
+    let dump: Result<CheckpointInfo, _> = d.client.call(
+        "POST",
+        &format!("/v1/sandboxes/{}/checkpoint", sb.id),
+        Some(&serde_json::json!({ "live": true })),
+    );
+    let e = dump
+        .expect_err("a live checkpoint into a full volume")
+        .to_string();
+    println!("live checkpoint into a full volume: {e}");
+    assert!(full(&e) && e.contains(&sb.id), "{e}");
+    nothing_left("after the checkpoint");
+    let import: Result<CheckpointInfo, _> = d.client.call(
+        "POST",
+        "/v1/checkpoints/import",
+        Some(&serde_json::json!({ "path": archive })),
+    );
+    let e = import
+        .expect_err("an import into a full volume")
+        .to_string();
+    println!("import into a full volume: {e}");
+    assert!(full(&e) && e.contains("big.forkd"), "{e}");
+    nothing_left("after the import");
+
+    let (code, _, err) = d.sh(&sb.id, "rm /fill && sync");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        wait_until(Duration::from_secs(30), || free_kib() > 300 * 1024),
+        "the space never came back: {} KiB",
+        free_kib()
+    );
+    let live = d.checkpoint(&sb.id, true);
+    let b = d.fork(&live.id, 1, false).branches[0].id.clone();
+    assert_eq!(d.sh(&b, "cat /tmp/ready").1.trim(), "100000000");
+    let back: CheckpointInfo = d
+        .client
+        .call(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&serde_json::json!({ "path": archive })),
+        )
+        .unwrap();
+    let b2 = d.fork(&back.id, 1, false).branches[0].id.clone();
+    assert_eq!(d.sh(&b2, "wc -c < /big").1.trim(), "120000000");
 }

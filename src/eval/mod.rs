@@ -188,10 +188,30 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
                 m.fingerprint
             );
         }
+        // Trials that ended as infrastructure failures (a daemon killed, a node lost) are
+        // run again: their rows leave results.jsonl (rewritten whole, then renamed) and
+        // the decision log names them.
+        let results_path = opts.out.join("results.jsonl");
+        let rows = load_results(&results_path);
+        let (infra, kept): (Vec<TrialRow>, Vec<TrialRow>) = rows
+            .into_iter()
+            .partition(|r| r.outcome == Outcome::InfraError);
+        if !infra.is_empty() {
+            let tmp = opts.out.join(".results.jsonl.tmp");
+            let body: String = kept
+                .iter()
+                .map(|r| format!("{}\n", serde_json::to_string(r).expect("rows serialise")))
+                .collect();
+            std::fs::write(&tmp, body)?;
+            std::fs::rename(&tmp, &results_path)?;
+        }
         run::decision(
             &opts.out,
             "resume",
-            serde_json::json!({ "fingerprint": fingerprint }),
+            serde_json::json!({
+                "fingerprint": fingerprint,
+                "retried_infra": infra.iter().map(|r| r.trial_id.clone()).collect::<Vec<_>>(),
+            }),
         )?;
         m.run_id
     } else {

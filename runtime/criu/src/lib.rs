@@ -691,10 +691,16 @@ fn check(
     // CRIU's own message is its first error, often a harmless one (RLIMIT_NOFILE, which
     // it cannot raise without CAP_SYS_RESOURCE); the log's first real error is the cause.
     let errors = log_errors(log);
-    let mut message = errors
-        .first()
-        .cloned()
-        .unwrap_or_else(|| resp.cr_errmsg().to_string());
+    let mut message = errors.first().cloned().unwrap_or_else(|| {
+        // With nothing in the log (one it could not write, say), CRIU's own message is
+        // all there is, unless it is only the harmless RLIMIT_NOFILE one.
+        let own = resp.cr_errmsg();
+        if own.contains("RLIMIT_NOFILE") {
+            "no reason in the log".to_string()
+        } else {
+            own.to_string()
+        }
+    });
     if resp.has_cr_errno() && resp.cr_errno() != 0 {
         message.push_str(&format!(
             " ({})",
@@ -708,11 +714,29 @@ fn check(
         message.push_str(": ");
         message.push_str(&why);
     }
+    if let Some(full) = log.parent().and_then(full_filesystem) {
+        message.push_str(": ");
+        message.push_str(&full);
+    }
     Err(CriuError::Failed {
         action,
         message: message.trim().to_string(),
         log: log.to_path_buf(),
         tail: log_tail(log),
+    })
+}
+
+/// When the filesystem holding `dir` (the images, the log) has under 16 MiB left, which
+/// is what a dump or restore that ran out of space leaves: what to tell the user.
+fn full_filesystem(dir: &Path) -> Option<String> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    (free < 16 << 20).then(|| {
+        format!(
+            "No space left on device: the filesystem holding {} has {} KiB free",
+            dir.display(),
+            free / 1024
+        )
     })
 }
 
