@@ -5,7 +5,7 @@
 //! the state volume filled to its last MiB during a live checkpoint and an import. After a restart (or the failed request) the
 //! listings are consistent with what is on disk and in the kernel, nothing is left behind
 //! (mounts, cgroups, sandbox directories and their subvolumes, checkpoint and layer
-//! stages, processes, CRIU), and the next request works.
+//! stages, processes, CRIU, nftables chains), and the next request works.
 
 mod common;
 
@@ -62,7 +62,79 @@ fn consistent(d: &TestDaemon, seen: &BTreeSet<String>) -> Vec<SandboxInfo> {
         .filter(|n| n.starts_with(".stage-"))
         .collect();
     assert!(stages.is_empty(), "stages left: {stages:?}");
+    // Processes: of this build's forkd, only the daemon runs (no set-up helper of a
+    // half-made sandbox), and no CRIU outlives the request that started it.
+    let daemon = d.child.as_ref().map(|c| c.id() as i32);
+    let bin = std::fs::canonicalize(BIN).unwrap();
+    let root = format!("FORKD_ROOT={}", d.root.display());
+    for pid in pids() {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let ours = std::fs::read(format!("/proc/{pid}/environ"))
+            .unwrap_or_default()
+            .split(|&b| b == 0)
+            .any(|v| v == root.as_bytes());
+        if exe.as_deref() == Some(bin.as_path()) && ours && Some(pid) != daemon {
+            let text = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            panic!("process {pid} ({text}) of this daemon's state root is left");
+        }
+        if daemon.is_some() && parent_of(pid) == daemon {
+            assert!(
+                !cmd.split(|&b| b == 0).any(|p| p == b"swrk"),
+                "a CRIU ({pid}) is left"
+            );
+        }
+    }
+    // nftables: the daemon's table holds one chain per listed sandbox with egress, and
+    // none when no sandbox has it (the table goes with the last one).
+    let egress = listed.iter().filter(|s| s.network.is_some()).count();
+    let chains = nft_table(d)
+        .map(|t| {
+            t.lines()
+                .filter(|l| l.trim_start().starts_with("chain sb_"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        chains, egress,
+        "sandbox chains in the daemon's nftables table"
+    );
     listed
+}
+
+fn pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The text of the daemon's nftables table (`inet forkd_<tag>`, the tag from its data
+/// directory), if it has one.
+fn nft_table(d: &TestDaemon) -> Option<String> {
+    use sha2::Digest;
+    let tag: String = sha2::Sha256::digest(d.data().as_os_str().as_encoded_bytes())
+        .iter()
+        .take(4)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let nft = forkd_net::locate_nft(None).ok()?;
+    let out = std::process::Command::new(nft)
+        .args(["list", "table", "inet", &format!("forkd_{tag}")])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Pids of the processes whose parent is `parent` and whose command line is `argv`.
@@ -259,8 +331,15 @@ fn kill_9_during_creates() {
         "image": "busybox",
         "command": { "shell": "while :; do sleep 1; done" }
     });
+    // Half with egress: a veth, a lease and nftables rules each.
     let creators: Vec<_> = (0..8)
-        .map(|_| d.call_in_background::<SandboxInfo>("POST", "/v1/sandboxes".into(), body.clone()))
+        .map(|i| {
+            let mut b = body.clone();
+            if i % 2 == 0 {
+                b["network"] = serde_json::json!({ "mode": "egress" });
+            }
+            d.call_in_background::<SandboxInfo>("POST", "/v1/sandboxes".into(), b)
+        })
         .collect();
     let mut seen = BTreeSet::new();
     assert!(
@@ -286,6 +365,13 @@ fn kill_9_during_creates() {
     );
     let sb = d.create(body);
     assert_eq!(d.sh(&sb.id, "echo ok").1.trim(), "ok");
+    // And with egress: its chain is there, and counted.
+    let e = d.create(serde_json::json!({ "image": "busybox", "network": { "mode": "egress" } }));
+    consistent(&d, &seen);
+    assert!(
+        nft_table(&d).is_some_and(|t| t.contains(&format!("chain sb_{}", e.network.unwrap().link))),
+        "the new sandbox's chain"
+    );
     for s in list(&d) {
         d.remove(&s.id);
     }
