@@ -40,6 +40,7 @@ const ROW_CREATE_DAEMON: &str = "forkd create, daemon-side create_us";
 const ROW_REMOVE: &str = "forkd rm -f (API, not in the row above)";
 const ROW_EXEC_API: &str = "forkd exec true (API round trip)";
 const ROW_EXEC_CLI: &str = "forkd exec true (CLI binary, process start included)";
+const ROW_EXEC_GRANT: &str = "forkd exec true through a grant's socket (API round trip)";
 const ROW_PODMAN_RUN: &str = "podman run --rm true";
 const ROW_PODMAN_EXEC: &str = "podman exec true";
 
@@ -251,6 +252,29 @@ fn measure(
         )
     })?;
     report.row(ROW_EXEC_CLI, exec_cli);
+    // The same exec through a grant (what a confined agent uses): admission, the step
+    // count, then the same exec.
+    let grant: forkd::api::GrantInfo = client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/grants"),
+            Some(&json!({ "uid": 2_000_000_000u32 })),
+        )
+        .context("grant on the exec sandbox")?;
+    let granted = forkd::client::Client::new(Path::new(&grant.socket));
+    let exec_grant = sample(ROW_EXEC_GRANT, 20, n_exec, || {
+        let t = Instant::now();
+        let r: forkd::api::ExecResult = granted
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(&json!({ "argv": ["true"] })),
+            )
+            .context("exec through the grant")?;
+        anyhow::ensure!(r.exit.exit_code == 0, "exec through the grant exited {}", r.exit.exit_code);
+        Ok(t.elapsed().as_micros() as u64)
+    })?;
+    report.row(ROW_EXEC_GRANT, exec_grant);
     daemon.remove(&id)?;
 
     // 3. The podman peer on the same image.
