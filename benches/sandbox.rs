@@ -271,7 +271,11 @@ fn measure(
                 Some(&json!({ "argv": ["true"] })),
             )
             .context("exec through the grant")?;
-        anyhow::ensure!(r.exit.exit_code == 0, "exec through the grant exited {}", r.exit.exit_code);
+        anyhow::ensure!(
+            r.exit.exit_code == 0,
+            "exec through the grant exited {}",
+            r.exit.exit_code
+        );
         Ok(t.elapsed().as_micros() as u64)
     })?;
     report.row(ROW_EXEC_GRANT, exec_grant);

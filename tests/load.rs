@@ -1,7 +1,7 @@
 //! Load: 64 clients at once against one daemon, each creating a sandbox, running
 //! commands in it, checkpointing it (live and filesystem, in turn), forking the
 //! checkpoint, using the branch and removing everything again, for a bounded time
-//! (`FORKD_LOAD_SECS`, default 20; the full run is 120). No request may fail,
+//! (`FORKD_LOAD_SECS`, default 20; 120 for a full run). No request may fail,
 //! nothing may be left, and the latency of each operation is reported (p50/p99).
 
 mod common;
