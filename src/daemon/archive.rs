@@ -17,7 +17,7 @@ use super::checkpoints::{Checkpoint, CheckpointRecord, Lower};
 use super::{log, Daemon};
 use super::{Lock as _, RwLockExt as _};
 use crate::api::ApiError;
-use forkd_layers::LayerId;
+use forkd_layers::{LayerId, LayerStore};
 use forkd_sandbox::CheckpointId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -313,150 +313,11 @@ impl Daemon {
         added_layers: &mut Vec<LayerId>,
     ) -> Result<Arc<Checkpoint>, ApiError> {
         let bad = |m: String| ApiError::bad_request(format!("archive {}: {m}", src.display()));
-        std::fs::create_dir_all(stage.join("criu")).map_err(io_err("create", stage))?;
-        std::fs::create_dir_all(stage.join("layers")).map_err(io_err("create", stage))?;
-        let z = zstd::Decoder::new(file).map_err(|e| bad(format!("not a zstd stream: {e}")))?;
-        let mut archive = tar::Archive::new(z);
-        let mut seen: BTreeMap<String, FileEntry> = BTreeMap::new();
-        let mut manifest: Option<Manifest> = None;
-        let entries = archive
-            .entries()
-            .map_err(|e| bad(format!("not a tar stream: {e}")))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| bad(format!("corrupt tar stream: {e}")))?;
-            let name = String::from_utf8(entry.path_bytes().into_owned())
-                .map_err(|_| bad("an entry name is not UTF-8".into()))?;
-            if entry.header().entry_type() != tar::EntryType::Regular {
-                return Err(bad(format!("entry {name:?} is not a regular file")));
-            }
-            if name == "manifest.json" {
-                let mut body = Vec::new();
-                entry
-                    .read_to_end(&mut body)
-                    .map_err(|e| bad(format!("read manifest: {e}")))?;
-                manifest = Some(
-                    serde_json::from_slice(&body)
-                        .map_err(|e| bad(format!("invalid manifest.json: {e}")))?,
-                );
-                continue;
-            }
-            // Only names this format writes, each a single safe component below its directory.
-            let ok = match name.split_once('/') {
-                Some(("layers", rest)) => rest
-                    .strip_suffix(".tar")
-                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-                Some(("criu", rest)) => {
-                    !rest.is_empty()
-                        && !rest.starts_with('.')
-                        && rest
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                }
-                _ => false,
-            };
-            if !ok {
-                return Err(bad(format!(
-                    "unexpected entry {name:?} (the archive may have been tampered with)"
-                )));
-            }
-            if seen.contains_key(&name) {
-                return Err(bad(format!("entry {name:?} appears twice")));
-            }
-            let dest = stage.join(&name);
-            let f = std::fs::File::create(&dest).map_err(io_err("create", &dest))?;
-            let mut w = HashingWriter {
-                inner: std::io::BufWriter::new(f),
-                hash: Sha256::new(),
-                size: 0,
-            };
-            std::io::copy(&mut entry, &mut w).map_err(|e| bad(format!("read {name}: {e}")))?;
-            w.flush().map_err(io_err("write", &dest))?;
-            seen.insert(
-                name,
-                FileEntry {
-                    sha256: hex(&w.hash.finalize()),
-                    size: w.size,
-                },
-            );
-        }
-        let manifest = manifest.ok_or_else(|| bad("manifest.json is missing".into()))?;
-        if manifest.format != FORMAT {
-            return Err(bad(format!(
-                "format {:?} is not {FORMAT:?}",
-                manifest.format
-            )));
-        }
-        for (name, want) in &manifest.files {
-            match seen.get(name) {
-                None => {
-                    return Err(bad(format!(
-                        "file {name} listed in the manifest is missing"
-                    )))
-                }
-                Some(got) if got.sha256 != want.sha256 || got.size != want.size => {
-                    return Err(bad(format!(
-                        "file {name} does not match its SHA-256 in the manifest"
-                    )))
-                }
-                Some(_) => {}
-            }
-        }
-        if let Some(extra) = seen.keys().find(|k| !manifest.files.contains_key(*k)) {
-            return Err(bad(format!("file {extra} is not in the manifest")));
-        }
-        // Layers: into the store, each checked against its tree hash.
-        let mut lowers = Vec::new();
-        let mut stack = Sha256::new();
-        stack.update(b"forkd-stack-v1\0");
-        for layer in &manifest.layers {
-            if !manifest.files.contains_key(&layer.file) {
-                return Err(bad(format!(
-                    "layer {} is not among the archive's files",
-                    layer.file
-                )));
-            }
-            let want: LayerId = layer
-                .tree_hash
-                .parse()
-                .map_err(|_| bad(format!("layer {}: bad tree hash", layer.file)))?;
-            let existed = self.layers.exists(&want);
-            let path = stage.join(&layer.file);
-            let f = std::fs::File::open(&path).map_err(io_err("open", &path))?;
-            let got = self
-                .layers
-                .import_tar(
-                    std::io::BufReader::new(f),
-                    forkd_layers::TarFlavor::Overlay,
-                    &mut |_| {},
-                )
-                .map_err(|e| {
-                    bad(format!(
-                        "layer {}: {}",
-                        layer.file,
-                        ApiError::from_chain("import", &e).message
-                    ))
-                })?;
-            if !existed && self.layers.exists(&got) {
-                added_layers.push(got);
-            }
-            if got != want {
-                return Err(bad(format!(
-                    "layer {} has tree hash {got}, the manifest says {want}",
-                    layer.file
-                )));
-            }
-            let _ = std::fs::remove_file(&path);
-            stack.update(got.to_string().as_bytes());
-            stack.update(b"\n");
-            lowers.push(Lower::Layer(got));
-        }
-        let tree = hex(&stack.finalize());
-        if tree != manifest.tree_hash {
-            return Err(bad(format!(
-                "the layers' tree hash {tree} differs from the manifest's {}",
-                manifest.tree_hash
-            )));
-        }
+        let Verified {
+            manifest,
+            lowers,
+            tree,
+        } = unpack_and_verify(&self.layers, src, file, stage, added_layers)?;
         if manifest.checkpoint.version != 1 {
             return Err(bad(format!(
                 "checkpoint record version {} is not supported (this build reads 1)",
@@ -586,4 +447,176 @@ impl Daemon {
         }
         Ok(serde_json::json!({ "removed_layers": removed, "freed_bytes": freed }))
     }
+}
+
+/// A checkpoint archive unpacked into its stage and verified whole.
+pub struct Verified {
+    pub manifest: Manifest,
+    /// Its layers, now in the store, topmost first.
+    pub lowers: Vec<Lower>,
+    /// The stack's tree hash, as computed here (equal to the manifest's).
+    pub tree: String,
+}
+
+/// Unpacks the archive `file` (named `src` in errors) into `stage` (its CRIU images stay
+/// there), verifies every file against the manifest, and imports each layer into
+/// `layers`, checking its tree hash and the stack's. Layers it added to the store are
+/// pushed to `added_layers`, for the caller to remove if anything fails. Reads untrusted
+/// bytes: every refusal is a `bad_request` naming the archive.
+pub fn unpack_and_verify(
+    layers: &LayerStore,
+    src: &Path,
+    file: std::fs::File,
+    stage: &Path,
+    added_layers: &mut Vec<LayerId>,
+) -> Result<Verified, ApiError> {
+    let bad = |m: String| ApiError::bad_request(format!("archive {}: {m}", src.display()));
+    std::fs::create_dir_all(stage.join("criu")).map_err(io_err("create", stage))?;
+    std::fs::create_dir_all(stage.join("layers")).map_err(io_err("create", stage))?;
+    let z = zstd::Decoder::new(file).map_err(|e| bad(format!("not a zstd stream: {e}")))?;
+    let mut archive = tar::Archive::new(z);
+    let mut seen: BTreeMap<String, FileEntry> = BTreeMap::new();
+    let mut manifest: Option<Manifest> = None;
+    let entries = archive
+        .entries()
+        .map_err(|e| bad(format!("not a tar stream: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| bad(format!("corrupt tar stream: {e}")))?;
+        let name = String::from_utf8(entry.path_bytes().into_owned())
+            .map_err(|_| bad("an entry name is not UTF-8".into()))?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(bad(format!("entry {name:?} is not a regular file")));
+        }
+        if name == "manifest.json" {
+            let mut body = Vec::new();
+            entry
+                .read_to_end(&mut body)
+                .map_err(|e| bad(format!("read manifest: {e}")))?;
+            manifest = Some(
+                serde_json::from_slice(&body)
+                    .map_err(|e| bad(format!("invalid manifest.json: {e}")))?,
+            );
+            continue;
+        }
+        // Only names this format writes, each a single safe component below its directory.
+        let ok = match name.split_once('/') {
+            Some(("layers", rest)) => rest
+                .strip_suffix(".tar")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+            Some(("criu", rest)) => {
+                !rest.is_empty()
+                    && !rest.starts_with('.')
+                    && rest
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(bad(format!(
+                "unexpected entry {name:?} (the archive may have been tampered with)"
+            )));
+        }
+        if seen.contains_key(&name) {
+            return Err(bad(format!("entry {name:?} appears twice")));
+        }
+        let dest = stage.join(&name);
+        let f = std::fs::File::create(&dest).map_err(io_err("create", &dest))?;
+        let mut w = HashingWriter {
+            inner: std::io::BufWriter::new(f),
+            hash: Sha256::new(),
+            size: 0,
+        };
+        std::io::copy(&mut entry, &mut w).map_err(|e| bad(format!("read {name}: {e}")))?;
+        w.flush().map_err(io_err("write", &dest))?;
+        seen.insert(
+            name,
+            FileEntry {
+                sha256: hex(&w.hash.finalize()),
+                size: w.size,
+            },
+        );
+    }
+    let manifest = manifest.ok_or_else(|| bad("manifest.json is missing".into()))?;
+    if manifest.format != FORMAT {
+        return Err(bad(format!(
+            "format {:?} is not {FORMAT:?}",
+            manifest.format
+        )));
+    }
+    for (name, want) in &manifest.files {
+        match seen.get(name) {
+            None => {
+                return Err(bad(format!(
+                    "file {name} listed in the manifest is missing"
+                )))
+            }
+            Some(got) if got.sha256 != want.sha256 || got.size != want.size => {
+                return Err(bad(format!(
+                    "file {name} does not match its SHA-256 in the manifest"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(extra) = seen.keys().find(|k| !manifest.files.contains_key(*k)) {
+        return Err(bad(format!("file {extra} is not in the manifest")));
+    }
+    // Layers: into the store, each checked against its tree hash.
+    let mut lowers = Vec::new();
+    let mut stack = Sha256::new();
+    stack.update(b"forkd-stack-v1\0");
+    for layer in &manifest.layers {
+        if !manifest.files.contains_key(&layer.file) {
+            return Err(bad(format!(
+                "layer {} is not among the archive's files",
+                layer.file
+            )));
+        }
+        let want: LayerId = layer
+            .tree_hash
+            .parse()
+            .map_err(|_| bad(format!("layer {}: bad tree hash", layer.file)))?;
+        let existed = layers.exists(&want);
+        let path = stage.join(&layer.file);
+        let f = std::fs::File::open(&path).map_err(io_err("open", &path))?;
+        let got = layers
+            .import_tar(
+                std::io::BufReader::new(f),
+                forkd_layers::TarFlavor::Overlay,
+                &mut |_| {},
+            )
+            .map_err(|e| {
+                bad(format!(
+                    "layer {}: {}",
+                    layer.file,
+                    ApiError::from_chain("import", &e).message
+                ))
+            })?;
+        if !existed && layers.exists(&got) {
+            added_layers.push(got);
+        }
+        if got != want {
+            return Err(bad(format!(
+                "layer {} has tree hash {got}, the manifest says {want}",
+                layer.file
+            )));
+        }
+        let _ = std::fs::remove_file(&path);
+        stack.update(got.to_string().as_bytes());
+        stack.update(b"\n");
+        lowers.push(Lower::Layer(got));
+    }
+    let tree = hex(&stack.finalize());
+    if tree != manifest.tree_hash {
+        return Err(bad(format!(
+            "the layers' tree hash {tree} differs from the manifest's {}",
+            manifest.tree_hash
+        )));
+    }
+    Ok(Verified {
+        manifest,
+        lowers,
+        tree,
+    })
 }

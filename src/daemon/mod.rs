@@ -31,6 +31,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// The checkpoint-archive reader on its own (the daemon's import, and the fuzz target
+/// `checkpoint_archive`).
+pub use archive::{unpack_and_verify, Verified};
 pub use http::encode as url_encode;
 pub use http::encode_segment as url_encode_segment;
 
