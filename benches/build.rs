@@ -13,6 +13,8 @@
 //! forkd also at the API (`POST /v1/images/build`), which is what the Harbor backend and
 //! `forkd eval` call. Writes target/bench/build.json and .md.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{Context, Result};

@@ -39,6 +39,8 @@
 //! (`fixtures/setup.sh busybox debian qemu criu`). Needs root and CRIU 4; what cannot
 //! run prints `SKIP`, which is an error under `CI=true`.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{anyhow, bail, Context, Result};

@@ -21,6 +21,8 @@
 //!
 //! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{bail, Context, Result};

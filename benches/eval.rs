@@ -9,6 +9,8 @@
 //!
 //! Knobs: FORKD_BENCH_TRIALS (replicates per cell, default 20), FORKD_BENCH_PODMAN=0.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{Context, Result};

@@ -9,6 +9,8 @@
 //! Python (`fixtures/setup.sh harbor`); this file starts a private daemon, imports the
 //! Debian fixture into it and into podman, and writes target/bench/harbor.json and .md.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{Context, Result};

@@ -16,6 +16,8 @@
 //! Knobs: FORKD_BENCH_SAMPLES (forkd and host samples, default 300; podman gets a
 //! tenth, at least 20), FORKD_BENCH_PODMAN=0.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{Context, Result};

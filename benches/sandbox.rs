@@ -21,6 +21,8 @@
 //! (`fixtures/setup.sh busybox`). Needs root; without it (or the fixture, or podman) the
 //! run prints `SKIP` lines, which are errors under `CI=true`.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{Context, Result};

@@ -28,6 +28,8 @@
 //! Output: target/bench/services.json and .md. Environment: FORKD_BENCH_SERVICES_SAMPLES
 //! (default 5), FORKD_BENCH_PODMAN=0 (forkd only), FORKD_CACHE (the Debian fixture).
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{bail, Context, Result};

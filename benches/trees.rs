@@ -16,6 +16,8 @@
 //! restore time per copy (p50 over FORKD_BENCH_TREES_SAMPLES rounds, default 3).
 //! Writes target/bench/trees.json and .md.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use anyhow::{Context, Result};

@@ -168,7 +168,7 @@ impl Client {
     ) -> Result<UnixStream, ClientError> {
         let mut s = self.connect()?;
         let body = serde_json::to_vec(req).expect("json");
-        let path = format!("/v1/sandboxes/{}/exec", crate::daemon::url_encode(sandbox));
+        let path = format!("/v1/sandboxes/{}/exec", crate::api::url::encode(sandbox));
         Self::send_head(
             &mut s,
             "POST",

@@ -7,6 +7,11 @@
 //! - [`cli`]: the `forkd` command line;
 //! - [`eval`]: the evaluator for coding agents, a client of the daemon's API.
 
+// `unsafe` lives in runtime/sys; the one exception here is tokio's registration of a
+// pidfd with its reactor (`daemon::sandboxes`), whose API is `unsafe` and is allowed at
+// that one call.
+#![deny(unsafe_code)]
+
 pub mod api;
 pub mod cli;
 pub mod client;

@@ -9,6 +9,8 @@
 //! - `__mkdirs`: run inside a sandbox by an image build's COPY and WORKDIR steps;
 //! - anything else: the CLI, including `forkd daemon`.
 
+#![forbid(unsafe_code)]
+
 fn main() {
     let args: Vec<String> = std::env::args().take(3).collect();
     match args.get(1).map(String::as_str) {

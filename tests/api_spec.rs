@@ -18,6 +18,8 @@
 //! The router itself (`match_route`) is private to the daemon, so matching every ROUTES
 //! path through it is not checked here.
 
+#![forbid(unsafe_code)]
+
 use forkd::api::{
     self, ApiError, ArchivePath, BranchInfo, BuildRequest, BuildResult, BuildStatus, BuildStep,
     CheckpointInfo, CheckpointRequest, CreateSandboxRequest, ErrorKind, ExecBody, ExecResult,

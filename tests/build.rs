@@ -2,6 +2,8 @@
 //! (asserted from the step records), the image config in execs, multi-stage builds,
 //! and failures that name their line and leave nothing behind.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -1,6 +1,8 @@
 //! Checkpoints and forks against a real daemon: filesystem and live checkpoints, branch
 //! isolation, deep chains, lazy restore, failures that must leave nothing behind.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -4,6 +4,8 @@
 //! branch answers, keeps the data written before the checkpoint, keeps its clients'
 //! connections, and diverges from the others.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! (docs/DESIGN.md, "Many sandboxes"), and the semantics of memory shared between
 //! branches. The numbers at thousands of branches are in benches/density.rs.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -4,6 +4,8 @@
 //! forks get addresses of their own, sockets that leave the sandbox stop a live
 //! checkpoint, and no rule or link outlives its sandbox, even across a daemon kill -9.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -3,6 +3,8 @@
 //! pristine forks, infrastructure failures kept apart, resume and its fingerprint, and
 //! the report over the run.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -7,6 +7,8 @@
 //! (mounts, cgroups, sandbox directories and their subvolumes, checkpoint and layer
 //! stages, processes, CRIU, nftables chains), and the next request works.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -10,6 +10,8 @@
 //!   a panic.
 //! A case that failed once becomes a regression test in the module it concerns.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! tmux server, both in the Debian image. Each is checkpointed while running and forked;
 //! every branch must go on from the checkpointed instant and then live on its own.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -6,6 +6,8 @@
 //! the image's ENTRYPOINT runs in every trial, a two-stage Dockerfile builds, and a trial
 //! started from a live forkd checkpoint (`--ek checkpoint=ID`) inherits its state.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

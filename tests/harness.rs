@@ -6,6 +6,8 @@
 //! submits (the step budget ends it), one fails its first requests with 503 (retried
 //! from the identical state, then passes), one is always down (infrastructure, kept apart).
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -4,6 +4,8 @@
 //! clear error in bounded time; the sandbox keeps running either way, and other
 //! requests are served meanwhile.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

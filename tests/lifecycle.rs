@@ -4,6 +4,8 @@
 //! removed under it, and `gc` keeps every layer a checkpoint directory names. Request
 //! bodies and copies have limits.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

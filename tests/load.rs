@@ -4,6 +4,8 @@
 //! (`FORKD_LOAD_SECS`, default 20; 120 for a full run). No request may fail,
 //! nothing may be left, and the latency of each operation is reported (p50/p99).
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

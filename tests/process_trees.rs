@@ -4,6 +4,8 @@
 //! every branch the `pid ppid pgid sid` table (and each process's thread count) equals
 //! the one taken before the checkpoint, and every process goes on running.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -3,6 +3,8 @@
 //! mini-swe-agent environment with mini-swe-agent's own DeterministicModel. They run with
 //! the harness environment's Python (`FORKD_PYTHON`, made by `fixtures/setup.sh python`).
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -5,6 +5,8 @@
 //! `mi-windowed-step` (Debian fixture) and its `commits` predecessor, which works in two
 //! commits with messages.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

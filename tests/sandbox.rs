@@ -1,5 +1,7 @@
 //! Sandboxes against a real daemon: lifecycle, exec, isolation, limits, recovery.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! sandbox's own processes (with data in flight), UDP sockets, IPv4 and IPv6 loopback,
 //! each restored in every branch's own network namespace.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::*;

@@ -14,7 +14,6 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 // ---------------------------------------------------------------------------------------
@@ -51,29 +50,15 @@ pub fn skip(what: &str, reason: &str) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // Interruption: Ctrl-C ends the run through the normal error path, so guards clean up.
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
 /// Turns SIGINT and SIGTERM into a flag that [`check_interrupted`] reports.
 pub fn install_interrupt_handler() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe, and
-        // no other code in the benchmark installs handlers for these signals.
-        let _ = unsafe { sigaction(sig, &action) };
+    if let Err(e) = forkd_sys::flag_interrupts() {
+        eprintln!("Ctrl-C will not clean up: {e}");
     }
 }
 
 pub fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
+    if forkd_sys::interrupted() {
         bail!("interrupted");
     }
     Ok(())

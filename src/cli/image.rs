@@ -1,8 +1,8 @@
 //! `forkd image import|build|ls|rm|inspect`.
 
 use super::Ctx;
+use crate::api::url::encode_segment as url_encode_segment;
 use crate::api::{BuildRequest, BuildResult, BuildStatus, BuildStep, ImageInfo};
-use crate::daemon::url_encode_segment;
 use clap::Subcommand;
 
 #[derive(Subcommand)]

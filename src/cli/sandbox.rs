@@ -2,8 +2,8 @@
 
 use super::exec::{build_request, ExecOpts};
 use super::Ctx;
+use crate::api::url::encode as url_encode;
 use crate::api::SandboxInfo;
-use crate::daemon::url_encode;
 use clap::Args;
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! bodies delimited by Content-Length, responses that close the connection, and an
 //! upgrade path that hands the raw stream to the exec protocol.
 
-use crate::api::ApiError;
+use crate::api::{url, ApiError};
 use std::collections::HashMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -179,52 +179,9 @@ fn parse_query(q: &str) -> Result<HashMap<String, String>, ApiError> {
     let mut out = HashMap::new();
     for pair in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        out.insert(decode(k)?, decode(v)?);
+        out.insert(url::decode(k)?, url::decode(v)?);
     }
     Ok(out)
-}
-
-/// Percent-decoding (with '+' as space in queries being a form convention we do not use).
-pub fn decode(s: &str) -> Result<String, ApiError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .ok_or_else(|| ApiError::bad_request(format!("bad escape in {s:?}")))?;
-            out.push(
-                u8::from_str_radix(hex, 16)
-                    .map_err(|_| ApiError::bad_request(format!("bad escape in {s:?}")))?,
-            );
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out)
-        .map_err(|_| ApiError::bad_request(format!("{s:?} is not UTF-8 once decoded")))
-}
-
-/// Percent-encodes everything but unreserved characters and '/'.
-pub fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for &c in s.as_bytes() {
-        if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) {
-            out.push(c as char);
-        } else {
-            out.push_str(&format!("%{c:02X}"));
-        }
-    }
-    out
-}
-
-/// Percent-encodes one path segment: like [`encode`], and `/` too (an image name such as
-/// `library/alpine` is one `{name}` segment).
-pub fn encode_segment(s: &str) -> String {
-    encode(s).replace('/', "%2F")
 }
 
 pub struct Response {
@@ -302,10 +259,10 @@ mod tests {
     #[test]
     fn percent_coding_round_trips() {
         for s in ["/etc/passwd", "a b/ç%?&=", ""] {
-            assert_eq!(decode(&encode(s)).unwrap(), s);
+            assert_eq!(url::decode(&url::encode(s)).unwrap(), s);
         }
-        assert!(decode("%zz").is_err());
-        assert!(decode("%4").is_err());
+        assert!(url::decode("%zz").is_err());
+        assert!(url::decode("%4").is_err());
     }
 
     #[test]

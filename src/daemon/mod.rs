@@ -34,8 +34,6 @@ use std::sync::{Arc, Mutex};
 /// The checkpoint-archive reader on its own (the daemon's import, and the fuzz target
 /// `checkpoint_archive`).
 pub use archive::{unpack_and_verify, Verified};
-pub use http::encode as url_encode;
-pub use http::encode_segment as url_encode_segment;
 
 /// Where the daemon keeps its state and listens.
 #[derive(Debug, Clone)]

@@ -28,7 +28,7 @@ pub fn match_route(
         let mut params = HashMap::new();
         let ok = pat.iter().zip(&segs).all(|(p, s)| {
             if let Some(name) = p.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
-                match super::http::decode(s) {
+                match crate::api::url::decode(s) {
                     Ok(v) if !v.is_empty() => {
                         params.insert(name, v);
                         true

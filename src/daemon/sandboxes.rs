@@ -526,6 +526,7 @@ impl Daemon {
         self.runtime.spawn(async move {
             // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the descriptor stays
             // open and refers to the same pidfd for as long as it is registered.
+            #[allow(unsafe_code)]
             let registered = unsafe {
                 tokio::io::unix::AsyncFd::register_with_interest(
                     pidfd,

@@ -267,7 +267,7 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
             .client
             .call::<serde_json::Value>(
                 "GET",
-                &format!("/v1/images/{}", crate::daemon::url_encode_segment(name)),
+                &format!("/v1/images/{}", crate::api::url::encode_segment(name)),
                 None,
             )
             .is_ok();
@@ -301,7 +301,7 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
             .client
             .call(
                 "GET",
-                &format!("/v1/images/{}", crate::daemon::url_encode_segment(&name)),
+                &format!("/v1/images/{}", crate::api::url::encode_segment(&name)),
                 None,
             )
             .map_err(|e| {
@@ -381,7 +381,7 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
         }
         let mut started = !env.background.is_empty();
         if env.entrypoint {
-            let name = crate::daemon::url_encode_segment(&task.config.task.image);
+            let name = crate::api::url::encode_segment(&task.config.task.image);
             let img: crate::api::ImageInfo = s
                 .client
                 .call("GET", &format!("/v1/images/{name}"), None)

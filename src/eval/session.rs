@@ -128,7 +128,7 @@ impl Session {
                 "PUT",
                 &format!(
                     "/v1/sandboxes/{id}/files?path={}",
-                    crate::daemon::url_encode(dest)
+                    crate::api::url::encode(dest)
                 ),
                 &body,
             )
@@ -237,7 +237,7 @@ impl Session {
             .client
             .call::<serde_json::Value>(
                 "GET",
-                &format!("/v1/images/{}", crate::daemon::url_encode_segment(name)),
+                &format!("/v1/images/{}", crate::api::url::encode_segment(name)),
                 None,
             )
             .is_ok()

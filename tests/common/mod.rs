@@ -425,7 +425,7 @@ impl TestDaemon {
                 "PUT",
                 &format!(
                     "/v1/sandboxes/{id}/files?path={}",
-                    forkd::daemon::url_encode(path)
+                    forkd::api::url::encode(path)
                 ),
                 &tar,
             )

@@ -6,6 +6,8 @@
 //! - [`host`]: host-side operations (overlay mounts, starting the init, exec);
 //! - [`id`]: validated sandbox ids.
 
+#![forbid(unsafe_code)]
+
 pub mod files;
 pub mod host;
 pub mod id;

@@ -549,3 +549,32 @@ pub fn remount(target: &std::path::Path, mount_options: &str, data: &str) -> io:
     } as libc::c_long)?;
     Ok(())
 }
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM set a flag ([`interrupted`]) instead of ending the process,
+/// so that a long run (a benchmark) can stop through its normal error path and clean up.
+pub fn flag_interrupts() -> io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid value (empty mask, no flags) that we then
+        // fill in; the handler only stores to an atomic, which is async-signal-safe.
+        let rc = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_interrupt as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut())
+        };
+        check(rc as libc::c_long)?;
+    }
+    Ok(())
+}
+
+/// Whether SIGINT or SIGTERM arrived since [`flag_interrupts`].
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
