@@ -230,6 +230,9 @@ impl Daemon {
         let started = Instant::now();
         forkd_layers::validate_image_name(&req.name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        req.limits
+            .validate()
+            .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
         if req.network {
             return Err(ApiError::bad_request(
                 "network: RUN steps with network access are not available; builds run with none",

@@ -211,6 +211,9 @@ impl Daemon {
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
+        req.limits
+            .validate()
+            .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
         let policy = self.network_policy(&req.network)?;
         let id = SandboxId::random();
         let hostname = req

@@ -59,6 +59,29 @@ pub struct Limits {
     pub cpu_millis: Option<u64>,
 }
 
+impl Limits {
+    /// The smallest CPU quota: the kernel refuses a quota under 1 ms, and the period is
+    /// 100 ms.
+    pub const MIN_CPU_MILLIS: u64 = 10;
+    /// The largest: a thousand CPUs.
+    pub const MAX_CPU_MILLIS: u64 = 1_000_000;
+
+    /// Checks values the kernel would refuse, before anything is made; the error names
+    /// the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(m) = self.cpu_millis {
+            if !(Self::MIN_CPU_MILLIS..=Self::MAX_CPU_MILLIS).contains(&m) {
+                return Err(format!(
+                    "cpu_millis {m} is out of range: from {} (1% of a CPU, the kernel's shortest quota) to {} (1000 CPUs)",
+                    Self::MIN_CPU_MILLIS,
+                    Self::MAX_CPU_MILLIS
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Which cgroup hierarchy this machine uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "version", rename_all = "lowercase")]
@@ -473,6 +496,24 @@ impl Cgroup {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn cpu_quotas_the_kernel_refuses_are_refused_first() {
+        let cpu = |m| Limits {
+            cpu_millis: Some(m),
+            ..Limits::default()
+        };
+        assert!(cpu(10).validate().is_ok());
+        assert!(cpu(1_000_000).validate().is_ok());
+        assert!(Limits::default().validate().is_ok());
+        for bad in [0, 9, 1_000_001, u64::MAX] {
+            let e = cpu(bad).validate().unwrap_err();
+            assert!(
+                e.contains("cpu_millis") && e.contains(&bad.to_string()),
+                "{e}"
+            );
+        }
+    }
     use super::*;
 
     #[test]
