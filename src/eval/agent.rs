@@ -1,8 +1,10 @@
 //! Agents. An agent is an external command given the request and a handle to its
-//! sandbox (`FORKD_SOCKET`, `FORKD_SANDBOX`, `FORKD_WORKDIR`, `FORKD_INSTRUCTION`: a file
-//! holding the request, `FORKD_NOTE`: a handoff note when there is one); it acts through
-//! forkd's CLI or API and its exit is its submission (0: it claims completion). Budgets:
-//! wall clock and steps (execs in its sandbox). Built-in scripted agents, for tests,
+//! sandbox (`FORKD_SOCKET`: a grant on that sandbox only, `FORKD_SANDBOX`,
+//! `FORKD_WORKDIR`, `FORKD_INSTRUCTION`: a file holding the request, `FORKD_NOTE`: a
+//! handoff note when there is one); it runs confined to its trial ([`super::confine`]),
+//! acts through forkd's CLI or API, and its exit is its submission (0: it claims
+//! completion). Budgets: wall clock and steps (execs in its sandbox, counted and enforced
+//! by the daemon). Built-in scripted agents, for tests,
 //! demos and predecessors: `oracle`, `noop`, `patch:FILE`, `script:FILE`, `replay:FILE`.
 //! Real harnesses (`mini-swe-agent[:CONFIG][#MODEL]`) are in [`super::harness`].
 //! Every exec of every agent is logged by the daemon with timestamps: the trajectory.

@@ -4,10 +4,13 @@
 //! The evaluator writes a brief (socket, the trial's sandbox, its workdir, the
 //! condition's full text, the harness configuration, the step budget, the wall-clock
 //! budget, where to write), runs `FORKD_PYTHON -m forkd.minisweagent.evalrun BRIEF` in a
-//! process group of its own, and reads the result the driver writes. mini-swe-agent
-//! enforces the step budget itself (its `step_limit`) and the wall clock (its
-//! `wall_time_limit_seconds`); the evaluator kills the whole group past the wall clock
-//! plus a grace period, which is a budget exhaustion too. A harness or model-endpoint
+//! process group of its own, confined to the trial as external agents are
+//! ([`super::confine`]: its own user, a grant on the sandbox as its socket), and reads the
+//! result the driver writes. mini-swe-agent enforces the step budget itself (its
+//! `step_limit`, model calls), the daemon the same number of execs, and the harness the
+//! wall clock (its `wall_time_limit_seconds`); the evaluator kills the whole group past
+//! the wall clock plus a grace period, or once the daemon refused an exec for the budget,
+//! which are budget exhaustions too. A harness or model-endpoint
 //! failure (connection refused, HTTP 5xx, timeouts, a harness that exits without a
 //! result) is infrastructure: the trial is retried from the identical state.
 //!
