@@ -127,11 +127,12 @@ fn a_zombie_comes_back_a_zombie_in_every_branch() {
     let Some((d, sb)) = debian(name, "hostile-zombie", &[]) else {
         return;
     };
-    // The shell's child exits at once; the shell then becomes `sleep`, which never
-    // waits for it.
+    // The shell becomes `sleep`, which never waits for a child; the shell's child exits
+    // a second later, by then a child of that `sleep` (a child that exited before the
+    // `exec` could be reaped by the shell, and no zombie would be left).
     let r = d.exec(
         &sb.id,
-        serde_json::json!({ "shell": "sh -c 'true & echo $! > /tmp/zpid; exec sleep infinity'", "detach": true }),
+        serde_json::json!({ "shell": "sh -c 'sleep 1 & echo $! > /tmp/zpid; exec sleep infinity'", "detach": true }),
     );
     r.expect("start");
     let zpid = d.wait_for(&sb.id, "cat /tmp/zpid", "");

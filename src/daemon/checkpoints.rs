@@ -252,6 +252,59 @@ fn wait_for_exiting_relays(cg: &Cgroup, init_pid: i32, limit: Duration) {
     }
 }
 
+/// A thread of the cgroup caught inside `vfork` (or a `clone`/`clone3` that may carry
+/// `CLONE_VFORK`, as `posix_spawn` does), read from `/proc/PID/task/TID/syscall` of the
+/// frozen tree. Such a parent cannot be seized until its child has called `exec`, and a
+/// frozen or seized child never does, so a dump taken then waits out CRIU's timeout and
+/// fails ("Unseizable non-zombie ... state D").
+fn vfork_parent(cg: &Cgroup) -> Option<i32> {
+    const VFORK: &str = "58";
+    const CLONE: &str = "56";
+    const CLONE3: &str = "435";
+    const CLONE_VFORK: u64 = 0x4000;
+    cg.pids().unwrap_or_default().into_iter().find_map(|pid| {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        tasks.flatten().find_map(|t| {
+            let text = std::fs::read_to_string(t.path().join("syscall")).ok()?;
+            let mut fields = text.split_whitespace();
+            let in_vfork = match fields.next()? {
+                VFORK | CLONE3 => true,
+                CLONE => fields
+                    .next()
+                    .and_then(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+                    .is_some_and(|flags| flags & CLONE_VFORK != 0),
+                _ => false,
+            };
+            in_vfork.then_some(pid)
+        })
+    })
+}
+
+/// Freezes the cgroup at a moment when no thread is inside `vfork` (see
+/// [`vfork_parent`]): a caught one is thawed, given a moment to `exec`, and frozen again,
+/// for up to about two seconds; then the freeze stands as it is (the dump may fail, and
+/// says why).
+fn freeze_outside_vfork(cg: &Cgroup, sandbox: &SandboxId) -> Result<u32, ApiError> {
+    let freeze = |on: bool| {
+        cg.set_frozen(on, Duration::from_secs(10)).map_err(|e| {
+            let _ = cg.set_frozen(false, Duration::from_secs(10));
+            ApiError::from_chain(
+                &format!("{} sandbox {sandbox}", if on { "freeze" } else { "thaw" }),
+                &e,
+            )
+        })
+    };
+    freeze(true)?;
+    let mut retries = 0;
+    while retries < 200 && vfork_parent(cg).is_some() {
+        retries += 1;
+        freeze(false)?;
+        std::thread::sleep(Duration::from_micros(500 * u64::from(retries.min(20))));
+        freeze(true)?;
+    }
+    Ok(retries)
+}
+
 /// The processes of the cgroup in a stopped state (`T`, `t` in `/proc/PID/stat`).
 fn stopped_tasks(cg: &Cgroup) -> Vec<i32> {
     cg.pids()
@@ -484,11 +537,14 @@ impl Daemon {
                 }
                 if freezer {
                     let t = Instant::now();
-                    cg.set_frozen(true, Duration::from_secs(10)).map_err(|e| {
-                        let _ = cg.set_frozen(false, Duration::from_secs(10));
-                        ApiError::from_chain(&format!("freeze sandbox {}", sb.id), &e)
-                    })?;
+                    let refrozen = freeze_outside_vfork(&cg, &sb.id)?;
                     phases.insert("freeze".into(), t.elapsed().as_micros() as u64);
+                    if refrozen > 0 {
+                        super::log::info(&format!(
+                            "sandbox {}: frozen again {refrozen} time(s) to catch no thread inside vfork",
+                            sb.id
+                        ));
+                    }
                 }
                 // Sockets that leave the sandbox cannot be restored in a branch, which
                 // has another address (forkd_net::sockets). Looked for with the tree
