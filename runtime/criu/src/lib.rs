@@ -538,10 +538,20 @@ impl Criu {
             forkd_sys::attach_in_child(&mut cmd, mnt.as_fd(), at, own_namespace)
                 .map_err(io("attach the restored tree's root"))?;
         }
+        // A process group of its own: the processes a restore forks hold CRIU's socket
+        // and stderr, and outlive a CRIU that dies half-way; on a failure the whole group
+        // goes, so that neither is held open for ever.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
         drop(theirs);
+        let kill_group = |child: &std::process::Child| {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::SIGKILL,
+            );
+        };
         for procs in child_setup.join_cgroup_procs {
             std::fs::write(procs, child.id().to_string())
                 .map_err(io("move criu into the branch cgroup"))?;
@@ -561,16 +571,26 @@ impl Criu {
             _ => "request",
         };
         let result = loop {
-            match wait_readable(&sock, deadline) {
+            // In slices, so that a CRIU that died (its helpers still holding the socket,
+            // which then never reads as closed) is noticed at once.
+            let slice = deadline.min(Instant::now() + Duration::from_millis(100));
+            match wait_readable(&sock, slice) {
                 Ok(true) => {}
-                Ok(false) => {
-                    let _ = child.kill();
+                Ok(false) if Instant::now() >= deadline => {
                     break Err(CriuError::TimedOut {
                         action,
                         limit: self.timeout,
                         log: log.to_path_buf(),
                     });
                 }
+                Ok(false) => match child.try_wait() {
+                    Ok(Some(status)) if !wait_readable(&sock, Instant::now()).unwrap_or(false) => {
+                        break Err(CriuError::Rpc(format!(
+                            "criu {action} ended ({status}) without answering"
+                        )));
+                    }
+                    _ => continue,
+                },
                 Err(e) => break Err(io("wait for criu")(e)),
             }
             let mut buf = vec![0u8; 1 << 16];
@@ -608,6 +628,9 @@ impl Criu {
             break Ok(resp);
         };
         drop(sock);
+        if result.is_err() {
+            kill_group(&child);
+        }
         let mut stderr = String::new();
         if let Some(mut e) = child.stderr.take() {
             let _ = e.read_to_string(&mut stderr);
@@ -629,13 +652,12 @@ impl Criu {
 fn wait_readable(f: &std::fs::File, deadline: Instant) -> std::io::Result<bool> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     loop {
+        // A deadline already past still looks once (a poll that does not wait).
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(false);
-        }
-        let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
         let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) if left.is_zero() => return Ok(false),
             Ok(0) => continue,
             Ok(_) => return Ok(true),
             Err(nix::errno::Errno::EINTR) => continue,
