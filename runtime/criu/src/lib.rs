@@ -538,20 +538,10 @@ impl Criu {
             forkd_sys::attach_in_child(&mut cmd, mnt.as_fd(), at, own_namespace)
                 .map_err(io("attach the restored tree's root"))?;
         }
-        // A process group of its own: the processes a restore forks hold CRIU's socket
-        // and stderr, and outlive a CRIU that dies half-way; on a failure the whole group
-        // goes, so that neither is held open for ever.
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
         drop(theirs);
-        let kill_group = |child: &std::process::Child| {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::SIGKILL,
-            );
-        };
         for procs in child_setup.join_cgroup_procs {
             std::fs::write(procs, child.id().to_string())
                 .map_err(io("move criu into the branch cgroup"))?;
@@ -629,7 +619,12 @@ impl Criu {
         };
         drop(sock);
         if result.is_err() {
-            kill_group(&child);
+            // The processes a restore forked hold CRIU's socket and stderr and outlive a
+            // CRIU that died half-way; once it is gone they are the caller's children
+            // (a subreaper's, as the daemon is), and go too.
+            let _ = child.kill();
+            let _ = child.wait();
+            kill_orphaned_helpers();
         }
         let mut stderr = String::new();
         if let Some(mut e) = child.stderr.take() {
@@ -645,6 +640,35 @@ impl Criu {
             }
             other => other,
         })
+    }
+}
+
+/// Kills the children of this process that a CRIU left behind when it died: their
+/// command line is CRIU's (`criu: restore ...`), and their parent is now this process.
+/// A live CRIU's helpers are its own children, never ours, and are not touched.
+fn kill_orphaned_helpers() {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
+        let ours = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(|p| p == me))
+            })
+            .unwrap_or(false);
+        let criu = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.starts_with(b"criu"))
+            .unwrap_or(false);
+        if ours && criu {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
     }
 }
 
