@@ -141,28 +141,29 @@ fn nft_table(d: &TestDaemon) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The children of `parent`: each pid with its command line's words.
+fn children_of(parent: i32) -> Vec<(i32, Vec<String>)> {
+    pids()
+        .into_iter()
+        .filter(|&pid| parent_of(pid) == Some(parent))
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let words = cmd
+                .split(|&b| b == 0)
+                .filter(|p| !p.is_empty())
+                .map(|p| String::from_utf8_lossy(p).to_string())
+                .collect();
+            (pid, words)
+        })
+        .collect()
+}
+
 /// Pids of the processes whose parent is `parent` and whose command line is `argv`.
 fn children_running(parent: u32, argv: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let ppid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("PPid:"))
-                .and_then(|v| v.trim().parse::<u32>().ok());
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(parent)
-                && cmd
-                    .split(|&b| b == 0)
-                    .filter(|p| !p.is_empty())
-                    .map(|p| String::from_utf8_lossy(p).to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    == argv
-        })
+    children_of(parent as i32)
+        .into_iter()
+        .filter(|(_, words)| words.join(" ") == argv)
+        .map(|(pid, _)| pid)
         .collect()
 }
 
@@ -300,24 +301,12 @@ fn kill_9_during_a_live_checkpoint() {
     assert!(d.read_number(b, "/tmp/n") >= n);
 }
 
-/// Processes whose parent is `parent` and whose command line contains `word`.
+/// Processes whose parent is `parent` and whose command line has the word `word`.
 fn children_with(parent: u32, word: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let ppid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("PPid:"))
-                .and_then(|v| v.trim().parse::<u32>().ok());
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(parent)
-                && cmd
-                    .split(|&b| b == 0)
-                    .any(|p| String::from_utf8_lossy(p) == word)
-        })
+    children_of(parent as i32)
+        .into_iter()
+        .filter(|(_, words)| words.iter().any(|w| w == word))
+        .map(|(pid, _)| pid)
         .collect()
 }
 
