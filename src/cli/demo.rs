@@ -218,6 +218,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             states_only: false,
             reconstruct: None,
             review: Default::default(),
+            shard: None,
         };
         crate::eval::execute(&socket, &opts, false)?;
         let ds = forkd_analysis::load_runs(std::slice::from_ref(&run_dir))?;

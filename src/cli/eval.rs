@@ -44,6 +44,42 @@ pub struct MatrixArgs {
     /// How reviewers decide: all (every one accepts; one rejection drops) or majority
     #[arg(long, default_value = "all")]
     pub review_rule: crate::eval::review::Rule,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Running the trials as shards on a cluster's nodes (docs/EVAL.md, "Sharded runs").
+#[derive(clap::Args, Clone, Default)]
+pub struct ClusterArgs {
+    /// Run the shards as one Slurm array job; the value (optional) is passed to sbatch,
+    /// split at white space, e.g. --slurm "-p batch --time=4:00:00"
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "SBATCH_OPTIONS")]
+    pub slurm: Option<String>,
+    /// Write the shards as a Kubernetes Indexed Job manifest (JSON) to this file instead
+    /// of running them
+    #[arg(long, value_name = "FILE", conflicts_with = "slurm")]
+    pub kube: Option<PathBuf>,
+    /// Container image of the Kubernetes pods (forkd itself is mounted from the host)
+    #[arg(long, default_value = "debian:bookworm-slim", requires = "kube")]
+    pub kube_image: String,
+    /// Shards (default: one per task; tasks are never split)
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// Each node's daemon: its state root, %n standing for the node's name (socket
+    /// forkd.sock inside; started by the shard when none answers). Default: the node's
+    /// own daemon (FORKD_SOCKET or the default socket)
+    #[arg(long, value_name = "TEMPLATE")]
+    pub node_root: Option<String>,
+    /// Return once the shards are submitted (follow with `forkd eval status`, merge
+    /// with `forkd eval resume`)
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+impl ClusterArgs {
+    fn sharded(&self) -> bool {
+        self.slurm.is_some() || self.kube.is_some()
+    }
 }
 
 impl MatrixArgs {
@@ -74,6 +110,7 @@ impl MatrixArgs {
                 reviewers: self.reviewers,
                 rule: self.review_rule,
             },
+            shard: None,
         })
     }
 }
@@ -88,12 +125,27 @@ pub enum EvalCmd {
     Residualize(MatrixArgs),
     /// Run the trial matrix: agents x conditions x start states x replicates
     Run(MatrixArgs),
-    /// Continue a run that was stopped (refused if its configuration changed)
+    /// Continue a run that was stopped (refused if its configuration changed); a sharded
+    /// run's unfinished shards are submitted again
     Resume {
         run: PathBuf,
         #[arg(long, default_value_t = 2)]
         parallel: usize,
+        /// Sharded runs: return once the shards are submitted
+        #[arg(long)]
+        no_wait: bool,
     },
+    /// Run one shard of a sharded run on this node (what each array task or pod runs)
+    Shard {
+        run: PathBuf,
+        /// The shard (default: SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)
+        #[arg(long)]
+        index: Option<usize>,
+    },
+    /// Where the shards of a sharded run stand (Slurm's queue and their files)
+    Status { run: PathBuf },
+    /// Merge the shards' results into the run directory
+    Merge { run: PathBuf },
     /// Write a handoff note from a mini-swe-agent trajectory: one tool-free request to the agent's own model
     Note {
         /// The trajectory (e.g. RUN/trials/<id>/agent/trajectory.json)
@@ -163,10 +215,34 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
     match cmd {
         EvalCmd::Validate { suite } => crate::eval::validate(socket, &suite),
         EvalCmd::Residualize(m) => crate::eval::execute(socket, &m.options(true)?, false),
+        EvalCmd::Run(m) if m.cluster.sharded() => sharded_run(socket, &m),
         EvalCmd::Run(m) => crate::eval::execute(socket, &m.options(false)?, false),
-        EvalCmd::Resume { run, parallel } => {
-            crate::eval::execute(socket, &crate::eval::options_of(&run, parallel)?, true)
-        }
+        EvalCmd::Resume {
+            run,
+            parallel,
+            no_wait,
+        } => match crate::eval::shard::load_plan(&run)? {
+            Some(plan) => {
+                // The configuration must still be the run's (the shards check theirs).
+                crate::eval::begin(socket, &crate::eval::options_of(&run, parallel)?, true)?;
+                match plan.scheduler.as_str() {
+                    "slurm" => {
+                        let last = crate::eval::slurm::submissions(&run).pop();
+                        let o = crate::eval::slurm::SlurmOptions {
+                            sbatch: last.map(|s| s.sbatch).unwrap_or_default(),
+                            no_wait,
+                            retries: 0,
+                        };
+                        crate::eval::slurm::drive(&run, &plan, &o, "resume")
+                    }
+                    _ => crate::eval::slurm::finish(&run),
+                }
+            }
+            None => crate::eval::execute(socket, &crate::eval::options_of(&run, parallel)?, true),
+        },
+        EvalCmd::Shard { run, index } => crate::eval::shard::run_shard(&run, index),
+        EvalCmd::Status { run } => crate::eval::slurm::status(&run),
+        EvalCmd::Merge { run } => crate::eval::slurm::finish(&run),
         EvalCmd::Note {
             trajectory,
             agent,
@@ -248,4 +324,32 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `forkd eval run --slurm|--kube`: plans the shards, then submits them (Slurm) or writes
+/// the Indexed Job manifest (Kubernetes).
+fn sharded_run(socket: &std::path::Path, m: &MatrixArgs) -> anyhow::Result<i32> {
+    let c = &m.cluster;
+    let opts = m.options(false)?;
+    let scheduler = if c.slurm.is_some() { "slurm" } else { "kube" };
+    let plan = crate::eval::shard::plan_run(socket, &opts, c.shards, c.node_root.clone(), scheduler)?;
+    if let Some(file) = &c.kube {
+        let job = crate::eval::slurm::kube_job(&opts.out, &plan, &c.kube_image, opts.retries)?;
+        std::fs::write(file, serde_json::to_vec_pretty(&job)?)
+            .map_err(|e| anyhow::anyhow!("write {}: {e}", file.display()))?;
+        eprintln!(
+            "[eval] {} shard(s) as an Indexed Job in {}: `kubectl apply -f` it, then `forkd eval merge {}`",
+            plan.shards.len(),
+            file.display(),
+            opts.out.display()
+        );
+        println!("{}", file.display());
+        return Ok(0);
+    }
+    let o = crate::eval::slurm::SlurmOptions {
+        sbatch: c.slurm.clone().unwrap_or_default(),
+        no_wait: c.no_wait,
+        retries: opts.retries,
+    };
+    crate::eval::slurm::drive(&opts.out, &plan, &o, "run")
 }

@@ -3,6 +3,7 @@
 //! `grade`, `run` (states, trials, the run directory) and `delta` (what a state changed).
 
 pub mod agent;
+pub mod archives;
 pub mod confine;
 pub mod delta;
 pub mod grade;
@@ -13,6 +14,8 @@ pub mod residual;
 pub mod review;
 pub mod run;
 pub mod session;
+pub mod shard;
+pub mod slurm;
 pub mod task;
 
 use agent::AgentSpec;
@@ -39,6 +42,8 @@ pub struct RunOptions {
     pub reconstruct: Option<reconstruct::Reconstruct>,
     /// Human review of the residual candidates.
     pub review: review::Policy,
+    /// This invocation runs one shard of a sharded run (`out` is the shard's directory).
+    pub shard: Option<shard::Sharding>,
 }
 
 pub fn parse_condition(s: &str) -> anyhow::Result<Condition> {
@@ -68,6 +73,7 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
         retries: 1,
         results: Mutex::new(()),
         reconstruct: None,
+        shard: None,
     };
     let mut bad = 0;
     println!(
@@ -115,7 +121,7 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
     Ok(if bad == 0 { 0 } else { 1 })
 }
 
-fn load_results(path: &Path) -> Vec<TrialRow> {
+pub fn load_results(path: &Path) -> Vec<TrialRow> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -124,8 +130,32 @@ fn load_results(path: &Path) -> Vec<TrialRow> {
 }
 
 /// `forkd eval run` (and `residualize`, with `states_only`), or `resume` of a run dir.
-pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<i32> {
-    let tasks = task::load_suite(&opts.suite)?;
+/// What every run starts with: the suite (a shard's tasks only), its images, the agents
+/// (harnesses checked), the configuration and its fingerprint, and the run directory's
+/// manifest (written, or on resume checked), decision and task records.
+pub struct Begun {
+    pub tasks: Vec<task::Task>,
+    pub images: BTreeMap<String, Vec<String>>,
+    /// The run's agents; predecessors are added after them.
+    pub agents: Vec<AgentSpec>,
+    pub config: RunConfig,
+    pub fingerprint: String,
+    pub run_id: String,
+}
+
+pub fn begin(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<Begun> {
+    let mut tasks = task::load_suite(&opts.suite)?;
+    if let Some(sh) = &opts.shard {
+        tasks.retain(|t| sh.tasks.contains(&t.name));
+        if let Some(missing) = sh.tasks.iter().find(|n| !tasks.iter().any(|t| &t.name == *n)) {
+            anyhow::bail!(
+                "shard {} of run {}: task {missing} is no longer in suite {}",
+                sh.index,
+                sh.top.display(),
+                opts.suite.display()
+            );
+        }
+    }
     let s = Session::new(socket);
     eprintln!(
         "[eval] suite {} ({} tasks)",
@@ -133,12 +163,11 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         tasks.len()
     );
     let images = run::ensure_images(&s, &tasks)?;
-    let mut agents: Vec<AgentSpec> = opts
+    let agents: Vec<AgentSpec> = opts
         .agents
         .iter()
         .map(|a| AgentSpec::parse(a))
         .collect::<anyhow::Result<_>>()?;
-    let run_agents = agents.len();
     // A harness whose configuration or model does not load fails the run now, by name,
     // not each of its trials as infrastructure.
     for a in &agents {
@@ -250,11 +279,34 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         )?;
     }
 
+    Ok(Begun {
+        tasks,
+        images,
+        agents,
+        config,
+        fingerprint,
+        run_id,
+    })
+}
+
+pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<i32> {
+    let Begun {
+        tasks,
+        images,
+        mut agents,
+        run_id,
+        ..
+    } = begin(socket, opts, resume)?;
+    let run_agents = agents.len();
+    let s = Session::new(socket);
     // 1. Clean start states.
     let mut clean = BTreeMap::new();
     for t in &tasks {
         let t0 = std::time::Instant::now();
-        let id = run::clean_state(&s, t, &images[&t.config.task.image])?;
+        let id = match &opts.shard {
+            Some(sh) => sh.clean_state(&s, t, &images[&t.config.task.image], &opts.out)?,
+            None => run::clean_state(&s, t, &images[&t.config.task.image])?,
+        };
         run::record_base_commit(&s, t, &id)?;
         eprintln!(
             "[eval] clean state of {}: checkpoint {id} ({:.1}s)",
@@ -305,6 +357,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         retries: opts.retries,
         results: Mutex::new(()),
         reconstruct: opts.reconstruct,
+        shard: opts.shard.as_ref(),
     };
     let states = if needs_states {
         residual::residualize(&ctx, &clean, &pred_pairs)?
@@ -422,14 +475,23 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     let queue = Mutex::new(todo);
     let finished = Mutex::new(done.len());
     let started = std::time::Instant::now();
+    // A shard attempt that lost its shard to a newer attempt stops taking trials and
+    // writes no more rows.
+    let fenced = || opts.shard.as_ref().and_then(|sh| sh.fence.lost());
     std::thread::scope(|scope| {
         for _ in 0..opts.parallel.max(1) {
             scope.spawn(|| loop {
+                if fenced().is_some() {
+                    return;
+                }
                 let Some(spec) = queue.lock().unwrap().pop_front() else {
                     return;
                 };
                 let (row, _) = run::run_trial(&ctx, &spec, false);
                 let _guard = ctx.results.lock().unwrap();
+                if fenced().is_some() {
+                    return;
+                }
                 if let Err(e) = run::append_jsonl(&results_path, &row) {
                     eprintln!("[eval] write {}: {e}", results_path.display());
                 }
@@ -448,6 +510,12 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         }
     });
     session::drain();
+    if let Some(owner) = fenced() {
+        anyhow::bail!(
+            "{} was taken over by attempt {owner}: this attempt stopped",
+            opts.out.display()
+        );
+    }
     let rows = load_results(&results_path);
     write_csv(&opts.out.join("results.csv"), &rows)?;
     print_summary(&rows);
@@ -460,7 +528,8 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     Ok(0)
 }
 
-fn now_secs() -> u64 {
+/// Seconds since the epoch (0 if the clock is before it).
+pub fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -475,7 +544,7 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
+pub fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
     let mut out = String::from(
         "run_id,trial_id,task,condition,start_state,predecessor,agent,replicate,outcome,submitted,tests_passed,tests_failed,steps,wall_ms,infra_attempts,tests\n",
     );
@@ -517,7 +586,7 @@ fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_summary(rows: &[TrialRow]) {
+pub fn print_summary(rows: &[TrialRow]) {
     let mut cells: BTreeMap<(String, String), (u32, u32, u32)> = BTreeMap::new();
     for r in rows {
         let cond = serde_json::to_value(r.condition)
@@ -731,5 +800,6 @@ pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions>
         states_only: m.states_only,
         reconstruct: m.config.reconstruct,
         review: m.config.review,
+        shard: None,
     })
 }

@@ -222,13 +222,19 @@ pub fn residualize(
             }
         }
     }
+    let s = Session::new(&ctx.socket);
+    // In a sharded run, states kept by an earlier attempt (perhaps on another node) are
+    // imported from their archives; one whose archive is missing or refused is built
+    // again.
+    if let Some(sh) = ctx.shard {
+        sh.settle_states(&s, &ctx.run_dir, &mut kept)?;
+    }
     let decided: HashSet<String> = std::fs::read_to_string(states_dir.join("candidates.jsonl"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v["candidate"].as_str().map(String::from))
         .collect();
-    let s = Session::new(&ctx.socket);
     for &(ti, ai) in predecessor_agents {
         let task = &ctx.tasks[ti];
         let pred = ctx.agents[ai].name();
@@ -251,6 +257,9 @@ pub fn residualize(
                         Ok(()) => eprintln!("[eval]   {candidate}: handoff note written"),
                         Err(e) => eprintln!("[eval]   {candidate}: no handoff note: {e:#}"),
                     }
+                }
+                if let Some(sh) = ctx.shard {
+                    sh.archives.publish(&s, &r.task, &r.state_id, &r.checkpoint)?;
                 }
                 std::fs::write(states_dir.join(&r.patch), &patch)?;
                 std::fs::write(

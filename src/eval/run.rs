@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// The fixed notice of a rescue (the pilot study's "V0" prompt).
 pub const NOTICE: &str = "A previous coding agent attempted this task but did not solve it. Independently inspect \
@@ -128,6 +128,8 @@ pub struct Ctx<'a> {
     pub results: Mutex<()>,
     /// The run's `--reconstruct`, over each task's own.
     pub reconstruct: Option<super::reconstruct::Reconstruct>,
+    /// The shard this invocation runs, in a sharded run.
+    pub shard: Option<&'a super::shard::Sharding>,
 }
 
 impl Ctx<'_> {
@@ -136,6 +138,11 @@ impl Ctx<'_> {
     pub fn hidden_from_agents(&self) -> Vec<PathBuf> {
         let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let mut hide = vec![abs(&self.run_dir)];
+        // A shard's directory is inside the run's, beside the other shards and the
+        // shared start-state archives: the whole run is hidden.
+        if let Some(sh) = self.shard {
+            hide.insert(0, abs(&sh.top));
+        }
         for t in self.tasks {
             let suite = abs(t.dir.parent().unwrap_or(&t.dir));
             if !hide.contains(&suite) {
@@ -179,13 +186,6 @@ pub fn record_base_commit(s: &Session, task: &Task, clean: &str) -> anyhow::Resu
     Ok(())
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 pub fn append_jsonl(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -199,7 +199,7 @@ pub fn append_jsonl(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
 pub fn decision(run_dir: &Path, event: &str, detail: serde_json::Value) -> anyhow::Result<()> {
     append_jsonl(
         &run_dir.join("decisions.jsonl"),
-        &serde_json::json!({ "t": now_secs(), "event": event, "detail": detail }),
+        &serde_json::json!({ "t": super::now_secs(), "event": event, "detail": detail }),
     )
 }
 

@@ -1,0 +1,258 @@
+//! Start states shipped between nodes. In a sharded run the node that builds a task's
+//! clean or residual start state exports it once, as a checkpoint archive, to the run's
+//! shared directory: `RUN/archives/<task>/<state>.forkd`, with a record beside it
+//! (`<state>.json`: the checkpoint it was made from, the archive's SHA-256 and size, the
+//! stack's tree hash, the node). A node that needs a state it does not hold imports the
+//! archive instead of building the state again.
+//!
+//! An archive is checked twice before it is used: the whole file against the record
+//! (SHA-256 and size), and, by the daemon's import, every member against the archive's
+//! own manifest and every layer's and the stack's tree hash; the imported checkpoint's
+//! tree hash must then equal the recorded one. An archive that fails is moved aside
+//! (`<state>.forkd.refused-<time>`), its record removed, and the caller builds the state
+//! again (and exports it again).
+
+use super::session::Session;
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// What is known of one exported start state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ArchiveRecord {
+    pub task: String,
+    /// `clean`, or the residual state's id.
+    pub state: String,
+    /// The checkpoint exported, on the node that built it.
+    pub checkpoint: String,
+    pub node: String,
+    /// The archive's file name, beside the record.
+    pub archive: String,
+    pub sha256: String,
+    pub bytes: u64,
+    /// The checkpoint's tree hash (SHA-256 over its layers' tree hashes).
+    pub tree_hash: String,
+    pub exported: u64,
+    pub export_ms: u64,
+}
+
+/// Why an archive was not used.
+#[derive(Debug)]
+pub struct Refused {
+    pub archive: PathBuf,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "archive {} refused: {}",
+            self.archive.display(),
+            self.reason
+        )
+    }
+}
+
+/// The shared directory of a sharded run's start states.
+pub struct StateArchives {
+    dir: PathBuf,
+    node: String,
+}
+
+impl StateArchives {
+    /// `RUN/archives` of the run at `top`; `node` names this node in the records.
+    pub fn new(top: &Path, node: &str) -> StateArchives {
+        StateArchives {
+            dir: top.join("archives"),
+            node: node.to_string(),
+        }
+    }
+
+    fn paths(&self, task: &str, state: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        for part in [task, state] {
+            anyhow::ensure!(
+                !part.is_empty()
+                    && part != "."
+                    && part != ".."
+                    && !part.contains('/')
+                    && !part.contains('\0'),
+                "start state {task}/{state}: not usable as a file name"
+            );
+        }
+        let d = self.dir.join(task);
+        Ok((
+            d.join(format!("{state}.forkd")),
+            d.join(format!("{state}.json")),
+        ))
+    }
+
+    /// The record of an exported state, if there is one.
+    pub fn record(&self, task: &str, state: &str) -> Option<ArchiveRecord> {
+        let (_, rec) = self.paths(task, state).ok()?;
+        serde_json::from_slice(&std::fs::read(rec).ok()?).ok()
+    }
+
+    /// Exports `checkpoint` as the archive of `task`/`state`, unless that checkpoint is
+    /// already the recorded one. The archive is written under a temporary name and
+    /// renamed by the daemon; the record after it, the same way.
+    pub fn publish(
+        &self,
+        s: &Session,
+        task: &str,
+        state: &str,
+        checkpoint: &str,
+    ) -> anyhow::Result<ArchiveRecord> {
+        let (archive, rec_path) = self.paths(task, state)?;
+        if let Some(r) = self.record(task, state) {
+            if r.checkpoint == checkpoint && archive.exists() {
+                return Ok(r);
+            }
+        }
+        std::fs::create_dir_all(archive.parent().expect("archive dir"))?;
+        let archive = std::path::absolute(&archive)?;
+        let t = std::time::Instant::now();
+        let body = serde_json::json!({ "path": archive });
+        let out: serde_json::Value = s
+            .client
+            .call(
+                "POST",
+                &format!("/v1/checkpoints/{checkpoint}/export"),
+                Some(&body),
+            )
+            .map_err(|e| {
+                anyhow::anyhow!("export start state {task}/{state} (checkpoint {checkpoint}): {e}")
+            })?;
+        let tree_hash = out["tree_hash"].as_str().unwrap_or_default().to_string();
+        anyhow::ensure!(
+            !tree_hash.is_empty(),
+            "export of {task}/{state}: the daemon named no tree hash"
+        );
+        let (sha256, bytes) = file_sha256(&archive)?;
+        let r = ArchiveRecord {
+            task: task.into(),
+            state: state.into(),
+            checkpoint: checkpoint.into(),
+            node: self.node.clone(),
+            archive: archive
+                .file_name()
+                .expect("file name")
+                .to_string_lossy()
+                .into(),
+            sha256,
+            bytes,
+            tree_hash,
+            exported: super::now_secs(),
+            export_ms: t.elapsed().as_millis() as u64,
+        };
+        write_atomic(&rec_path, &serde_json::to_vec_pretty(&r)?)?;
+        eprintln!(
+            "[eval] exported {task}/{state}: {} ({:.1} MiB in {} ms)",
+            archive.display(),
+            bytes as f64 / 1048576.0,
+            r.export_ms
+        );
+        Ok(r)
+    }
+
+    /// The local checkpoint holding `task`/`state`: the recorded one, if this node has
+    /// it (built here, or imported before), else imported from the archive. `Ok(None)`:
+    /// nothing was exported. `Err`: the archive was refused and moved aside.
+    pub fn resolve(
+        &self,
+        s: &Session,
+        task: &str,
+        state: &str,
+    ) -> anyhow::Result<Result<Option<String>, Refused>> {
+        let Some(r) = self.record(task, state) else {
+            return Ok(Ok(None));
+        };
+        let (archive, _) = self.paths(task, state)?;
+        let held = s.checkpoints().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if let Some(c) = held.iter().find(|c| {
+            (c.id == r.checkpoint
+                || c.labels.get("forkd.imported-from") == Some(&r.checkpoint))
+                && c.tree_hash.as_deref().is_none_or(|h| h == r.tree_hash)
+        }) {
+            return Ok(Ok(Some(c.id.clone())));
+        }
+        let refuse = |reason: String| -> anyhow::Result<Result<Option<String>, Refused>> {
+            let aside = archive.with_extension(format!("forkd.refused-{}", super::now_secs()));
+            let _ = std::fs::rename(&archive, &aside);
+            let (_, rec) = self.paths(task, state)?;
+            let _ = std::fs::remove_file(rec);
+            eprintln!("[eval] archive {} refused: {reason}", archive.display());
+            Ok(Err(Refused {
+                archive: archive.clone(),
+                reason,
+            }))
+        };
+        let (sha, bytes) = match file_sha256(&archive) {
+            Ok(x) => x,
+            Err(e) => return refuse(format!("unreadable: {e}")),
+        };
+        if sha != r.sha256 || bytes != r.bytes {
+            return refuse(format!(
+                "the file is not the one exported (SHA-256 {sha}, {bytes} bytes; recorded {}, {} bytes)",
+                r.sha256, r.bytes
+            ));
+        }
+        let t = std::time::Instant::now();
+        let body = serde_json::json!({ "path": std::path::absolute(&archive)? });
+        let info: crate::api::CheckpointInfo =
+            match s.client.call("POST", "/v1/checkpoints/import", Some(&body)) {
+                Ok(i) => i,
+                // The daemon refuses an archive that fails its own verification (400);
+                // anything else is the node's problem, not the archive's.
+                Err(crate::client::ClientError::Api(e))
+                    if e.kind == crate::api::ErrorKind::BadRequest =>
+                {
+                    return refuse(format!("the daemon's verification: {}", e.message))
+                }
+                Err(e) => anyhow::bail!("import {}: {e}", archive.display()),
+            };
+        if info.tree_hash.as_deref() != Some(r.tree_hash.as_str()) {
+            s.remove_checkpoint(&info.id);
+            return refuse(format!(
+                "imported tree hash {:?}, recorded {}",
+                info.tree_hash, r.tree_hash
+            ));
+        }
+        eprintln!(
+            "[eval] imported {task}/{state} from {} as {} ({} ms, verified)",
+            archive.display(),
+            info.id,
+            t.elapsed().as_millis()
+        );
+        Ok(Ok(Some(info.id)))
+    }
+}
+
+/// SHA-256 (hex) and size of a file.
+pub fn file_sha256(path: &Path) -> std::io::Result<(String, u64)> {
+    use sha2::Digest;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), n))
+}
+
+/// Writes `path` whole or not at all (a temporary file beside it, renamed).
+pub fn write_atomic(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, body)?;
+    std::fs::rename(&tmp, path)
+}
