@@ -66,7 +66,7 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub shards: Option<usize>,
     /// Each node's daemon: its state root, %n standing for the node's name (socket
-    /// forkd.sock inside; started by the shard when none answers). Default: the node's
+    /// ROOT.sock beside it; started by the shard when none answers). Default: the node's
     /// own daemon (FORKD_SOCKET or the default socket)
     #[arg(long, value_name = "TEMPLATE")]
     pub node_root: Option<String>,
@@ -332,7 +332,8 @@ fn sharded_run(socket: &std::path::Path, m: &MatrixArgs) -> anyhow::Result<i32> 
     let c = &m.cluster;
     let opts = m.options(false)?;
     let scheduler = if c.slurm.is_some() { "slurm" } else { "kube" };
-    let plan = crate::eval::shard::plan_run(socket, &opts, c.shards, c.node_root.clone(), scheduler)?;
+    let plan =
+        crate::eval::shard::plan_run(socket, &opts, c.shards, c.node_root.clone(), scheduler)?;
     if let Some(file) = &c.kube {
         let job = crate::eval::slurm::kube_job(&opts.out, &plan, &c.kube_image, opts.retries)?;
         std::fs::write(file, serde_json::to_vec_pretty(&job)?)

@@ -170,8 +170,7 @@ impl StateArchives {
         let (archive, _) = self.paths(task, state)?;
         let held = s.checkpoints().map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(c) = held.iter().find(|c| {
-            (c.id == r.checkpoint
-                || c.labels.get("forkd.imported-from") == Some(&r.checkpoint))
+            (c.id == r.checkpoint || c.labels.get("forkd.imported-from") == Some(&r.checkpoint))
                 && c.tree_hash.as_deref().is_none_or(|h| h == r.tree_hash)
         }) {
             return Ok(Ok(Some(c.id.clone())));

@@ -147,7 +147,11 @@ pub fn begin(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<B
     let mut tasks = task::load_suite(&opts.suite)?;
     if let Some(sh) = &opts.shard {
         tasks.retain(|t| sh.tasks.contains(&t.name));
-        if let Some(missing) = sh.tasks.iter().find(|n| !tasks.iter().any(|t| &t.name == *n)) {
+        if let Some(missing) = sh
+            .tasks
+            .iter()
+            .find(|n| !tasks.iter().any(|t| &t.name == *n))
+        {
             anyhow::bail!(
                 "shard {} of run {}: task {missing} is no longer in suite {}",
                 sh.index,

@@ -259,7 +259,8 @@ pub fn residualize(
                     }
                 }
                 if let Some(sh) = ctx.shard {
-                    sh.archives.publish(&s, &r.task, &r.state_id, &r.checkpoint)?;
+                    sh.archives
+                        .publish(&s, &r.task, &r.state_id, &r.checkpoint)?;
                 }
                 std::fs::write(states_dir.join(&r.patch), &patch)?;
                 std::fs::write(

@@ -37,7 +37,7 @@ pub struct Plan {
     pub fingerprint: String,
     pub shards: Vec<ShardPlan>,
     /// The per-node daemon's state root, `%n` standing for the node's name (its socket
-    /// is `forkd.sock` inside). None: the node's own daemon (`FORKD_SOCKET` or the
+    /// is `<root>.sock`, its log `<root>.log`). None: the node's own daemon (`FORKD_SOCKET` or the
     /// default socket), started on the default root if none answers.
     pub node_root: Option<String>,
     /// Trials a shard runs at once.
@@ -147,10 +147,7 @@ pub fn plan_run(
             serde_json::json!({ "fingerprint": m.fingerprint, "shard": sp.index, "tasks": sp.tasks }),
         )?;
     }
-    write_atomic(
-        &plan_path(&opts.out),
-        &serde_json::to_vec_pretty(&plan)?,
-    )?;
+    write_atomic(&plan_path(&opts.out), &serde_json::to_vec_pretty(&plan)?)?;
     decision(
         &opts.out,
         "shards",
@@ -160,7 +157,10 @@ pub fn plan_run(
         "[eval] {} task(s) in {} shard(s): {}",
         names.len(),
         plan.shards.len(),
-        shard_dir(&opts.out, 0).parent().unwrap_or(&opts.out).display()
+        shard_dir(&opts.out, 0)
+            .parent()
+            .unwrap_or(&opts.out)
+            .display()
     );
     Ok(plan)
 }
@@ -360,7 +360,9 @@ pub fn attempt_name() -> String {
         let restart = var("SLURM_RESTART_COUNT").unwrap_or_else(|| "0".into());
         return format!("slurm:{job}_{task}.{restart}");
     }
-    if let Some(pod) = var("POD_NAME").or_else(|| var("HOSTNAME").filter(|_| var("JOB_COMPLETION_INDEX").is_some())) {
+    if let Some(pod) = var("POD_NAME")
+        .or_else(|| var("HOSTNAME").filter(|_| var("JOB_COMPLETION_INDEX").is_some()))
+    {
         return format!("kube:{pod}");
     }
     format!("local:{}@{}", std::process::id(), node_name())
@@ -383,7 +385,9 @@ pub fn node_daemon(plan: &Plan, node: &str) -> anyhow::Result<(PathBuf, bool)> {
                 "node name {node:?} cannot name a state root"
             );
             let root = PathBuf::from(t.replace("%n", node));
-            let socket = root.join("forkd.sock");
+            // Beside the root, not in it: the root is the daemon's own (mode 0700), and
+            // confined agents must reach the grant sockets next to the daemon's.
+            let socket = PathBuf::from(format!("{}.sock", root.display()));
             (root, socket)
         }
         None => (
@@ -406,7 +410,7 @@ pub fn node_daemon(plan: &Plan, node: &str) -> anyhow::Result<(PathBuf, bool)> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let log_path = root.with_extension("log");
+    let log_path = PathBuf::from(format!("{}.log", root.display()));
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -468,7 +472,9 @@ pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
         )
     })?;
     let index = index.or_else(index_from_env).ok_or_else(|| {
-        anyhow::anyhow!("which shard? give --index (or run as a Slurm array task or an Indexed Job)")
+        anyhow::anyhow!(
+            "which shard? give --index (or run as a Slurm array task or an Indexed Job)"
+        )
     })?;
     let sp = plan
         .shards
@@ -556,8 +562,8 @@ pub fn shard_files(top: &Path, index: usize) -> ShardFiles {
 /// shards finished in), the state records and candidates into `RUN/states/`, each trial
 /// directory linked as `RUN/trials/<id>`. Returns (trials merged, shards not finished).
 pub fn merge(top: &Path) -> anyhow::Result<(usize, Vec<usize>)> {
-    let plan = load_plan(top)?
-        .ok_or_else(|| anyhow::anyhow!("{} is not a sharded run", top.display()))?;
+    let plan =
+        load_plan(top)?.ok_or_else(|| anyhow::anyhow!("{} is not a sharded run", top.display()))?;
     let mut rows: Vec<forkd_analysis::TrialRow> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut open = Vec::new();
@@ -614,7 +620,10 @@ pub fn merge(top: &Path) -> anyhow::Result<(usize, Vec<usize>)> {
     write_atomic(&top.join("results.jsonl"), body.as_bytes())?;
     super::write_csv(&top.join("results.csv"), &rows)?;
     let cands: String = candidates.iter().map(|(_, l)| format!("{l}\n")).collect();
-    write_atomic(&top.join("states").join("candidates.jsonl"), cands.as_bytes())?;
+    write_atomic(
+        &top.join("states").join("candidates.jsonl"),
+        cands.as_bytes(),
+    )?;
     Ok((rows.len(), open))
 }
 

@@ -11,9 +11,9 @@
 //! ```
 
 use super::archives::write_atomic;
+use super::now_secs;
 use super::run::decision;
 use super::shard::{self, Plan, ShardFiles};
-use super::now_secs;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -186,7 +186,12 @@ pub fn parse_squeue(out: &str) -> Vec<Queued> {
 fn ended_as(job: &str, shard: usize) -> String {
     match slurm_cmd(
         "scontrol",
-        &["-o".into(), "show".into(), "job".into(), format!("{job}_{shard}")],
+        &[
+            "-o".into(),
+            "show".into(),
+            "job".into(),
+            format!("{job}_{shard}"),
+        ],
     ) {
         Ok(o) => {
             let field = |k: &str| {
@@ -246,7 +251,10 @@ fn wait(top: &Path, plan: &Plan, subs: &[Submission]) -> anyhow::Result<Vec<usiz
                     serde_json::json!({ "shard": k, "job": sub.job, "slurm": how,
                         "counted_as": "infrastructure", "then": "submitted again" }),
                 )?;
-                eprintln!("[eval] shard {k} (job {}_{k}) ended unfinished: {how}", sub.job);
+                eprintln!(
+                    "[eval] shard {k} (job {}_{k}) ended unfinished: {how}",
+                    sub.job
+                );
                 lost.push(k);
             }
         }
@@ -315,9 +323,31 @@ pub fn drive(top: &Path, plan: &Plan, o: &SlurmOptions, reason: &str) -> anyhow:
         }
     }
     let todo = to_run(top, plan, &in_queue);
+    // Shards submitted before that left the queue unfinished: recorded as lost.
+    for k in &todo {
+        if let Some(prev) = submissions(top)
+            .into_iter()
+            .rev()
+            .find(|s| s.shards.contains(k))
+        {
+            if matches!(shard::shard_files(top, *k), ShardFiles::Open { .. }) {
+                decision(
+                    top,
+                    "shard-lost",
+                    serde_json::json!({ "shard": k, "job": prev.job, "slurm": ended_as(&prev.job, *k),
+                        "counted_as": "infrastructure", "then": "submitted again" }),
+                )?;
+            }
+        }
+    }
     if !todo.is_empty() {
         let job = submit(top, plan, &todo, &o.sbatch, reason)?;
-        subs.push(submissions(top).into_iter().find(|s| s.job == job).expect("just recorded"));
+        subs.push(
+            submissions(top)
+                .into_iter()
+                .find(|s| s.job == job)
+                .expect("just recorded"),
+        );
     }
     if o.no_wait {
         println!("{}", top.display());
@@ -331,7 +361,10 @@ pub fn drive(top: &Path, plan: &Plan, o: &SlurmOptions, reason: &str) -> anyhow:
         }
         round += 1;
         let job = submit(top, plan, &lost, &o.sbatch, "retry")?;
-        subs = submissions(top).into_iter().filter(|s| s.job == job).collect();
+        subs = submissions(top)
+            .into_iter()
+            .filter(|s| s.job == job)
+            .collect();
     }
     finish(top)
 }
@@ -354,7 +387,10 @@ pub fn finish(top: &Path) -> anyhow::Result<i32> {
         eprintln!(
             "[eval] {} shard(s) unfinished ({}): `forkd eval resume {}` submits them again",
             open.len(),
-            open.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(","),
+            open.iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
             top.display()
         );
         Ok(3)
@@ -432,12 +468,8 @@ pub fn kube_job(
         m.config.suite
     };
     let n = plan.shards.len();
-    let host = |name: &str, path: &Path, kind: &str| {
-        serde_json::json!({ "name": name, "hostPath": { "path": path, "type": kind } })
-    };
-    let mount = |name: &str, path: &Path, ro: bool| {
-        serde_json::json!({ "name": name, "mountPath": path, "readOnly": ro })
-    };
+    let host = |name: &str, path: &Path, kind: &str| serde_json::json!({ "name": name, "hostPath": { "path": path, "type": kind } });
+    let mount = |name: &str, path: &Path, ro: bool| serde_json::json!({ "name": name, "mountPath": path, "readOnly": ro });
     let name = format!("forkd-{}", plan.run_id.to_lowercase());
     Ok(serde_json::json!({
         "apiVersion": "batch/v1",
@@ -494,8 +526,18 @@ mod tests {
         assert_eq!(
             q,
             vec![
-                Queued { job: "40".into(), shard: 0, state: "RUNNING".into(), node: "n1".into() },
-                Queued { job: "40".into(), shard: 2, state: "PENDING".into(), node: "".into() },
+                Queued {
+                    job: "40".into(),
+                    shard: 0,
+                    state: "RUNNING".into(),
+                    node: "n1".into()
+                },
+                Queued {
+                    job: "40".into(),
+                    shard: 2,
+                    state: "PENDING".into(),
+                    node: "".into()
+                },
             ]
         );
     }
