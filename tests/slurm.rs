@@ -137,6 +137,69 @@ fn events(dir: &Path, event: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Runs `suite` (agents oracle and noop, `conditions`) on the test's daemon and then over
+/// the three Slurm nodes; asserts that the merged rows equal the one-node run's (trial
+/// for trial: outcome and per-test results), that the fingerprints agree and that every
+/// trial is linked into the run. Returns the sharded run's directory.
+fn same_on_one_node_and_sharded(
+    c: &Cluster,
+    d: &TestDaemon,
+    label: &str,
+    suite: &Path,
+    conditions: &str,
+    nodes: &str,
+) -> PathBuf {
+    let run = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "eval",
+            "run",
+            suite.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--conditions",
+            conditions,
+            "--agents",
+            "oracle,noop",
+        ];
+        a.extend(extra);
+        ok(&forkd(c, &d.socket, &a, &[]), label);
+    };
+    let reference = c.base.join(format!("{label}-one-node"));
+    run(&reference, &[]);
+    let sharded = c.base.join(format!("{label}-sharded"));
+    run(&sharded, &["--slurm", "--node-root", nodes]);
+    let (want, got) = (rows(&reference), rows(&sharded));
+    assert!(!want.is_empty());
+    assert_eq!(
+        got, want,
+        "{label}: sharded results equal the one-node run's"
+    );
+    assert_eq!(events(&sharded, "finish").len(), 1);
+    for id in want.keys() {
+        assert!(
+            sharded
+                .join("trials")
+                .join(id)
+                .join("attempts.jsonl")
+                .exists(),
+            "{label}: trial {id} linked into the run"
+        );
+    }
+    let fp = |p: &Path| {
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(p.join("manifest.json")).unwrap(),
+        )
+        .unwrap()["fingerprint"]
+            .clone()
+    };
+    assert_eq!(
+        fp(&sharded),
+        fp(&reference),
+        "{label}: one configuration, one fingerprint"
+    );
+    sharded
+}
+
 fn mini() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/suites/mini")
 }
@@ -172,39 +235,35 @@ fn sharded_runs_over_slurm_equal_one_node_and_survive_faults() {
         .to_vec()
     };
 
-    // 1. The same run on one node and over three Slurm nodes: equal row for row.
-    let reference = base.join("one-node");
-    let mut a = common_args(&reference);
-    a.extend(["--agents", "oracle,noop"].map(String::from));
-    let args: Vec<&str> = a.iter().map(String::as_str).collect();
-    ok(&forkd(&c, &d.socket, &args, &[]), "one-node run");
-    let sharded = base.join("sharded");
-    let mut a = common_args(&sharded);
-    a.extend(["--agents", "oracle,noop", "--slurm", "--node-root", &nodes].map(String::from));
-    let args: Vec<&str> = a.iter().map(String::as_str).collect();
-    ok(&forkd(&c, &d.socket, &args, &[]), "sharded run");
-    let (want, got) = (rows(&reference), rows(&sharded));
-    assert_eq!(want.len(), 10, "the mini suite's matrix");
-    assert_eq!(got, want, "sharded results equal the one-node run's");
-    assert_eq!(events(&sharded, "finish").len(), 1);
-    for id in want.keys() {
-        assert!(
-            sharded
-                .join("trials")
-                .join(id)
-                .join("attempts.jsonl")
-                .exists(),
-            "trial {id} linked into the run"
-        );
+    // 1. The same run on one node and over three Slurm nodes: equal row for row, for
+    // both suites (the mini suite with its residual states; the bundled Debian suite).
+    let sharded = same_on_one_node_and_sharded(&c, &d, "mini", &suite, "clean,residual", &nodes);
+    assert_eq!(rows(&sharded).len(), 10, "the mini suite's matrix");
+    if let Some(task) = fixture(name, "suite/mi-windowed-step", "suite") {
+        let bundled = task.parent().unwrap().to_path_buf();
+        let b = same_on_one_node_and_sharded(&c, &d, "bundled", &bundled, "clean", &nodes);
+        let n_tasks = std::fs::read_dir(&bundled)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join("task.toml").exists())
+            .count();
+        assert_eq!(rows(&b).len(), 2 * n_tasks, "the bundled suite's matrix");
     }
-    let m: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(sharded.join("manifest.json")).unwrap()).unwrap();
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(reference.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(
-        m["fingerprint"], r["fingerprint"],
-        "one configuration, one fingerprint"
+
+    // A sharded run cannot stop for human review: refused before anything is written.
+    let refused_dir = base.join("review");
+    let mut a = common_args(&refused_dir);
+    a.extend(["--agents", "noop", "--reviewers", "1", "--slurm"].map(String::from));
+    let args: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = forkd(&c, &d.socket, &args, &[]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cannot stop for human review"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
     );
+    assert!(!refused_dir.join("shards").exists(), "nothing planned");
+
     for state in ["add/clean", "add/add.partial", "counter/clean"] {
         let rec = sharded.join("archives").join(format!("{state}.json"));
         assert!(rec.exists(), "{} exported", rec.display());
@@ -276,6 +335,29 @@ fn sharded_runs_over_slurm_equal_one_node_and_survive_faults() {
         .any(|e| e.file_name().to_string_lossy().contains(".refused-")));
     // The residual state came from its archive, verified: built by nobody again.
     assert!(events(&shard1, "states-forgotten").is_empty());
+    // Both recorded with their cost: the clean state exported again, the residual one
+    // imported (hash, the daemon's verification), by n9.
+    let transfers: Vec<forkd::eval::archives::Transfer> =
+        std::fs::read_to_string(shard1.join("transfers.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let on_n9: Vec<(&str, &str)> = transfers
+        .iter()
+        .filter(|t| t.node == "n9")
+        .map(|t| (t.kind.as_str(), t.state.as_str()))
+        .collect();
+    assert!(on_n9.contains(&("export", "clean")), "{transfers:?}");
+    assert!(
+        on_n9.iter().any(|(k, s)| *k == "import" && *s != "clean"),
+        "{transfers:?}"
+    );
+    assert!(transfers.iter().all(|t| t.bytes > 0), "{transfers:?}");
+    let done: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(shard1.join("done.json")).unwrap()).unwrap();
+    assert_eq!(done["node"], "n9");
+    assert!(done["finished_ms"].as_u64().unwrap() >= done["started_ms"].as_u64().unwrap());
 
     // 3. Faults: one array task cancelled, one node lost mid-run; `resume` finishes the
     // run and no trial is counted twice.

@@ -54,18 +54,50 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// One archive written or read by a node, as the shard's `transfers.jsonl` records it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Transfer {
+    /// `export` (the daemon's export and the file's hash) or `import` (the file's hash,
+    /// the daemon's import and verification, the tree hash compared).
+    pub kind: String,
+    pub task: String,
+    pub state: String,
+    pub node: String,
+    pub bytes: u64,
+    pub ms: u64,
+}
+
 /// The shared directory of a sharded run's start states.
 pub struct StateArchives {
     dir: PathBuf,
     node: String,
+    /// Where this node's transfers are recorded.
+    log: PathBuf,
 }
 
 impl StateArchives {
-    /// `RUN/archives` of the run at `top`; `node` names this node in the records.
-    pub fn new(top: &Path, node: &str) -> StateArchives {
+    /// `RUN/archives` of the run at `top`; `node` names this node in the records;
+    /// `log` is the file (JSON lines) where its exports and imports are recorded.
+    pub fn new(top: &Path, node: &str, log: &Path) -> StateArchives {
         StateArchives {
             dir: top.join("archives"),
             node: node.to_string(),
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn transfer(&self, kind: &str, task: &str, state: &str, bytes: u64, ms: u64) {
+        let t = Transfer {
+            kind: kind.into(),
+            task: task.into(),
+            state: state.into(),
+            node: self.node.clone(),
+            bytes,
+            ms,
+        };
+        // A timing record: losing it loses no result, so a failed write only warns.
+        if let Err(e) = super::run::append_jsonl(&self.log, &t) {
+            eprintln!("[eval] {}: {e}", self.log.display());
         }
     }
 
@@ -146,6 +178,7 @@ impl StateArchives {
             export_ms: t.elapsed().as_millis() as u64,
         };
         write_atomic(&rec_path, &serde_json::to_vec_pretty(&r)?)?;
+        self.transfer("export", task, state, bytes, r.export_ms);
         eprintln!(
             "[eval] exported {task}/{state}: {} ({:.1} MiB in {} ms)",
             archive.display(),
@@ -186,6 +219,7 @@ impl StateArchives {
                 reason,
             }))
         };
+        let t = std::time::Instant::now();
         let (sha, bytes) = match file_sha256(&archive) {
             Ok(x) => x,
             Err(e) => return refuse(format!("unreadable: {e}")),
@@ -196,7 +230,6 @@ impl StateArchives {
                 r.sha256, r.bytes
             ));
         }
-        let t = std::time::Instant::now();
         let body = serde_json::json!({ "path": std::path::absolute(&archive)? });
         let info: crate::api::CheckpointInfo =
             match s.client.call("POST", "/v1/checkpoints/import", Some(&body)) {
@@ -217,11 +250,12 @@ impl StateArchives {
                 info.tree_hash, r.tree_hash
             ));
         }
+        let ms = t.elapsed().as_millis() as u64;
+        self.transfer("import", task, state, bytes, ms);
         eprintln!(
-            "[eval] imported {task}/{state} from {} as {} ({} ms, verified)",
+            "[eval] imported {task}/{state} from {} as {} ({ms} ms, verified)",
             archive.display(),
             info.id,
-            t.elapsed().as_millis()
         );
         Ok(Ok(Some(info.id)))
     }

@@ -534,9 +534,14 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
 
 /// Seconds since the epoch (0 if the clock is before it).
 pub fn now_secs() -> u64 {
+    now_ms() / 1000
+}
+
+/// Milliseconds since the epoch (timings compared between processes and nodes).
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
+        .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
 

@@ -453,13 +453,27 @@ pub fn node_daemon(plan: &Plan, node: &str) -> anyhow::Result<(PathBuf, bool)> {
     )
 }
 
-/// What `done.json` says.
+/// What `done.json` says. Times in milliseconds since the epoch, durations in
+/// milliseconds: what a shard costs beyond its trials is read from them.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Done {
     pub attempt: String,
     pub node: String,
     pub trials: usize,
     pub finished: u64,
+    /// When the attempt began (the array task's process started).
+    #[serde(default)]
+    pub started_ms: u64,
+    /// Finding the node's daemon, or starting it.
+    #[serde(default)]
+    pub daemon_ms: u64,
+    #[serde(default)]
+    pub daemon_started: bool,
+    /// The evaluator's run of the shard (states, trials, grading).
+    #[serde(default)]
+    pub run_ms: u64,
+    #[serde(default)]
+    pub finished_ms: u64,
 }
 
 /// `forkd eval shard RUN [--index K]`: runs shard K of the run at `top` on this node.
@@ -488,12 +502,15 @@ pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
             )
         })?
         .clone();
+    let started_ms = super::now_ms();
     let dir = shard_dir(top, index);
     let node = node_name();
     let attempt = attempt_name();
     let fence = Fence::take(&dir, &attempt, &node)?;
     let _ = std::fs::remove_file(dir.join("done.json"));
+    let t = std::time::Instant::now();
     let (socket, started) = node_daemon(&plan, &node)?;
+    let daemon_ms = t.elapsed().as_millis() as u64;
     decision(
         &dir,
         "attempt",
@@ -508,11 +525,13 @@ pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
         top: top.to_path_buf(),
         index,
         tasks: sp.tasks.clone(),
-        archives: StateArchives::new(top, &node),
+        archives: StateArchives::new(top, &node, &dir.join("transfers.jsonl")),
         fence,
         node: node.clone(),
     });
+    let t = std::time::Instant::now();
     let code = super::execute(&socket, &opts, true)?;
+    let run_ms = t.elapsed().as_millis() as u64;
     let trials = super::load_results(&dir.join("results.jsonl")).len();
     write_atomic(
         &dir.join("done.json"),
@@ -521,6 +540,11 @@ pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
             node,
             trials,
             finished: now_secs(),
+            started_ms,
+            daemon_ms,
+            daemon_started: started,
+            run_ms,
+            finished_ms: super::now_ms(),
         })?,
     )?;
     Ok(code)

@@ -36,6 +36,9 @@ pub struct Submission {
     pub shards: Vec<usize>,
     pub sbatch: String,
     pub t: u64,
+    /// When sbatch returned, in milliseconds since the epoch.
+    #[serde(default)]
+    pub t_ms: u64,
     /// Why: `run`, `retry` (shards lost while waiting) or `resume`.
     pub reason: String,
 }
@@ -112,6 +115,7 @@ pub fn submit(
         shards: shards.to_vec(),
         sbatch: sbatch.to_string(),
         t: now_secs(),
+        t_ms: super::now_ms(),
         reason: reason.into(),
     };
     super::run::append_jsonl(&dir.join("jobs.jsonl"), &sub)?;
