@@ -587,12 +587,26 @@ pub struct ForkResult {
     pub branches: Vec<BranchInfo>,
 }
 
-/// `POST /v1/checkpoints/{id}/export` and `POST /v1/checkpoints/import`.
+/// `POST /v1/checkpoints/import`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArchivePath {
     /// An absolute path on the daemon's host.
     pub path: String,
+}
+
+/// `POST /v1/checkpoints/{id}/export`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    /// An absolute path on the daemon's host.
+    pub path: String,
+    /// Name the layers of the content-addressed store (an image's layers, forkd's runtime
+    /// layer) by tree hash instead of including them: only the checkpoints' own layers
+    /// and CRIU images are written. The importing daemon must hold the named layers
+    /// (it refuses the archive, 409, naming the first it lacks).
+    #[serde(default)]
+    pub thin: bool,
 }
 
 /// `POST /v1/sandboxes/{id}/grants`: a capability on one sandbox for one unprivileged

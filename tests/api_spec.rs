@@ -23,8 +23,8 @@
 use forkd::api::{
     self, ApiError, ArchivePath, BranchInfo, BuildRequest, BuildResult, BuildStatus, BuildStep,
     CheckpointInfo, CheckpointRequest, CreateSandboxRequest, ErrorKind, ExecBody, ExecResult,
-    ForkRequest, ForkResult, GrantInfo, GrantRequest, ImageConfig, ImageInfo, ImportImageRequest,
-    OpStats, Refusal, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
+    ExportRequest, ForkRequest, ForkResult, GrantInfo, GrantRequest, ImageConfig, ImageInfo,
+    ImportImageRequest, OpStats, Refusal, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
 };
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
@@ -502,7 +502,7 @@ fn request_and_response_bodies_reference_the_right_schemas() {
             Some("application/json CheckpointRequest"),
         ),
         ("forkCheckpoint", Some("application/json ForkRequest")),
-        ("exportCheckpoint", Some("application/json ArchivePath")),
+        ("exportCheckpoint", Some("application/json ExportRequest")),
         ("importCheckpoint", Some("application/json ArchivePath")),
         ("grantSandbox", Some("application/json GrantRequest")),
     ];
@@ -967,6 +967,7 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<CheckpointRequest>(&doc, "CheckpointRequest");
     check_request::<ForkRequest>(&doc, "ForkRequest");
     check_request::<ArchivePath>(&doc, "ArchivePath");
+    check_request::<ExportRequest>(&doc, "ExportRequest");
     check_request::<GrantRequest>(&doc, "GrantRequest");
     let g: GrantRequest = serde_json::from_value(json!({ "uid": 5 })).unwrap();
     assert!(g.gid.is_none() && g.max_steps.is_none());

@@ -579,6 +579,117 @@ fn archives_round_trip_and_tampering_is_rejected() {
         .unwrap();
     let r = d.fork(&c.id, 1, false);
     assert_eq!(d.sh(&r.branches[0].id, "cat /etc/state").1, "kept\n");
+
+    // A thin archive names the store's layers (the image's, the runtime's) instead of
+    // writing them: smaller, and whole again on a daemon that holds them.
+    let thin = work.join("thin.forkd");
+    let out = d.cli(&[
+        "checkpoint",
+        "export",
+        "--thin",
+        &c.id,
+        thin.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (full_len, thin_len) = (
+        std::fs::metadata(&file).unwrap().len(),
+        std::fs::metadata(&thin).unwrap().len(),
+    );
+    assert!(
+        thin_len < full_len,
+        "thin {thin_len} bytes, whole {full_len}"
+    );
+    let (mut named, mut layers_total, mut layer_files) = (Vec::new(), 0, 0);
+    rewrite_archive(
+        &thin,
+        &work.join("scratch"),
+        |n, data| {
+            if n == "manifest.json" {
+                let m: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                for l in m["layers"].as_array().unwrap() {
+                    layers_total += 1;
+                    if l.get("file").is_none() {
+                        named.push(l["tree_hash"].as_str().unwrap().to_string());
+                    }
+                }
+            } else if n.starts_with("layers/") {
+                layer_files += 1;
+            }
+            Some((n.into(), data))
+        },
+        vec![],
+    );
+    assert!(
+        !named.is_empty(),
+        "the image's layers are named, not written"
+    );
+    assert_eq!(
+        layer_files + named.len(),
+        layers_total,
+        "the others are written"
+    );
+    let imported: CheckpointInfo = d
+        .client
+        .call(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&serde_json::json!({ "path": thin })),
+        )
+        .unwrap();
+    assert_eq!(imported.tree_hash, original.tree_hash);
+    let r = d.fork(&imported.id, 1, false);
+    assert_eq!(d.sh(&r.branches[0].id, "cat /etc/state").1, "kept\n");
+    assert!(d.read_number(&r.branches[0].id, "/tmp/counter") >= at_checkpoint);
+    // Naming a layer this daemon lacks: refused (409) and named, nothing added.
+    let checkpoints_before = d
+        .client
+        .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
+        .unwrap()
+        .len();
+    let missing = "ab".repeat(32);
+    rewrite_archive(
+        &thin,
+        &bad,
+        |n, data| {
+            if n != "manifest.json" {
+                return Some((n.into(), data));
+            }
+            let mut m: serde_json::Value = serde_json::from_slice(&data).unwrap();
+            for l in m["layers"].as_array_mut().unwrap() {
+                if l.get("file").is_none() {
+                    l["tree_hash"] = missing.clone().into();
+                }
+            }
+            Some((n.into(), serde_json::to_vec(&m).unwrap()))
+        },
+        vec![],
+    );
+    let err = d
+        .client
+        .call::<CheckpointInfo>(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&serde_json::json!({ "path": bad })),
+        )
+        .unwrap_err();
+    match err {
+        forkd::client::ClientError::Api(e) => {
+            assert_eq!(e.kind, forkd::api::ErrorKind::Conflict, "{}", e.message);
+            assert!(e.message.contains(&missing), "{}", e.message);
+        }
+        e => panic!("expected a conflict, got {e}"),
+    }
+    assert_eq!(
+        d.client
+            .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
+            .unwrap()
+            .len(),
+        checkpoints_before
+    );
 }
 
 /// An exec is complete only once its relay inside the sandbox is gone: a live checkpoint

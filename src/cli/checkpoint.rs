@@ -36,6 +36,10 @@ pub enum CheckpointCmd {
     Export {
         checkpoint: String,
         file: std::path::PathBuf,
+        /// Name the store's layers (images, runtime) instead of writing them: for a
+        /// daemon that holds the same images
+        #[arg(long)]
+        thin: bool,
     },
     /// Import a checkpoint archive; prints the new checkpoint's id
     Import { file: std::path::PathBuf },
@@ -139,13 +143,17 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
             }
             ctx.print_json(&out);
         }
-        Some(CheckpointCmd::Export { checkpoint, file }) => {
+        Some(CheckpointCmd::Export {
+            checkpoint,
+            file,
+            thin,
+        }) => {
             let path = absolute(&file)?;
             eprintln!("exporting {checkpoint} to {} ...", path.display());
             let r: serde_json::Value = ctx.client.call(
                 "POST",
                 &format!("/v1/checkpoints/{checkpoint}/export"),
-                Some(&serde_json::json!({ "path": path })),
+                Some(&serde_json::json!({ "path": path, "thin": thin })),
             )?;
             if ctx.json {
                 ctx.print_json(&r);

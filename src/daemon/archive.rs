@@ -7,6 +7,11 @@
 //! - `manifest.json` (last): the checkpoint's description, each layer's tree hash, the
 //!   stack's tree hash, and a SHA-256 and size for every other file of the archive.
 //!
+//! A thin archive names the layers of the content-addressed store (images' layers,
+//! forkd's runtime layer) by their tree hash instead of including them: it carries only
+//! what the checkpoints themselves added, for a daemon that holds the same images; the
+//! importer refuses it (409) if it lacks one of them.
+//!
 //! `import` unpacks into a staging directory, accepting only those names and regular
 //! files, verifies every file against the manifest (no file missing, none extra, no byte
 //! changed), imports each layer into the content-addressed store and checks that its
@@ -31,8 +36,10 @@ const FORMAT: &str = "forkd-checkpoint-archive-v1";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArchiveLayer {
-    /// Path of the layer's tar inside the archive.
-    pub file: String,
+    /// Path of the layer's tar inside the archive; absent in a thin archive for a layer
+    /// of the store, which the importer must already hold (its id is its tree hash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
     pub tree_hash: String,
 }
 
@@ -150,7 +157,12 @@ impl Daemon {
     }
 
     /// Writes checkpoint `c` to `dest` (atomically: a partial file is never left).
-    pub fn export_checkpoint(&self, c: &Checkpoint, dest: &Path) -> Result<ExportResult, ApiError> {
+    pub fn export_checkpoint(
+        &self,
+        c: &Checkpoint,
+        dest: &Path,
+        thin: bool,
+    ) -> Result<ExportResult, ApiError> {
         let t = Instant::now();
         let _in_use = c.use_for("export")?;
         if !dest.is_absolute() {
@@ -191,6 +203,13 @@ impl Daemon {
             let mut files = BTreeMap::new();
             let mut layers = Vec::new();
             for (i, lower) in rec.lowers.iter().enumerate() {
+                if let (true, Lower::Layer(id)) = (thin, lower) {
+                    layers.push(ArchiveLayer {
+                        file: None,
+                        tree_hash: id.to_string(),
+                    });
+                    continue;
+                }
                 let dir = self.lower_path(lower);
                 let layer_hash = match lower {
                     Lower::Layer(id) => id.to_string(),
@@ -216,7 +235,7 @@ impl Daemon {
                 })();
                 let _ = std::fs::remove_file(&tmp);
                 layers.push(ArchiveLayer {
-                    file: res?,
+                    file: Some(res?),
                     tree_hash: layer_hash,
                 });
             }
@@ -567,18 +586,31 @@ pub fn unpack_and_verify(
     let mut stack = Sha256::new();
     stack.update(b"forkd-stack-v1\0");
     for layer in &manifest.layers {
-        if !manifest.files.contains_key(&layer.file) {
-            return Err(bad(format!(
-                "layer {} is not among the archive's files",
-                layer.file
-            )));
-        }
+        let name = layer.file.as_deref().unwrap_or("(named)");
         let want: LayerId = layer
             .tree_hash
             .parse()
-            .map_err(|_| bad(format!("layer {}: bad tree hash", layer.file)))?;
+            .map_err(|_| bad(format!("layer {name}: bad tree hash")))?;
+        let Some(file) = &layer.file else {
+            // Named, not included: the store must hold it already.
+            if !layers.exists(&want) {
+                return Err(ApiError::conflict(format!(
+                    "archive {}: it names layer {want} without including it (a thin archive), and this daemon does not hold that layer: import the image the checkpoint was made from first, or export the checkpoint whole",
+                    src.display()
+                )));
+            }
+            stack.update(want.to_string().as_bytes());
+            stack.update(b"\n");
+            lowers.push(Lower::Layer(want));
+            continue;
+        };
+        if !manifest.files.contains_key(file) {
+            return Err(bad(format!(
+                "layer {file} is not among the archive's files"
+            )));
+        }
         let existed = layers.exists(&want);
-        let path = stage.join(&layer.file);
+        let path = stage.join(file);
         let f = std::fs::File::open(&path).map_err(io_err("open", &path))?;
         let got = layers
             .import_tar(
@@ -588,8 +620,7 @@ pub fn unpack_and_verify(
             )
             .map_err(|e| {
                 bad(format!(
-                    "layer {}: {}",
-                    layer.file,
+                    "layer {file}: {}",
                     ApiError::from_chain("import", &e).message
                 ))
             })?;
@@ -598,8 +629,7 @@ pub fn unpack_and_verify(
         }
         if got != want {
             return Err(bad(format!(
-                "layer {} has tree hash {got}, the manifest says {want}",
-                layer.file
+                "layer {file} has tree hash {got}, the manifest says {want}"
             )));
         }
         let _ = std::fs::remove_file(&path);

@@ -276,10 +276,10 @@ fn handle(
         }
         "exportCheckpoint" => {
             let c = d.checkpoint(&param("id"))?;
-            let body: api::ArchivePath = req.json()?;
+            let body: api::ExportRequest = req.json()?;
             Ok(Response::json(
                 200,
-                &d.export_checkpoint(&c, std::path::Path::new(&body.path))?,
+                &d.export_checkpoint(&c, std::path::Path::new(&body.path), body.thin)?,
             ))
         }
         "importCheckpoint" => {

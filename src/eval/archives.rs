@@ -5,6 +5,11 @@
 //! stack's tree hash, the node). A node that needs a state it does not hold imports the
 //! archive instead of building the state again.
 //!
+//! Archives are thin: the layers of the daemon's store (the run's images, forkd's runtime
+//! layer) are named by tree hash, not written, since every node imports the run's images
+//! before its states; only what a state added travels. A node lacking a named layer
+//! builds the state itself (and exports it again).
+//!
 //! An archive is checked twice before it is used: the whole file against the record
 //! (SHA-256 and size), and, by the daemon's import, every member against the archive's
 //! own manifest and every layer's and the stack's tree hash; the imported checkpoint's
@@ -144,7 +149,9 @@ impl StateArchives {
         std::fs::create_dir_all(archive.parent().expect("archive dir"))?;
         let archive = std::path::absolute(&archive)?;
         let t = std::time::Instant::now();
-        let body = serde_json::json!({ "path": archive });
+        // Thin: the node importing it holds the run's images (every shard imports them
+        // first), so only what the start state added travels.
+        let body = serde_json::json!({ "path": archive, "thin": true });
         let out: serde_json::Value = s
             .client
             .call(
@@ -240,6 +247,20 @@ impl StateArchives {
                     if e.kind == crate::api::ErrorKind::BadRequest =>
                 {
                     return refuse(format!("the daemon's verification: {}", e.message))
+                }
+                // A thin archive naming a layer this node lacks (its images or forkd's
+                // runtime layer differ from the exporter's): not a damaged archive, so
+                // not moved aside; this node builds the state itself.
+                Err(crate::client::ClientError::Api(e))
+                    if e.kind == crate::api::ErrorKind::Conflict =>
+                {
+                    eprintln!(
+                        "[eval] archive {} not usable on node {}: {}; building {task}/{state} here",
+                        archive.display(),
+                        self.node,
+                        e.message
+                    );
+                    return Ok(Ok(None));
                 }
                 Err(e) => anyhow::bail!("import {}: {e}", archive.display()),
             };

@@ -327,9 +327,12 @@ def fork(
     return json_call("POST", f"/v1/checkpoints/{segment(id)}/fork", t.ForkResult.from_json, body)
 
 
-def export_checkpoint(id: str, path: str) -> Call[t.ExportResult]:
-    """`exportCheckpoint` to `path` on the daemon's host."""
-    return json_call("POST", f"/v1/checkpoints/{segment(id)}/export", t.ExportResult.from_json, {"path": path})
+def export_checkpoint(id: str, path: str, thin: bool = False) -> Call[t.ExportResult]:
+    """`exportCheckpoint` to `path` on the daemon's host (`thin`: store layers named, not written)."""
+    body: dict[str, object] = {"path": path}
+    if thin:
+        body["thin"] = True
+    return json_call("POST", f"/v1/checkpoints/{segment(id)}/export", t.ExportResult.from_json, body)
 
 
 def import_checkpoint(path: str) -> Call[t.CheckpointInfo]:

@@ -190,9 +190,10 @@ class AsyncClient:
         """Ends a grant; answers it as it ended."""
         return await self._send(_ops.revoke_grant(grant))
 
-    async def export_checkpoint(self, id: str, path: str) -> t.ExportResult:
-        """Writes a checkpoint as one verified archive at `path` on the daemon's host."""
-        return await self._send(_ops.export_checkpoint(id, path))
+    async def export_checkpoint(self, id: str, path: str, thin: bool = False) -> t.ExportResult:
+        """Writes a checkpoint as one verified archive at `path` on the daemon's host;
+        `thin` names the store's layers (images, runtime) instead of writing them."""
+        return await self._send(_ops.export_checkpoint(id, path, thin))
 
     async def import_checkpoint(self, path: str) -> t.CheckpointInfo:
         """Imports (and verifies) an archive at `path` on the daemon's host."""

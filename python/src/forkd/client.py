@@ -168,9 +168,10 @@ class Client:
         """Starts `count` branches of a checkpoint, each a running sandbox (a live checkpoint's processes resume in each; `fresh` starts a new init over its files instead)."""
         return self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels, network=network))
 
-    def export_checkpoint(self, id: str, path: str) -> t.ExportResult:
-        """Writes a checkpoint as one verified archive at `path` on the daemon's host."""
-        return self._send(_ops.export_checkpoint(id, path))
+    def export_checkpoint(self, id: str, path: str, thin: bool = False) -> t.ExportResult:
+        """Writes a checkpoint as one verified archive at `path` on the daemon's host;
+        `thin` names the store's layers (images, runtime) instead of writing them."""
+        return self._send(_ops.export_checkpoint(id, path, thin))
 
     def import_checkpoint(self, path: str) -> t.CheckpointInfo:
         """Imports (and verifies) an archive at `path` on the daemon's host."""
