@@ -430,7 +430,7 @@ fn main() -> Result<()> {
         for a in &archives {
             let g = |k: &str| a[k].as_u64().unwrap_or(0);
             md_archives.push(format!(
-                "| {label} | {}/{}{} | {:.1} | {} | {} | {:.1} | {} | {} | {:.2} | {:.2} |",
+                "| {label} | {}/{}{} | {:.2} | {} | {} | {:.2} | {} | {} | {:.2} | {:.2} |",
                 a["task"].as_str().unwrap_or(""),
                 a["state"].as_str().unwrap_or(""),
                 if a["live"] == true { " (live)" } else { "" },

@@ -394,11 +394,11 @@ pub fn node_daemon(plan: &Plan, node: &str) -> anyhow::Result<(PathBuf, bool)> {
             std::env::var_os("FORKD_ROOT")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/var/lib/forkd")),
-            crate::client::Client::default_socket(),
+            forkd_api::client::Client::default_socket(),
         ),
     };
     let answers = |s: &Path| {
-        crate::client::Client::new(s)
+        forkd_api::client::Client::new(s)
             .call::<serde_json::Value>("GET", "/v1/version", None)
             .is_ok()
     };

@@ -2,7 +2,7 @@
 //! and the tests. One request per connection; exec can upgrade the connection to the
 //! frame protocol.
 
-use crate::api::{ApiError, EXEC_UPGRADE};
+use crate::{ApiError, EXEC_UPGRADE};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -168,7 +168,7 @@ impl Client {
     ) -> Result<UnixStream, ClientError> {
         let mut s = self.connect()?;
         let body = serde_json::to_vec(req).expect("json");
-        let path = format!("/v1/sandboxes/{}/exec", crate::api::url::encode(sandbox));
+        let path = format!("/v1/sandboxes/{}/exec", crate::url::encode(sandbox));
         Self::send_head(
             &mut s,
             "POST",

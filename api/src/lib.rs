@@ -1,6 +1,11 @@
 //! The HTTP+JSON API shared by the daemon and its clients: request and response bodies,
 //! the typed error with its status code, and the route table that `docs/openapi.json`
-//! is checked against.
+//! is checked against; and the client (`client`), which speaks it over the daemon's
+//! Unix socket. Both the daemon and every client (the CLI, the evaluator) depend on this
+//! crate; it depends on no part of the daemon.
+#![forbid(unsafe_code)]
+
+pub mod client;
 
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest};

@@ -20,7 +20,7 @@
 //! code and act through its session directly.
 
 use super::session::{Infra, InfraResult, Session};
-use crate::api::{GrantInfo, GrantRequest};
+use forkd_api::{GrantInfo, GrantRequest};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

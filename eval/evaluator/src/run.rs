@@ -267,7 +267,7 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
             .client
             .call::<serde_json::Value>(
                 "GET",
-                &format!("/v1/images/{}", crate::api::url::encode_segment(name)),
+                &format!("/v1/images/{}", forkd_api::url::encode_segment(name)),
                 None,
             )
             .is_ok();
@@ -280,7 +280,7 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
         }
         eprintln!("build {name} from {}", context.join("Dockerfile").display());
         let body = serde_json::json!({ "context": context, "name": name });
-        let r: crate::api::BuildResult = s
+        let r: forkd_api::BuildResult = s
             .client
             .call("POST", "/v1/images/build", Some(&body))
             .map_err(|e| anyhow::anyhow!("task {}: build {name}: {e}", t.name))?;
@@ -301,7 +301,7 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
             .client
             .call(
                 "GET",
-                &format!("/v1/images/{}", crate::api::url::encode_segment(&name)),
+                &format!("/v1/images/{}", forkd_api::url::encode_segment(&name)),
                 None,
             )
             .map_err(|e| {
@@ -381,8 +381,8 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
         }
         let mut started = !env.background.is_empty();
         if env.entrypoint {
-            let name = crate::api::url::encode_segment(&task.config.task.image);
-            let img: crate::api::ImageInfo = s
+            let name = forkd_api::url::encode_segment(&task.config.task.image);
+            let img: forkd_api::ImageInfo = s
                 .client
                 .call("GET", &format!("/v1/images/{name}"), None)
                 .map_err(|e| anyhow::anyhow!("task {}: image {name}: {e}", task.name))?;

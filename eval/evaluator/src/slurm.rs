@@ -464,7 +464,7 @@ pub fn kube_job(
     retries: u32,
 ) -> anyhow::Result<serde_json::Value> {
     let top = std::path::absolute(top)?;
-    let socket = crate::client::Client::default_socket();
+    let socket = forkd_api::client::Client::default_socket();
     let socket_dir = socket.parent().unwrap_or(Path::new("/run/forkd"));
     let suite = {
         let m: super::run::Manifest =

@@ -1,6 +1,9 @@
 //! The evaluator: paired clean-start and inherited-start experiments on forkd's own
 //! checkpoint and fork API (never Docker). See `task` (the suite format), `agent`,
 //! `grade`, `run` (states, trials, the run directory) and `delta` (what a state changed).
+//! It speaks to the daemon only through the API and its client (`forkd-api`); the
+//! statistics and report are `forkd-analysis`, beside it.
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod archives;

@@ -1,8 +1,8 @@
 //! The evaluator's view of forkd: a thin layer over the API client. Every failure here
 //! is an infrastructure failure (the daemon, a sandbox, a fork), never the agent's.
 
-use crate::api::{b64, CheckpointInfo, ExecResult, ForkResult, SandboxInfo};
-use crate::client::Client;
+use forkd_api::client::Client;
+use forkd_api::{b64, CheckpointInfo, ExecResult, ForkResult, SandboxInfo};
 use forkd_sandbox::proto::ExecRequest;
 use std::path::Path;
 
@@ -13,7 +13,7 @@ pub struct Infra(pub String);
 
 pub type InfraResult<T> = Result<T, Infra>;
 
-fn infra(step: &str) -> impl FnOnce(crate::client::ClientError) -> Infra + '_ {
+fn infra(step: &str) -> impl FnOnce(forkd_api::client::ClientError) -> Infra + '_ {
     move |e| Infra(format!("{step}: {e}"))
 }
 
@@ -59,7 +59,7 @@ impl Session {
             .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
             .collect();
         // Checked when the task was loaded.
-        let network: crate::api::Network = network
+        let network: forkd_api::Network = network
             .map(|n| n.parse().unwrap_or_default())
             .unwrap_or_default();
         let body = serde_json::json!({ "image": image, "labels": labels, "network": network });
@@ -128,7 +128,7 @@ impl Session {
                 "PUT",
                 &format!(
                     "/v1/sandboxes/{id}/files?path={}",
-                    crate::api::url::encode(dest)
+                    forkd_api::url::encode(dest)
                 ),
                 &body,
             )
@@ -237,7 +237,7 @@ impl Session {
             .client
             .call::<serde_json::Value>(
                 "GET",
-                &format!("/v1/images/{}", crate::api::url::encode_segment(name)),
+                &format!("/v1/images/{}", forkd_api::url::encode_segment(name)),
                 None,
             )
             .is_ok()

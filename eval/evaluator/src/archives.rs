@@ -238,21 +238,21 @@ impl StateArchives {
             ));
         }
         let body = serde_json::json!({ "path": std::path::absolute(&archive)? });
-        let info: crate::api::CheckpointInfo =
+        let info: forkd_api::CheckpointInfo =
             match s.client.call("POST", "/v1/checkpoints/import", Some(&body)) {
                 Ok(i) => i,
                 // The daemon refuses an archive that fails its own verification (400);
                 // anything else is the node's problem, not the archive's.
-                Err(crate::client::ClientError::Api(e))
-                    if e.kind == crate::api::ErrorKind::BadRequest =>
+                Err(forkd_api::client::ClientError::Api(e))
+                    if e.kind == forkd_api::ErrorKind::BadRequest =>
                 {
                     return refuse(format!("the daemon's verification: {}", e.message))
                 }
                 // A thin archive naming a layer this node lacks (its images or forkd's
                 // runtime layer differ from the exporter's): not a damaged archive, so
                 // not moved aside; this node builds the state itself.
-                Err(crate::client::ClientError::Api(e))
-                    if e.kind == crate::api::ErrorKind::Conflict =>
+                Err(forkd_api::client::ClientError::Api(e))
+                    if e.kind == forkd_api::ErrorKind::Conflict =>
                 {
                     eprintln!(
                         "[eval] archive {} not usable on node {}: {}; building {task}/{state} here",
