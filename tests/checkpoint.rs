@@ -28,7 +28,7 @@ fn filesystem_checkpoint_forks_isolated_branches() {
     assert_eq!(r.branches.len(), 8);
     let blob = d.sh(&src.id, "md5sum /data/blob").1;
     for (i, b) in r.branches.iter().enumerate() {
-        assert_eq!(b.mode, "fresh");
+        assert_eq!(b.mode, forkd::api::ForkMode::Fresh);
         assert_eq!(d.sh(&b.id, "cat /etc/state").1, "before\n");
         assert_ne!(
             d.sh(&b.id, "test -e /etc/group").0,
@@ -94,7 +94,7 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
     std::thread::sleep(Duration::from_millis(300));
     let mut pids = std::collections::HashSet::new();
     for b in &r.branches {
-        assert_eq!(b.mode, "eager");
+        assert_eq!(b.mode, forkd::api::ForkMode::Eager);
         assert!(b.phases_us.contains_key("restore"), "{:?}", b.phases_us);
         // The counter resumed from (about) the checkpointed value: it started over if it
         // is far below it.
@@ -155,7 +155,7 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
         )
         .unwrap();
     let f = &fresh.branches[0];
-    assert_eq!(f.mode, "fresh");
+    assert_eq!(f.mode, forkd::api::ForkMode::Fresh);
     assert_eq!(d.sh(&f.id, "cat /tmp/secret").1, secret);
     // The file as the checkpoint holds it: it may be empty, if the checkpoint caught the
     // counter between truncating and writing it (nothing rewrites it here).
@@ -181,7 +181,7 @@ fn lazy_fork_runs_before_its_memory_is_loaded() {
     let r = d.fork(&c.id, 2, true);
     std::thread::sleep(Duration::from_millis(300));
     for b in &r.branches {
-        assert_eq!(b.mode, "lazy");
+        assert_eq!(b.mode, forkd::api::ForkMode::Lazy);
         let n = d.read_number(&b.id, "/tmp/counter");
         assert!(
             n + 2 >= at_checkpoint,

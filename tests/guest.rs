@@ -379,7 +379,7 @@ fn qemu_guest_resumes_in_every_branch() {
     std::thread::sleep(Duration::from_millis(1500));
     let mut lasts = Vec::new();
     for b in &branches {
-        assert_eq!(b.mode, "eager");
+        assert_eq!(b.mode, forkd::api::ForkMode::Eager);
         let (s, text) = d.serial(&b.id);
         let what = format!("branch {}", b.id);
         s.check_one_run(&what, &text);
@@ -613,7 +613,7 @@ fn tmux_session_resumes_in_every_branch() {
     print_branches(NAME, &branches, fork_took);
 
     for b in &branches {
-        assert_eq!(b.mode, "eager");
+        assert_eq!(b.mode, forkd::api::ForkMode::Eager);
         let what = format!("branch {}", b.id);
         // Same server, same session, same ticker process, counting on from where it was.
         d.run_ok(&b.id, &["tmux", "has-session", "-t", "main"], TERM);

@@ -14,52 +14,409 @@ use serde::{Deserialize, Serialize};
 /// Version of the API; bumped on incompatible changes.
 pub const API_VERSION: &str = "v1";
 
-/// Every route the daemon serves: (method, path pattern, operation id). `{x}` marks a
-/// path parameter. The OpenAPI document must list exactly these.
-pub const ROUTES: &[(&str, &str, &str)] = &[
-    ("GET", "/v1/version", "version"),
-    ("GET", "/v1/metrics", "metrics"),
-    ("GET", "/v1/images", "listImages"),
-    ("POST", "/v1/images", "importImage"),
-    ("POST", "/v1/images/build", "buildImage"),
-    ("GET", "/v1/builds", "listBuilds"),
-    ("GET", "/v1/images/{name}", "inspectImage"),
-    ("DELETE", "/v1/images/{name}", "removeImage"),
-    ("GET", "/v1/sandboxes", "listSandboxes"),
-    ("POST", "/v1/sandboxes", "createSandbox"),
-    ("GET", "/v1/sandboxes/{id}", "inspectSandbox"),
-    ("DELETE", "/v1/sandboxes/{id}", "removeSandbox"),
-    ("POST", "/v1/sandboxes/{id}/stop", "stopSandbox"),
-    ("POST", "/v1/sandboxes/{id}/exec", "execInSandbox"),
-    ("GET", "/v1/sandboxes/{id}/logs", "sandboxLogs"),
-    ("GET", "/v1/sandboxes/{id}/files", "copyFromSandbox"),
-    ("PUT", "/v1/sandboxes/{id}/files", "copyToSandbox"),
-    ("POST", "/v1/sandboxes/{id}/checkpoint", "checkpointSandbox"),
-    ("GET", "/v1/checkpoints", "listCheckpoints"),
-    ("GET", "/v1/checkpoints/{id}", "inspectCheckpoint"),
-    ("DELETE", "/v1/checkpoints/{id}", "removeCheckpoint"),
-    ("POST", "/v1/checkpoints/{id}/fork", "forkCheckpoint"),
-    ("POST", "/v1/checkpoints/{id}/export", "exportCheckpoint"),
-    ("POST", "/v1/checkpoints/import", "importCheckpoint"),
-    ("POST", "/v1/gc", "gc"),
-    ("GET", "/v1/sandboxes/{id}/execs", "sandboxExecs"),
-    ("GET", "/v1/checkpoints/{id}/delta", "checkpointDelta"),
-    ("POST", "/v1/sandboxes/{id}/grants", "grantSandbox"),
-    ("GET", "/v1/grants/{grant}", "inspectGrant"),
-    ("DELETE", "/v1/grants/{grant}", "revokeGrant"),
-];
+/// Every operation of the API. The daemon's router matches on it exhaustively, so an
+/// operation without a handler does not compile; what each one takes and answers is
+/// [`Operation::spec`], which `docs/openapi.json` is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operation {
+    Version,
+    Metrics,
+    ListImages,
+    ImportImage,
+    BuildImage,
+    ListBuilds,
+    InspectImage,
+    RemoveImage,
+    ListSandboxes,
+    CreateSandbox,
+    InspectSandbox,
+    RemoveSandbox,
+    StopSandbox,
+    ExecInSandbox,
+    SandboxLogs,
+    CopyFromSandbox,
+    CopyToSandbox,
+    CheckpointSandbox,
+    ListCheckpoints,
+    InspectCheckpoint,
+    RemoveCheckpoint,
+    ForkCheckpoint,
+    ExportCheckpoint,
+    ImportCheckpoint,
+    Gc,
+    SandboxExecs,
+    CheckpointDelta,
+    GrantSandbox,
+    InspectGrant,
+    RevokeGrant,
+}
+
+/// What an operation's request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody {
+    None,
+    /// A JSON body of the named schema (a type of this crate of the same name).
+    Json(&'static str),
+    /// A tar stream (`application/x-tar`).
+    Tar,
+}
+
+/// What an operation answers on success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// JSON of the named schema (`[Name]`: an array of it).
+    Json(&'static str),
+    /// Bytes of the given content type.
+    Bytes(&'static str),
+}
+
+/// The contract of one operation: its route, its success status, its request body,
+/// its answer and its query parameters (name, required).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpSpec {
+    pub method: &'static str,
+    /// `{x}` marks a path parameter.
+    pub path: &'static str,
+    /// The OpenAPI operation id.
+    pub id: &'static str,
+    pub status: u16,
+    pub body: RequestBody,
+    pub answer: Answer,
+    pub query: &'static [(&'static str, bool)],
+}
+
+impl Operation {
+    /// Every operation, in the order routes are matched.
+    pub const ALL: [Operation; 30] = [
+        Operation::Version,
+        Operation::Metrics,
+        Operation::ListImages,
+        Operation::ImportImage,
+        Operation::BuildImage,
+        Operation::ListBuilds,
+        Operation::InspectImage,
+        Operation::RemoveImage,
+        Operation::ListSandboxes,
+        Operation::CreateSandbox,
+        Operation::InspectSandbox,
+        Operation::RemoveSandbox,
+        Operation::StopSandbox,
+        Operation::ExecInSandbox,
+        Operation::SandboxLogs,
+        Operation::CopyFromSandbox,
+        Operation::CopyToSandbox,
+        Operation::CheckpointSandbox,
+        Operation::ListCheckpoints,
+        Operation::InspectCheckpoint,
+        Operation::RemoveCheckpoint,
+        Operation::ForkCheckpoint,
+        Operation::ExportCheckpoint,
+        Operation::ImportCheckpoint,
+        Operation::Gc,
+        Operation::SandboxExecs,
+        Operation::CheckpointDelta,
+        Operation::GrantSandbox,
+        Operation::InspectGrant,
+        Operation::RevokeGrant,
+    ];
+
+    pub fn spec(self) -> OpSpec {
+        match self {
+            Operation::Version => OpSpec {
+                method: "GET",
+                path: "/v1/version",
+                id: "version",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("VersionInfo"),
+                query: &[],
+            },
+            Operation::Metrics => OpSpec {
+                method: "GET",
+                path: "/v1/metrics",
+                id: "metrics",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("Metrics"),
+                query: &[],
+            },
+            Operation::ListImages => OpSpec {
+                method: "GET",
+                path: "/v1/images",
+                id: "listImages",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("[ImageInfo]"),
+                query: &[],
+            },
+            Operation::ImportImage => OpSpec {
+                method: "POST",
+                path: "/v1/images",
+                id: "importImage",
+                status: 201,
+                body: RequestBody::Json("ImportImageRequest"),
+                answer: Answer::Json("ImageInfo"),
+                query: &[],
+            },
+            Operation::BuildImage => OpSpec {
+                method: "POST",
+                path: "/v1/images/build",
+                id: "buildImage",
+                status: 201,
+                body: RequestBody::Json("BuildRequest"),
+                answer: Answer::Json("BuildResult"),
+                query: &[],
+            },
+            Operation::ListBuilds => OpSpec {
+                method: "GET",
+                path: "/v1/builds",
+                id: "listBuilds",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("[BuildStatus]"),
+                query: &[],
+            },
+            Operation::InspectImage => OpSpec {
+                method: "GET",
+                path: "/v1/images/{name}",
+                id: "inspectImage",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("ImageInfo"),
+                query: &[],
+            },
+            Operation::RemoveImage => OpSpec {
+                method: "DELETE",
+                path: "/v1/images/{name}",
+                id: "removeImage",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("RemovedImage"),
+                query: &[],
+            },
+            Operation::ListSandboxes => OpSpec {
+                method: "GET",
+                path: "/v1/sandboxes",
+                id: "listSandboxes",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("[SandboxInfo]"),
+                query: &[("stats", false)],
+            },
+            Operation::CreateSandbox => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes",
+                id: "createSandbox",
+                status: 201,
+                body: RequestBody::Json("CreateSandboxRequest"),
+                answer: Answer::Json("SandboxInfo"),
+                query: &[],
+            },
+            Operation::InspectSandbox => OpSpec {
+                method: "GET",
+                path: "/v1/sandboxes/{id}",
+                id: "inspectSandbox",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("SandboxInfo"),
+                query: &[],
+            },
+            Operation::RemoveSandbox => OpSpec {
+                method: "DELETE",
+                path: "/v1/sandboxes/{id}",
+                id: "removeSandbox",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("RemovedSandbox"),
+                query: &[("force", false)],
+            },
+            Operation::StopSandbox => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes/{id}/stop",
+                id: "stopSandbox",
+                status: 200,
+                body: RequestBody::Json("StopRequest"),
+                answer: Answer::Json("SandboxInfo"),
+                query: &[],
+            },
+            Operation::ExecInSandbox => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes/{id}/exec",
+                id: "execInSandbox",
+                status: 200,
+                body: RequestBody::Json("ExecBody"),
+                answer: Answer::Json("ExecResult"),
+                query: &[],
+            },
+            Operation::SandboxLogs => OpSpec {
+                method: "GET",
+                path: "/v1/sandboxes/{id}/logs",
+                id: "sandboxLogs",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Bytes("application/octet-stream"),
+                query: &[("name", false)],
+            },
+            Operation::CopyFromSandbox => OpSpec {
+                method: "GET",
+                path: "/v1/sandboxes/{id}/files",
+                id: "copyFromSandbox",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Bytes("application/x-tar"),
+                query: &[("path", true)],
+            },
+            Operation::CopyToSandbox => OpSpec {
+                method: "PUT",
+                path: "/v1/sandboxes/{id}/files",
+                id: "copyToSandbox",
+                status: 200,
+                body: RequestBody::Tar,
+                answer: Answer::Json("CopyResult"),
+                query: &[("path", true)],
+            },
+            Operation::CheckpointSandbox => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes/{id}/checkpoint",
+                id: "checkpointSandbox",
+                status: 201,
+                body: RequestBody::Json("CheckpointRequest"),
+                answer: Answer::Json("CheckpointInfo"),
+                query: &[],
+            },
+            Operation::ListCheckpoints => OpSpec {
+                method: "GET",
+                path: "/v1/checkpoints",
+                id: "listCheckpoints",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("[CheckpointInfo]"),
+                query: &[],
+            },
+            Operation::InspectCheckpoint => OpSpec {
+                method: "GET",
+                path: "/v1/checkpoints/{id}",
+                id: "inspectCheckpoint",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("CheckpointInfo"),
+                query: &[],
+            },
+            Operation::RemoveCheckpoint => OpSpec {
+                method: "DELETE",
+                path: "/v1/checkpoints/{id}",
+                id: "removeCheckpoint",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("RemovedCheckpoint"),
+                query: &[("force", false)],
+            },
+            Operation::ForkCheckpoint => OpSpec {
+                method: "POST",
+                path: "/v1/checkpoints/{id}/fork",
+                id: "forkCheckpoint",
+                status: 201,
+                body: RequestBody::Json("ForkRequest"),
+                answer: Answer::Json("ForkResult"),
+                query: &[],
+            },
+            Operation::ExportCheckpoint => OpSpec {
+                method: "POST",
+                path: "/v1/checkpoints/{id}/export",
+                id: "exportCheckpoint",
+                status: 200,
+                body: RequestBody::Json("ExportRequest"),
+                answer: Answer::Json("ExportResult"),
+                query: &[],
+            },
+            Operation::ImportCheckpoint => OpSpec {
+                method: "POST",
+                path: "/v1/checkpoints/import",
+                id: "importCheckpoint",
+                status: 201,
+                body: RequestBody::Json("ArchivePath"),
+                answer: Answer::Json("CheckpointInfo"),
+                query: &[],
+            },
+            Operation::Gc => OpSpec {
+                method: "POST",
+                path: "/v1/gc",
+                id: "gc",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("GcResult"),
+                query: &[],
+            },
+            Operation::SandboxExecs => OpSpec {
+                method: "GET",
+                path: "/v1/sandboxes/{id}/execs",
+                id: "sandboxExecs",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Bytes("application/x-ndjson"),
+                query: &[],
+            },
+            Operation::CheckpointDelta => OpSpec {
+                method: "GET",
+                path: "/v1/checkpoints/{id}/delta",
+                id: "checkpointDelta",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Bytes("application/x-tar"),
+                query: &[],
+            },
+            Operation::GrantSandbox => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes/{id}/grants",
+                id: "grantSandbox",
+                status: 201,
+                body: RequestBody::Json("GrantRequest"),
+                answer: Answer::Json("GrantInfo"),
+                query: &[],
+            },
+            Operation::InspectGrant => OpSpec {
+                method: "GET",
+                path: "/v1/grants/{grant}",
+                id: "inspectGrant",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("GrantInfo"),
+                query: &[],
+            },
+            Operation::RevokeGrant => OpSpec {
+                method: "DELETE",
+                path: "/v1/grants/{grant}",
+                id: "revokeGrant",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("GrantInfo"),
+                query: &[],
+            },
+        }
+    }
+
+    /// The OpenAPI operation id.
+    pub fn id(self) -> &'static str {
+        self.spec().id
+    }
+
+    /// The operation of an OpenAPI id.
+    pub fn from_id(id: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.id() == id)
+    }
+}
 
 /// The operations a grant's socket serves (see [`GrantRequest`]), each only for the
 /// grant's own sandbox: its exec (plain and streamed), files, logs, trajectory and
 /// state, and the daemon's version.
-pub const GRANTED_OPERATIONS: &[&str] = &[
-    "version",
-    "inspectSandbox",
-    "execInSandbox",
-    "sandboxLogs",
-    "copyFromSandbox",
-    "copyToSandbox",
-    "sandboxExecs",
+pub const GRANTED_OPERATIONS: &[Operation] = &[
+    Operation::Version,
+    Operation::InspectSandbox,
+    Operation::ExecInSandbox,
+    Operation::SandboxLogs,
+    Operation::CopyFromSandbox,
+    Operation::CopyToSandbox,
+    Operation::SandboxExecs,
 ];
 
 /// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
@@ -579,8 +936,7 @@ pub struct ForkRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BranchInfo {
     pub id: String,
-    /// `eager`, `lazy`, or `fresh` (a filesystem checkpoint: a new init).
-    pub mode: String,
+    pub mode: ForkMode,
     pub init_pid: Option<i32>,
     /// Microseconds per phase (prepare, restore, ready, total).
     pub phases_us: std::collections::BTreeMap<String, u64>,
@@ -612,6 +968,125 @@ pub struct ExportRequest {
     /// (it refuses the archive, 409, naming the first it lacks).
     #[serde(default)]
     pub thin: bool,
+}
+
+/// The answer of `exportCheckpoint`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportResult {
+    /// The archive written.
+    pub path: String,
+    pub bytes: u64,
+    /// Files in the archive, `manifest.json` included.
+    pub files: usize,
+    pub tree_hash: String,
+    pub duration_us: u64,
+}
+
+/// The answer of `removeImage`, `removeSandbox` and `removeCheckpoint`: what was removed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Removed {
+    pub removed: String,
+}
+
+/// The answer of `copyToSandbox`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopyResult {
+    /// Archive entries written.
+    pub entries: u64,
+}
+
+/// The answer of `gc`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GcResult {
+    /// Ids (tree hashes) of the store layers removed.
+    pub removed_layers: Vec<String>,
+    pub freed_bytes: u64,
+}
+
+/// One line of a sandbox's exec trajectory (`sandboxExecs`, `execs.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecRecord {
+    /// When the exec started, microseconds since the Unix epoch.
+    pub t_us: u64,
+    /// The program and arguments; `None` when `shell` was given.
+    #[serde(deserialize_with = "present")]
+    pub argv: Option<Vec<String>>,
+    #[serde(deserialize_with = "present")]
+    pub shell: Option<String>,
+    #[serde(deserialize_with = "present")]
+    pub cwd: Option<String>,
+    #[serde(deserialize_with = "present")]
+    pub user: Option<String>,
+    pub tty: bool,
+    pub detach: bool,
+    /// How it ended: an [`ExecExit`], a [`DetachedExec`], an Error frame's `{"message"}`,
+    /// or null when a stream ended without either.
+    #[serde(deserialize_with = "present")]
+    pub result: serde_json::Value,
+}
+
+/// Reads a field that may be null but must be there (serde otherwise takes a missing
+/// `Option` or `Value` as null).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    T::deserialize(d)
+}
+
+/// How a branch was brought up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForkMode {
+    /// The processes restored, their memory read before they run.
+    Eager,
+    /// The processes restored, their memory paged in on demand (userfaultfd).
+    Lazy,
+    /// A filesystem checkpoint: a new init on the checkpoint's files.
+    Fresh,
+}
+
+impl ForkMode {
+    pub const ALL: [ForkMode; 3] = [ForkMode::Eager, ForkMode::Lazy, ForkMode::Fresh];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForkMode::Eager => "eager",
+            ForkMode::Lazy => "lazy",
+            ForkMode::Fresh => "fresh",
+        }
+    }
+}
+
+impl std::fmt::Display for ForkMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The phases a checkpoint reports in `CheckpointInfo.phases_us`.
+pub const CHECKPOINT_PHASES: &[&str] = &[
+    "relays", "freeze", "dump", "snapshot", "sync", "squash", "total",
+];
+
+/// The phases a branch reports in `BranchInfo.phases_us`.
+pub const FORK_PHASES: &[&str] = &["prepare", "restore", "ready", "total"];
+
+/// Records one phase's duration in `phases`; `name` must be one of `known` (the list
+/// the API documents), which debug builds check.
+pub fn record_phase(
+    phases: &mut std::collections::BTreeMap<String, u64>,
+    known: &[&str],
+    name: &'static str,
+    us: u64,
+) {
+    debug_assert!(known.contains(&name), "phase {name} is not documented");
+    phases.insert(name.to_string(), us);
+}
+
+/// The `result` of an [`ExecRecord`] for a detached command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DetachedExec {
+    pub pid: i32,
+    /// Its log file inside the sandbox.
+    pub log: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/grants`: a capability on one sandbox for one unprivileged

@@ -21,7 +21,7 @@
 use super::checkpoints::{Checkpoint, CheckpointRecord, Lower};
 use super::{log, Daemon};
 use super::{Lock as _, RwLockExt as _};
-use crate::api::ApiError;
+use crate::api::{ApiError, ExportResult, GcResult};
 use forkd_layers::{LayerId, LayerStore};
 use forkd_sandbox::CheckpointId;
 use serde::{Deserialize, Serialize};
@@ -57,15 +57,6 @@ pub struct Manifest {
     pub layers: Vec<ArchiveLayer>,
     pub tree_hash: String,
     pub files: BTreeMap<String, FileEntry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ExportResult {
-    pub path: String,
-    pub bytes: u64,
-    pub files: usize,
-    pub tree_hash: String,
-    pub duration_us: u64,
 }
 
 fn hex(d: &[u8]) -> String {
@@ -410,7 +401,7 @@ impl Daemon {
         Ok(())
     }
 
-    pub fn gc(&self) -> Result<serde_json::Value, ApiError> {
+    pub fn gc(&self) -> Result<GcResult, ApiError> {
         let _store = self.store_lock.write_locked();
         let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
         used.insert(self.runtime_layer);
@@ -464,7 +455,10 @@ impl Daemon {
                 }
             }
         }
-        Ok(serde_json::json!({ "removed_layers": removed, "freed_bytes": freed }))
+        Ok(GcResult {
+            removed_layers: removed,
+            freed_bytes: freed,
+        })
     }
 }
 

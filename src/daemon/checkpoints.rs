@@ -22,7 +22,8 @@ use super::lifecycle::{Begun, Verb};
 use super::sandboxes::{Sandbox, SandboxRecord};
 use super::{log, Daemon, Lock, RwLockExt};
 use crate::api::{
-    ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, ForkRequest, ForkResult, SandboxStatus,
+    self, ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, ForkRequest, ForkResult,
+    SandboxStatus,
 };
 use forkd_cgroups::{Cgroup, Limits};
 use forkd_layers::LayerId;
@@ -521,7 +522,12 @@ impl Daemon {
                 }
                 let t = Instant::now();
                 wait_for_exiting_relays(&cg, rec.init_pid.unwrap_or(0), Duration::from_secs(2));
-                phases.insert("relays".into(), t.elapsed().as_micros() as u64);
+                api::record_phase(
+                    &mut phases,
+                    api::CHECKPOINT_PHASES,
+                    "relays",
+                    t.elapsed().as_micros() as u64,
+                );
                 // A stopped process (SIGSTOP, a shell's suspended job) in a frozen cgroup
                 // cannot be seized: ptrace waits for it to trap, which a frozen task never
                 // does, and the dump hangs in the kernel. With one, CRIU seizes the tree
@@ -538,7 +544,12 @@ impl Daemon {
                 if freezer {
                     let t = Instant::now();
                     let refrozen = freeze_outside_vfork(&cg, &sb.id)?;
-                    phases.insert("freeze".into(), t.elapsed().as_micros() as u64);
+                    api::record_phase(
+                        &mut phases,
+                        api::CHECKPOINT_PHASES,
+                        "freeze",
+                        t.elapsed().as_micros() as u64,
+                    );
                     if refrozen > 0 {
                         super::log::info(&format!(
                             "sandbox {}: frozen again {refrozen} time(s) to catch no thread inside vfork",
@@ -598,8 +609,18 @@ impl Daemon {
                     ))
                 })?;
                 thawed.map_err(|e| ApiError::from_chain(&format!("thaw sandbox {}", sb.id), &e))?;
-                phases.insert("dump".into(), report.duration.as_micros() as u64);
-                phases.insert("snapshot".into(), report.hook.as_micros() as u64);
+                api::record_phase(
+                    &mut phases,
+                    api::CHECKPOINT_PHASES,
+                    "dump",
+                    report.duration.as_micros() as u64,
+                );
+                api::record_phase(
+                    &mut phases,
+                    api::CHECKPOINT_PHASES,
+                    "snapshot",
+                    report.hook.as_micros() as u64,
+                );
             } else {
                 // Write dirty data out before freezing, so the snapshot (which must flush
                 // what is still dirty) keeps the frozen window short.
@@ -607,16 +628,31 @@ impl Daemon {
                 if let Ok(f) = std::fs::File::open(&upper) {
                     let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f));
                 }
-                phases.insert("sync".into(), t.elapsed().as_micros() as u64);
+                api::record_phase(
+                    &mut phases,
+                    api::CHECKPOINT_PHASES,
+                    "sync",
+                    t.elapsed().as_micros() as u64,
+                );
                 let t = Instant::now();
                 if running {
                     cg.set_frozen(true, Duration::from_secs(10))
                         .map_err(|e| ApiError::from_chain("freeze sandbox", &e))?;
-                    phases.insert("freeze".into(), t.elapsed().as_micros() as u64);
+                    api::record_phase(
+                        &mut phases,
+                        api::CHECKPOINT_PHASES,
+                        "freeze",
+                        t.elapsed().as_micros() as u64,
+                    );
                 }
                 let t = Instant::now();
                 let snap = self.volume.snapshot_readonly(&upper, &fs);
-                phases.insert("snapshot".into(), t.elapsed().as_micros() as u64);
+                api::record_phase(
+                    &mut phases,
+                    api::CHECKPOINT_PHASES,
+                    "snapshot",
+                    t.elapsed().as_micros() as u64,
+                );
                 if running {
                     cg.set_frozen(false, Duration::from_secs(10))
                         .map_err(|e| ApiError::from_chain("thaw sandbox", &e))?;
@@ -652,11 +688,21 @@ impl Daemon {
                     return Err(e);
                 }
             }
-            phases.insert("squash".into(), t.elapsed().as_micros() as u64);
+            api::record_phase(
+                &mut phases,
+                api::CHECKPOINT_PHASES,
+                "squash",
+                t.elapsed().as_micros() as u64,
+            );
         } else {
             lowers.extend(rec.lowers.iter().cloned());
         }
-        phases.insert("total".into(), total.elapsed().as_micros() as u64);
+        api::record_phase(
+            &mut phases,
+            api::CHECKPOINT_PHASES,
+            "total",
+            total.elapsed().as_micros() as u64,
+        );
         let record = CheckpointRecord {
             version: RECORD_VERSION,
             id: id.clone(),
@@ -867,9 +913,9 @@ impl Daemon {
             let dir = self.sandbox_dir(&id);
             let mut phases = BTreeMap::new();
             let mode = match (criu.is_some(), req.lazy) {
-                (false, _) => "fresh",
-                (true, false) => "eager",
-                (true, true) => "lazy",
+                (false, _) => api::ForkMode::Fresh,
+                (true, false) => api::ForkMode::Eager,
+                (true, true) => api::ForkMode::Lazy,
             };
             let images = c.images();
             let lazy = req.lazy;
@@ -938,9 +984,12 @@ impl Daemon {
                         )));
                     }
                 };
-                phases_ref
-                    .borrow_mut()
-                    .insert("restore".into(), t.elapsed().as_micros() as u64);
+                api::record_phase(
+                    &mut phases_ref.borrow_mut(),
+                    api::FORK_PHASES,
+                    "restore",
+                    t.elapsed().as_micros() as u64,
+                );
                 if let Some(mut l) = lazy_daemon {
                     // It exits once every page is copied; reap it then.
                     std::thread::spawn(move || {
@@ -957,20 +1006,33 @@ impl Daemon {
                 .map_err(|e| {
                     ApiError::from_chain(&format!("branch {}: wait for init", rec.id), &e)
                 })?;
-                phases_ref
-                    .borrow_mut()
-                    .insert("ready".into(), t.elapsed().as_micros() as u64);
+                api::record_phase(
+                    &mut phases_ref.borrow_mut(),
+                    api::FORK_PHASES,
+                    "ready",
+                    t.elapsed().as_micros() as u64,
+                );
                 Ok(())
             });
             let sb = sb?;
             if let Some(p) = prepared_at.get() {
-                phases.insert("prepare".into(), p.as_micros() as u64);
+                api::record_phase(
+                    &mut phases,
+                    api::FORK_PHASES,
+                    "prepare",
+                    p.as_micros() as u64,
+                );
             }
-            phases.insert("total".into(), started.elapsed().as_micros() as u64);
+            api::record_phase(
+                &mut phases,
+                api::FORK_PHASES,
+                "total",
+                started.elapsed().as_micros() as u64,
+            );
             let init_pid = sb.record.locked().init_pid;
             Ok(BranchInfo {
                 id: sb.id.to_string(),
-                mode: mode.into(),
+                mode,
                 init_pid,
                 phases_us: phases,
             })

@@ -71,7 +71,7 @@ impl Grant {
         d: &Daemon,
         method: &str,
         path: &str,
-        op: &str,
+        op: api::Operation,
         params: &HashMap<&'static str, String>,
     ) -> Result<(), ApiError> {
         let verdict = self.judge(d, op, params);
@@ -96,7 +96,7 @@ impl Grant {
     fn judge(
         &self,
         d: &Daemon,
-        op: &str,
+        op: api::Operation,
         params: &HashMap<&'static str, String>,
     ) -> Result<(), (String, bool)> {
         if !self.active.load(Ordering::SeqCst) {
@@ -105,8 +105,10 @@ impl Grant {
         if !api::GRANTED_OPERATIONS.contains(&op) {
             return Err((
                 format!(
-                    "grant {} allows exec, files, logs and inspect of sandbox {} only, not {op}",
-                    self.id, self.sandbox
+                    "grant {} allows exec, files, logs and inspect of sandbox {} only, not {}",
+                    self.id,
+                    self.sandbox,
+                    op.id()
                 ),
                 false,
             ));
@@ -129,7 +131,7 @@ impl Grant {
                 ));
             }
         }
-        if op == "execInSandbox" {
+        if op == api::Operation::ExecInSandbox {
             let taken = self.steps.fetch_add(1, Ordering::SeqCst);
             if let Some(max) = self.max_steps {
                 if taken >= max {

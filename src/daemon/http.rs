@@ -198,13 +198,6 @@ impl Response {
             body: serde_json::to_vec(value).expect("serialisable"),
         }
     }
-    pub fn bytes(body: Vec<u8>, content_type: &'static str) -> Self {
-        Response {
-            status: 200,
-            content_type,
-            body,
-        }
-    }
     pub fn error(e: &ApiError) -> Self {
         Self::json(e.status(), e)
     }

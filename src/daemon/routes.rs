@@ -1,11 +1,15 @@
-//! Request dispatch: match a route from [`crate::api::ROUTES`], run its handler on the
-//! blocking pool, answer, log one line with the request id and latency.
+//! Request dispatch: match a route to an [`Operation`], run its handler on the blocking
+//! pool, answer as the operation's [`api::OpSpec`] says (status, content type), log one
+//! line with the request id and latency. Handlers return a [`Reply`]: what they answer,
+//! never how; the match over operations is exhaustive.
 
 use super::grants::Grant;
 use super::http::{self, Request, Response};
 use super::Lock as _;
 use super::{log, Daemon};
-use crate::api::{self, ApiError, ExecBody, ExecResult, VersionInfo, EXEC_UPGRADE};
+use crate::api::{
+    self, Answer, ApiError, ExecBody, ExecResult, Operation, VersionInfo, EXEC_UPGRADE,
+};
 use forkd_sandbox::host;
 use forkd_sandbox::proto::{self, ExecRequest, Kind};
 use std::collections::HashMap;
@@ -13,15 +17,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::net::UnixStream;
 
-/// Matches `path` against the route table; returns the operation id and parameters.
+/// Matches `path` against the operations' routes; returns the operation and parameters.
 pub fn match_route(
     method: &str,
     path: &str,
-) -> Result<(&'static str, HashMap<&'static str, String>), ApiError> {
+) -> Result<(Operation, HashMap<&'static str, String>), ApiError> {
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     let mut path_matched = false;
-    for (m, pattern, op) in api::ROUTES {
-        let pat: Vec<&str> = pattern.split('/').collect();
+    for op in Operation::ALL {
+        let spec = op.spec();
+        let pat: Vec<&str> = spec.path.split('/').collect();
         if pat.len() != segs.len() {
             continue;
         }
@@ -41,7 +46,7 @@ pub fn match_route(
         });
         if ok {
             path_matched = true;
-            if *m == method {
+            if spec.method == method {
                 return Ok((op, params));
             }
         }
@@ -101,7 +106,7 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
             return;
         }
     }
-    if op == "execInSandbox" && req.header("upgrade") == Some(EXEC_UPGRADE) {
+    if op == Operation::ExecInSandbox && req.header("upgrade") == Some(EXEC_UPGRADE) {
         let result = exec_upgraded(daemon.clone(), &req, &params, stream, &rid).await;
         let us = started.elapsed().as_micros() as u64;
         daemon.metrics.record("exec_stream", us, result.is_ok());
@@ -124,8 +129,8 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
         .await
         .unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
     let us = started.elapsed().as_micros() as u64;
-    daemon.metrics.record(op, us, result.is_ok());
-    let resp = match result {
+    daemon.metrics.record(op.id(), us, result.is_ok());
+    let resp = match result.and_then(|reply| reply.into_response(op)) {
         Ok(r) => {
             log::info(&format!("{rid} {method} {path} -> {} {us}us", r.status));
             r
@@ -143,46 +148,89 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
     let _ = http::write_response(&mut stream, &resp, &rid).await;
 }
 
-fn flag(req: &Request, name: &str) -> bool {
-    matches!(
-        req.query.get(name).map(String::as_str),
-        Some("1" | "true" | "yes")
-    )
+/// What a handler answers; the status and content type come from the operation's spec.
+pub enum Reply {
+    Json(Vec<u8>),
+    Bytes(Vec<u8>),
+}
+
+impl Reply {
+    fn json<T: serde::Serialize>(value: &T) -> Reply {
+        Reply::Json(serde_json::to_vec(value).expect("answers serialise"))
+    }
+
+    fn into_response(self, op: Operation) -> Result<Response, ApiError> {
+        let spec = op.spec();
+        let (body, content_type) = match (self, spec.answer) {
+            (Reply::Json(b), Answer::Json(_)) => (b, "application/json"),
+            (Reply::Bytes(b), Answer::Bytes(t)) => (b, t),
+            _ => {
+                return Err(ApiError::internal(format!(
+                    "{}: the handler's answer is not the kind its spec names",
+                    spec.id
+                )))
+            }
+        };
+        Ok(Response {
+            status: spec.status,
+            content_type,
+            body,
+        })
+    }
+}
+
+/// A query parameter of `op`'s request. Only the parameters its spec declares may be
+/// read; a required one that is missing is a bad request.
+fn query<'r>(op: Operation, req: &'r Request, name: &str) -> Result<Option<&'r str>, ApiError> {
+    let Some(&(_, required)) = op.spec().query.iter().find(|(n, _)| *n == name) else {
+        return Err(ApiError::internal(format!(
+            "{}: query parameter {name} is not in its spec",
+            op.id()
+        )));
+    };
+    match req.query.get(name) {
+        Some(v) => Ok(Some(v.as_str())),
+        None if required => Err(ApiError::bad_request(format!(
+            "missing query parameter {name}"
+        ))),
+        None => Ok(None),
+    }
+}
+
+fn flag(op: Operation, req: &Request, name: &str) -> Result<bool, ApiError> {
+    Ok(matches!(query(op, req, name)?, Some("1" | "true" | "yes")))
 }
 
 /// Runs one (non-upgraded) operation. Blocking.
 fn handle(
     d: &Arc<Daemon>,
-    op: &str,
+    op: Operation,
     params: &HashMap<&str, String>,
     req: &Request,
-) -> Result<Response, ApiError> {
+) -> Result<Reply, ApiError> {
     let param = |k: &str| params.get(k).cloned().unwrap_or_default();
+    use Operation as O;
     match op {
-        "version" => Ok(Response::json(
-            200,
-            &VersionInfo {
-                version: env!("CARGO_PKG_VERSION").into(),
-                api: api::API_VERSION.into(),
-                root: d.root.display().to_string(),
-                cgroup_version: d.hierarchy.version(),
-            },
-        )),
-        "metrics" => Ok(Response::json(200, &d.metrics.snapshot())),
-        "listImages" => Ok(Response::json(200, &d.list_images()?)),
-        "importImage" => Ok(Response::json(201, &d.import_image(req.json()?)?)),
-        "buildImage" => Ok(Response::json(201, &d.build_image(req.json()?)?)),
-        "listBuilds" => Ok(Response::json(200, &d.builds.list())),
-        "inspectImage" => Ok(Response::json(200, &d.image_info(&param("name"))?)),
-        "removeImage" => {
+        O::Version => Ok(Reply::json(&VersionInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            api: api::API_VERSION.into(),
+            root: d.root.display().to_string(),
+            cgroup_version: d.hierarchy.version(),
+        })),
+        O::Metrics => Ok(Reply::json(&d.metrics.snapshot())),
+        O::ListImages => Ok(Reply::json(&d.list_images()?)),
+        O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
+        O::BuildImage => Ok(Reply::json(&d.build_image(req.json()?)?)),
+        O::ListBuilds => Ok(Reply::json(&d.builds.list())),
+        O::InspectImage => Ok(Reply::json(&d.image_info(&param("name"))?)),
+        O::RemoveImage => {
             d.remove_image(&param("name"))?;
-            Ok(Response::json(
-                200,
-                &serde_json::json!({ "removed": param("name") }),
-            ))
+            Ok(Reply::json(&api::Removed {
+                removed: param("name"),
+            }))
         }
-        "listSandboxes" => {
-            let stats = match req.query.get("stats").map(String::as_str) {
+        O::ListSandboxes => {
+            let stats = match query(op, req, "stats")? {
                 None | Some("false") => false,
                 Some("true") => true,
                 Some(other) => {
@@ -191,28 +239,27 @@ fn handle(
                     )))
                 }
             };
-            Ok(Response::json(200, &d.list_sandboxes(stats)))
+            Ok(Reply::json(&d.list_sandboxes(stats)))
         }
-        "createSandbox" => {
+        O::CreateSandbox => {
             let sb = d.create_sandbox(req.json()?)?;
-            Ok(Response::json(201, &d.info(&sb)))
+            Ok(Reply::json(&d.info(&sb)))
         }
-        "inspectSandbox" => Ok(Response::json(200, &d.info(&*d.sandbox(&param("id"))?))),
-        "removeSandbox" => {
+        O::InspectSandbox => Ok(Reply::json(&d.info(&*d.sandbox(&param("id"))?))),
+        O::RemoveSandbox => {
             let sb = d.sandbox(&param("id"))?;
-            d.remove_sandbox(&sb, flag(req, "force"))?;
-            Ok(Response::json(
-                200,
-                &serde_json::json!({ "removed": sb.id }),
-            ))
+            d.remove_sandbox(&sb, flag(op, req, "force")?)?;
+            Ok(Reply::json(&api::Removed {
+                removed: sb.id.to_string(),
+            }))
         }
-        "stopSandbox" => {
+        O::StopSandbox => {
             let sb = d.sandbox(&param("id"))?;
             let body: api::StopRequest = req.json()?;
             d.stop_sandbox(&sb, Duration::from_secs(body.grace_secs.unwrap_or(10)))?;
-            Ok(Response::json(200, &d.info(&sb)))
+            Ok(Reply::json(&d.info(&sb)))
         }
-        "execInSandbox" => {
+        O::ExecInSandbox => {
             let sb = d.sandbox(&param("id"))?;
             let mut body: ExecBody = req.json()?;
             d.apply_image_defaults(&sb, &mut body.request);
@@ -223,83 +270,76 @@ fn handle(
                 .transpose()
                 .map_err(ApiError::bad_request)?;
             let limit = body.output_limit()?;
-            Ok(Response::json(
-                200,
-                &d.exec(&sb, &body.request, stdin.as_deref(), limit)?,
-            ))
+            Ok(Reply::json(&d.exec(
+                &sb,
+                &body.request,
+                stdin.as_deref(),
+                limit,
+            )?))
         }
-        "sandboxLogs" => {
+        O::SandboxLogs => {
             let sb = d.sandbox(&param("id"))?;
-            let name = req.query.get("name").map(String::as_str).unwrap_or("main");
-            Ok(Response::bytes(
-                d.logs(&sb, name)?,
-                "application/octet-stream",
-            ))
+            let name = query(op, req, "name")?.unwrap_or("main");
+            Ok(Reply::Bytes(d.logs(&sb, name)?))
         }
-        "copyFromSandbox" => {
+        O::CopyFromSandbox => {
             let sb = d.sandbox(&param("id"))?;
-            let path = req
-                .query
-                .get("path")
-                .ok_or_else(|| ApiError::bad_request("missing query parameter path"))?;
-            Ok(Response::bytes(d.copy_out(&sb, path)?, "application/x-tar"))
+            let path = query(op, req, "path")?.unwrap_or_default();
+            Ok(Reply::Bytes(d.copy_out(&sb, path)?))
         }
-        "copyToSandbox" => {
+        O::CopyToSandbox => {
             let sb = d.sandbox(&param("id"))?;
-            let path = req
-                .query
-                .get("path")
-                .ok_or_else(|| ApiError::bad_request("missing query parameter path"))?;
-            let n = d.copy_in(&sb, path, &req.body)?;
-            Ok(Response::json(200, &serde_json::json!({ "entries": n })))
+            let path = query(op, req, "path")?.unwrap_or_default();
+            let entries = d.copy_in(&sb, path, &req.body)?;
+            Ok(Reply::json(&api::CopyResult { entries }))
         }
-        "checkpointSandbox" => {
+        O::CheckpointSandbox => {
             let sb = d.sandbox(&param("id"))?;
             let body: api::CheckpointRequest = req.json()?;
             let c = d.checkpoint_sandbox(&sb, &body)?;
-            Ok(Response::json(201, &d.checkpoint_info(&c)))
+            Ok(Reply::json(&d.checkpoint_info(&c)))
         }
-        "listCheckpoints" => Ok(Response::json(200, &d.list_checkpoints())),
-        "inspectCheckpoint" => Ok(Response::json(
-            200,
+        O::ListCheckpoints => Ok(Reply::json(&d.list_checkpoints())),
+        O::InspectCheckpoint => Ok(Reply::json(
             &d.checkpoint_info(&*d.checkpoint(&param("id"))?),
         )),
-        "removeCheckpoint" => {
+        O::RemoveCheckpoint => {
             let c = d.checkpoint(&param("id"))?;
-            d.remove_checkpoint(&c, flag(req, "force"))?;
-            Ok(Response::json(200, &serde_json::json!({ "removed": c.id })))
+            d.remove_checkpoint(&c, flag(op, req, "force")?)?;
+            Ok(Reply::json(&api::Removed {
+                removed: c.id.to_string(),
+            }))
         }
-        "forkCheckpoint" => {
+        O::ForkCheckpoint => {
             let c = d.checkpoint(&param("id"))?;
             let body: api::ForkRequest = req.json()?;
-            Ok(Response::json(201, &d.fork_checkpoint(&c, &body)?))
+            Ok(Reply::json(&d.fork_checkpoint(&c, &body)?))
         }
-        "exportCheckpoint" => {
+        O::ExportCheckpoint => {
             let c = d.checkpoint(&param("id"))?;
             let body: api::ExportRequest = req.json()?;
-            Ok(Response::json(
-                200,
-                &d.export_checkpoint(&c, std::path::Path::new(&body.path), body.thin)?,
-            ))
+            Ok(Reply::json(&d.export_checkpoint(
+                &c,
+                std::path::Path::new(&body.path),
+                body.thin,
+            )?))
         }
-        "importCheckpoint" => {
+        O::ImportCheckpoint => {
             let body: api::ArchivePath = req.json()?;
             let c = d.import_checkpoint(std::path::Path::new(&body.path))?;
-            Ok(Response::json(201, &d.checkpoint_info(&c)))
+            Ok(Reply::json(&d.checkpoint_info(&c)))
         }
-        "gc" => Ok(Response::json(200, &d.gc()?)),
-        "sandboxExecs" => {
+        O::Gc => Ok(Reply::json(&d.gc()?)),
+        O::SandboxExecs => {
             let sb = d.sandbox(&param("id"))?;
             let path = sb.dir.join("execs.jsonl");
             match std::fs::read(&path) {
-                Ok(b) => Ok(Response::bytes(b, "application/x-ndjson")),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Ok(Response::bytes(Vec::new(), "application/x-ndjson"))
-                }
+                Ok(b) => Ok(Reply::Bytes(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Reply::Bytes(Vec::new())),
                 Err(e) => Err(ApiError::internal(format!("read {}: {e}", path.display()))),
             }
         }
-        "checkpointDelta" => {
+        O::CheckpointDelta => {
             let c = d.checkpoint(&param("id"))?;
             // The checkpoint's own layer: its snapshot, or (imported) its topmost store layer.
             let top = c
@@ -313,16 +353,15 @@ fn handle(
             forkd_layers::export_tar(&top, &mut tar).map_err(|e| {
                 ApiError::from_chain(&format!("checkpoint {}: export its layer", c.id), &e)
             })?;
-            Ok(Response::bytes(tar, "application/x-tar"))
+            Ok(Reply::Bytes(tar))
         }
-        "grantSandbox" => {
+        O::GrantSandbox => {
             let sb = d.sandbox(&param("id"))?;
             let body: api::GrantRequest = req.json()?;
-            Ok(Response::json(201, &d.grant(&sb, &body)?))
+            Ok(Reply::json(&d.grant(&sb, &body)?))
         }
-        "inspectGrant" => Ok(Response::json(200, &d.grants.get(&param("grant"))?.info())),
-        "revokeGrant" => Ok(Response::json(200, &d.revoke_grant(&param("grant"))?)),
-        other => Err(ApiError::internal(format!("route {other} has no handler"))),
+        O::InspectGrant => Ok(Reply::json(&d.grants.get(&param("grant"))?.info())),
+        O::RevokeGrant => Ok(Reply::json(&d.revoke_grant(&param("grant"))?)),
     }
 }
 
@@ -342,7 +381,11 @@ impl Daemon {
             let rootfs = super::sandboxes::init_root(pid);
             let t0 = SystemTime::now();
             let (_, started) = host::start_exec(&rootfs, req).map_err(|e| exec_error(sb, e))?;
-            let v = serde_json::json!({ "pid": started.pid, "log": started.log_path });
+            let v = serde_json::to_value(api::DetachedExec {
+                pid: started.pid,
+                log: started.log_path.clone(),
+            })
+            .expect("records serialise");
             self.log_exec(sb, req, t0, &v);
             return Ok(ExecResult {
                 pid: started.pid,

@@ -642,16 +642,17 @@ impl Daemon {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_micros())
             .unwrap_or(0);
-        let line = serde_json::json!({
-            "t_us": t as u64,
-            "argv": if req.shell.is_none() { Some(&req.argv) } else { None },
-            "shell": req.shell,
-            "cwd": req.cwd,
-            "user": req.user,
-            "tty": req.tty,
-            "detach": req.detach,
-            "result": result,
-        });
+        let line = crate::api::ExecRecord {
+            t_us: t as u64,
+            argv: req.shell.is_none().then(|| req.argv.clone()),
+            shell: req.shell.clone(),
+            cwd: req.cwd.clone(),
+            user: req.user.clone(),
+            tty: req.tty,
+            detach: req.detach,
+            result: result.clone(),
+        };
+        let line = serde_json::to_string(&line).expect("records serialise");
         let path = sb.dir.join("execs.jsonl");
         // One write of the whole line: with O_APPEND, concurrent execs' lines never
         // interleave (formatting straight into the file writes it in pieces).
