@@ -7,10 +7,8 @@
 //!   `api/`: the API's types, errors, route table and a blocking client) and [`eval`]
 //!   (the `forkd-eval` crate in `eval/evaluator/`, a client of the daemon's API).
 
-// `unsafe` lives in runtime/sys; the one exception here is tokio's registration of a
-// pidfd with its reactor (`daemon::sandboxes`), whose API is `unsafe` and is allowed at
-// that one call.
-#![deny(unsafe_code)]
+// `unsafe` lives in runtime/sys only.
+#![forbid(unsafe_code)]
 
 pub use forkd_api as api;
 pub use forkd_api::client;

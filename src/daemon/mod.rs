@@ -75,6 +75,8 @@ pub struct Daemon {
     /// The network lease of every sandbox that holds one.
     pub leases: Mutex<HashMap<forkd_sandbox::SandboxId, forkd_net::Lease>>,
     pub runtime: tokio::runtime::Handle,
+    /// Watches every sandbox's init for its exit (one thread, one epoll set).
+    pub exits: forkd_sys::exits::ExitWatcher,
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
     next_request: AtomicU64,
@@ -330,6 +332,8 @@ impl Daemon {
             egress,
             leases: Mutex::new(HashMap::new()),
             runtime,
+            exits: forkd_sys::exits::ExitWatcher::start("init-exits")
+                .context("start the watcher of init exits")?,
             _lock: lock,
             next_request: AtomicU64::new(1),
             favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),

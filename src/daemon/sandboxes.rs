@@ -526,20 +526,10 @@ impl Daemon {
             return;
         };
         let daemon = self.clone();
-        self.runtime.spawn(async move {
-            // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the descriptor stays
-            // open and refers to the same pidfd for as long as it is registered.
-            #[allow(unsafe_code)]
-            let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(
-                    pidfd,
-                    tokio::io::Interest::READABLE,
-                )
-            };
-            if let Ok(afd) = registered {
-                let _ = afd.readable().await;
-            }
-            let _ = tokio::task::spawn_blocking(move || loop {
+        let runtime = self.runtime.clone();
+        let watched = self.exits.watch(pidfd, move || {
+            // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
+            let _ = runtime.spawn_blocking(move || loop {
                 // A checkpoint in progress settles first; a stop or removal in progress
                 // cleans up after the init itself.
                 if sb.record.locked().init_pid != Some(pid) {
@@ -558,9 +548,11 @@ impl Daemon {
                     }
                     Err(_) => sb.wait_settled(),
                 }
-            })
-            .await;
+            });
         });
+        if let Err(e) = watched {
+            log::warn(&format!("watch init {pid} for its exit: {e}"));
+        }
     }
 
     /// Rebuilds the table from the state root after a start or restart: sandboxes whose

@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod btrfs;
 pub mod confine;
+pub mod exits;
 pub mod mount;
 pub mod mountinfo;
 
