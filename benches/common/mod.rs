@@ -34,7 +34,7 @@ pub fn env_usize(name: &str, default: usize) -> Result<usize> {
 
 /// True when running in CI, where nothing may be skipped silently.
 pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+    forkd_sys::testing::in_ci()
 }
 
 /// Reports that `what` cannot be measured here. Outside CI this prints a `SKIP` line

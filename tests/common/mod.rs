@@ -26,13 +26,7 @@ pub fn can_run(name: &str) -> bool {
     };
     match reason {
         None => true,
-        Some(r) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{name}: {r} (CI=true: not skipping)")
-        }
-        Some(r) => {
-            println!("SKIP {name}: {r}");
-            false
-        }
+        Some(r) => require(name, false, &r),
     }
 }
 
@@ -233,13 +227,7 @@ pub fn can_run_criu(name: &str) -> bool {
     }
     match forkd_criu::Criu::locate(None) {
         Ok(_) => true,
-        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{name}: {e} (CI=true: not skipping)")
-        }
-        Err(e) => {
-            println!("SKIP {name}: {e}");
-            false
-        }
+        Err(e) => require(name, false, &e.to_string()),
     }
 }
 
@@ -341,14 +329,7 @@ pub fn endpoint(py: &str, script: &Path) -> Endpoint {
 /// `true` when `ok`; otherwise prints `SKIP name: why` and returns `false`, or fails the
 /// test under CI=true, where nothing is skipped.
 pub fn require(name: &str, ok: bool, why: &str) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{name}: {why} (CI=true: not skipping)");
-    }
-    println!("SKIP {name}: {why}");
-    false
+    forkd_sys::testing::require(name, ok, why)
 }
 
 /// A fixture file of the cache (an image, a built suite), or a SKIP naming the set-up

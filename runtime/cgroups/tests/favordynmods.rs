@@ -10,11 +10,7 @@ fn favordynmods_on() -> Option<bool> {
         .map(|m| m.super_options.split(',').any(|o| o == "favordynmods"))
 }
 
-/// Prints `SKIP <name>: <why>`, or fails under `CI=true`, where nothing may be skipped.
-fn skip(name: &str, why: &str) {
-    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{name}: {why}");
-    println!("SKIP {name}: {why}");
-}
+use forkd_sys::testing::skip;
 
 #[test]
 fn favordynmods_is_set_again_after_another_cgroup2_mount_clears_it() {

@@ -135,13 +135,7 @@ mod tests {
 
     #[test]
     fn exported_tree_imports_to_the_same_hash() {
-        if !nix_is_root() {
-            println!("SKIP exported_tree_imports_to_the_same_hash: needs root");
-            assert_ne!(
-                std::env::var("CI").as_deref(),
-                Ok("true"),
-                "CI=true: not skipping"
-            );
+        if !forkd_sys::testing::require_root("exported_tree_imports_to_the_same_hash") {
             return;
         }
         let base = std::env::temp_dir().join(format!("forkd-export-{}", std::process::id()));
@@ -174,14 +168,5 @@ mod tests {
             .unwrap();
         assert_eq!(id.tree_hash(), before);
         std::fs::remove_dir_all(&base).unwrap();
-    }
-
-    fn nix_is_root() -> bool {
-        std::fs::read_to_string("/proc/self/status")
-            .map(|s| {
-                s.lines()
-                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-            })
-            .unwrap_or(false)
     }
 }

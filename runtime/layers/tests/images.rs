@@ -171,8 +171,7 @@ fn overlay_view(st: &State, layers: &[LayerId]) {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !ok {
-        println!("SKIP overlay view: cannot mount overlayfs here");
+    if !forkd_sys::testing::require("overlay view", ok, "cannot mount overlayfs here") {
         return;
     }
     let view = || {

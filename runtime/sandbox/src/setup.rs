@@ -545,14 +545,7 @@ mod tests {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
     fn root_or_skip(name: &str) -> bool {
-        if nix::unistd::Uid::effective().is_root() {
-            return true;
-        }
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{name}: needs root (mknod)");
-        }
-        println!("SKIP {name}: needs root (mknod)");
-        false
+        forkd_sys::testing::require(name, forkd_sys::testing::is_root(), "needs root (mknod)")
     }
 
     fn assert_dev(root: &Path) {

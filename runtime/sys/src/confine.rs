@@ -208,14 +208,9 @@ mod tests {
 
     #[test]
     fn a_confined_command_runs_as_its_user_and_sees_only_its_own_directory() {
-        let root = std::fs::metadata("/proc/self")
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-            .unwrap_or(false);
-        if !root {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("a_confined_command_runs_as_its_user_and_sees_only_its_own_directory: needs root");
-            }
-            println!("SKIP a_confined_command_runs_as_its_user_and_sees_only_its_own_directory: needs root");
+        if !crate::testing::require_root(
+            "a_confined_command_runs_as_its_user_and_sees_only_its_own_directory",
+        ) {
             return;
         }
         let base = std::env::temp_dir().join(format!("forkd-confine-run-{}", std::process::id()));

@@ -15,6 +15,7 @@ pub mod confine;
 pub mod exits;
 pub mod mount;
 pub mod mountinfo;
+pub mod testing;
 
 /// Turns a raw `-1`-on-error return code into an `io::Result`.
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {

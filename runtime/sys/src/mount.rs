@@ -356,7 +356,6 @@ pub(crate) fn c_path(path: &Path) -> io::Result<CString> {
 mod tests {
     use super::*;
     use std::fs;
-    use std::os::unix::fs::MetadataExt;
     use std::path::PathBuf;
 
     /// A scratch directory under /tmp that is unmounted and removed on drop.
@@ -393,17 +392,7 @@ mod tests {
     }
 
     fn root_or_skip(name: &str) -> bool {
-        let euid = fs::metadata("/proc/self")
-            .map(|m| m.uid())
-            .unwrap_or(u32::MAX);
-        if euid == 0 {
-            return true;
-        }
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{name}: needs root");
-        }
-        println!("SKIP {name}: needs root");
-        false
+        crate::testing::require_root(name)
     }
 
     fn chain(e: &io::Error) -> String {

@@ -15,18 +15,11 @@ use forkd_volume::{mountinfo, Volume, VolumeError};
 /// True when running as root. Otherwise prints `SKIP <name>: needs root`, or panics
 /// when `CI=true` so nothing is skipped silently there.
 fn root_or_skip(name: &str) -> bool {
-    let euid = fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX);
-    if euid == 0 {
-        forkd_volume::require_tools().expect("btrfs tools");
-        return true;
+    if !forkd_sys::testing::require_root(name) {
+        return false;
     }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{name}: needs root");
-    }
-    println!("SKIP {name}: needs root");
-    false
+    forkd_volume::require_tools().expect("btrfs tools");
+    true
 }
 
 /// A temporary state root; on drop, whatever is still mounted below it is detached

@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use forkd_layers::{ImageStore, LayerStore, Progress};
@@ -14,17 +13,7 @@ use tar::{EntryType, Header};
 /// True when running as root. Otherwise prints `SKIP <name>: needs root`,
 /// or panics when `CI=true` so nothing is skipped silently there.
 pub fn root_or_skip(name: &str) -> bool {
-    let euid = fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX);
-    if euid == 0 {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{name}: needs root");
-    }
-    println!("SKIP {name}: needs root");
-    false
+    forkd_sys::testing::require_root(name)
 }
 
 pub struct State {
