@@ -50,6 +50,33 @@ impl Client {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
     }
 
+    /// Waits until the daemon answers `GET /v1/version`: the one readiness rule for
+    /// whoever starts a daemon (the demo, a shard's node, the tests and benchmarks).
+    /// `still_starting` is asked between attempts and returns why to stop waiting (the
+    /// daemon process exited, say). Errors name the socket, the time waited and the last
+    /// error.
+    pub fn wait_ready(
+        &self,
+        timeout: std::time::Duration,
+        mut still_starting: impl FnMut() -> Result<(), String>,
+    ) -> Result<(), String> {
+        let t = std::time::Instant::now();
+        loop {
+            let err = match self.call::<crate::VersionInfo>("GET", "/v1/version", None) {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            still_starting()?;
+            if t.elapsed() >= timeout {
+                return Err(format!(
+                    "the daemon on {} did not answer within {timeout:?}: {err}",
+                    self.socket.display()
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     fn connect(&self) -> Result<UnixStream, ClientError> {
         UnixStream::connect(&self.socket).map_err(|source| ClientError::NoDaemon {
             socket: self.socket.display().to_string(),

@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use anyhow::{anyhow, bail, Context, Result};
-use forkd::api::{CheckpointInfo, ForkResult, ImageInfo, SandboxInfo, VersionInfo};
+use forkd::api::{CheckpointInfo, ForkResult, ImageInfo, SandboxInfo};
 use forkd::client::Client;
 use serde_json::{json, Value};
 use std::io::Read;
@@ -379,32 +379,24 @@ impl DaemonGuard {
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let client = self.client();
-        loop {
-            check_interrupted()?;
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
-                bail!(
-                    "the daemon exited during start-up ({status}); its log:\n{}",
-                    self.log_tail(20)
-                );
-            }
-            match client.call::<VersionInfo>("GET", "/v1/version", None) {
-                Ok(_) => return Ok(()),
-                Err(e) if Instant::now() > deadline => {
-                    bail!(
-                        "the daemon did not answer within {timeout:?}: {e}; its log:\n{}",
-                        self.log_tail(20)
-                    )
+        let mut child = self.child.take();
+        let mut exited = false;
+        let ready = client.wait_ready(timeout, || {
+            check_interrupted().map_err(|e| e.to_string())?;
+            match child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                Some(status) => {
+                    exited = true;
+                    Err(format!("the daemon exited during start-up ({status})"))
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                None => Ok(()),
             }
+        });
+        // An exited daemon is not kept: there is nothing left to stop.
+        if !exited {
+            self.child = child;
         }
+        ready.map_err(|e| anyhow!("{e}; its log:\n{}", self.log_tail(20)))
     }
 
     pub fn client(&self) -> Client {

@@ -158,17 +158,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     };
     let c = &daemon.client;
     let t = Instant::now();
-    while c
-        .call::<serde_json::Value>("GET", "/v1/version", None)
-        .is_err()
-    {
-        anyhow::ensure!(
-            t.elapsed() < Duration::from_secs(60),
-            "the daemon did not start; see {}",
-            args.root.join("daemon.log").display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    c.wait_ready(Duration::from_secs(60), || Ok(()))
+        .map_err(|e| anyhow::anyhow!("{e}; see {}", args.root.join("daemon.log").display()))?;
     println!(
         "forkd main job (daemon state root {}):",
         args.root.display()

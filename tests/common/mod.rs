@@ -98,14 +98,16 @@ impl TestDaemon {
             .spawn()
             .expect("start daemon");
         self.child = Some(child);
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(30) {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let child = self.child.as_mut().unwrap();
+        if let Err(e) = self
+            .client
+            .wait_ready(Duration::from_secs(30), || match child.try_wait() {
+                Ok(Some(status)) => Err(format!("the daemon exited during start-up ({status})")),
+                _ => Ok(()),
+            })
+        {
+            panic!("{e}");
         }
-        panic!("daemon did not come up on {}", self.socket.display());
     }
 
     /// Kills the daemon with SIGKILL (sandboxes keep running).

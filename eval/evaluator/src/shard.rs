@@ -436,21 +436,20 @@ pub fn node_daemon(plan: &Plan, node: &str) -> anyhow::Result<(PathBuf, bool)> {
         .status()
         .map_err(|e| anyhow::anyhow!("node {node}: start the daemon (setsid): {e}"))?;
     anyhow::ensure!(status.success(), "node {node}: setsid exited {status}");
-    let t = std::time::Instant::now();
-    while t.elapsed() < std::time::Duration::from_secs(60) {
-        if answers(&socket) {
-            return Ok((socket, true));
+    match forkd_api::client::Client::new(&socket)
+        .wait_ready(std::time::Duration::from_secs(60), || Ok(()))
+    {
+        Ok(()) => Ok((socket, true)),
+        Err(e) => {
+            let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            anyhow::bail!(
+                "node {node}: {e} (log {}: {})",
+                log_path.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            )
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-    anyhow::bail!(
-        "node {node}: the daemon on {} did not answer within 60 s (log {}: {})",
-        socket.display(),
-        log_path.display(),
-        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    )
 }
 
 /// What `done.json` says. Times in milliseconds since the epoch, durations in
