@@ -83,6 +83,13 @@ impl Drop for Cluster {
             );
         }
         wait_until(Duration::from_secs(30), || self.node_daemons().is_empty());
+        // A daemon killed with its node (the lost-node fault) leaves its volume mounted:
+        // detach what is left, deepest first, so that nothing outlives the test.
+        let mut left = mounts_under(&self.base.join("nodes"));
+        left.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in left {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 }
 
