@@ -76,6 +76,29 @@ impl Drop for Cluster {
         let _ = Command::new(Self::script())
             .args(["stop", self.dir.to_str().unwrap()])
             .status();
+        let nodes = self.base.join("nodes");
+        let entries: Vec<PathBuf> = std::fs::read_dir(&nodes)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        // Sandboxes the node daemons still hold (trials cut short by the faults): removed
+        // through their daemons, as any test's are.
+        for sock in entries
+            .iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        {
+            let client = forkd::client::Client::new(sock);
+            if let Ok(list) =
+                client.call::<Vec<forkd::api::SandboxInfo>>("GET", "/v1/sandboxes", None)
+            {
+                for sb in list {
+                    let _ = client.call::<serde_json::Value>(
+                        "DELETE",
+                        &format!("/v1/sandboxes/{}?force=true", sb.id),
+                        None,
+                    );
+                }
+            }
+        }
         for pid in self.node_daemons() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
@@ -83,8 +106,21 @@ impl Drop for Cluster {
             );
         }
         wait_until(Duration::from_secs(30), || self.node_daemons().is_empty());
-        // A daemon killed with its node (the lost-node fault) leaves its volume mounted:
-        // detach what is left, deepest first, so that nothing outlives the test.
+        // A daemon killed with its node (the lost-node fault) leaves its sandboxes running
+        // and its volume mounted: kill what is left in those sandboxes' cgroups, then
+        // detach the mounts, deepest first, so that nothing outlives the test.
+        for root in entries.iter().filter(|p| p.is_dir()) {
+            let ids: Vec<String> = std::fs::read_dir(root.join("vol/sandboxes"))
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for id in ids {
+                kill_cgroup(&id);
+            }
+        }
         let mut left = mounts_under(&self.base.join("nodes"));
         left.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in left {
@@ -456,6 +492,51 @@ fn sharded_runs_over_slurm_equal_one_node_and_survive_faults() {
     );
     let attempts1 = events(&faulty.join("shards/1"), "attempt");
     assert!(attempts1.len() >= 2, "shard 1 ran again: {attempts1:?}");
+}
+
+/// Kills every process of sandbox `id`'s cgroups (thawed first: a frozen process does
+/// not die) and removes the cgroups.
+fn kill_cgroup(id: &str) {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path().join("forkd").join(id))
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    let v2 = Path::new("/sys/fs/cgroup/forkd").join(id);
+    if v2.is_dir() {
+        dirs.push(v2);
+    }
+    let procs = |dirs: &[PathBuf]| -> Vec<i32> {
+        dirs.iter()
+            .flat_map(|d| {
+                std::fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect()
+    };
+    for d in &dirs {
+        let _ = std::fs::write(d.join("freezer.state"), "THAWED");
+        let _ = std::fs::write(d.join("cgroup.freeze"), "0");
+    }
+    wait_until(Duration::from_secs(10), || {
+        let left = procs(&dirs);
+        for p in &left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        left.is_empty()
+    });
+    for d in &dirs {
+        let _ = std::fs::remove_dir(d);
+    }
 }
 
 /// Processes whose command line starts with `prefix`.
