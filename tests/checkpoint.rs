@@ -399,6 +399,19 @@ fn archives_round_trip_and_tampering_is_rejected() {
         return;
     }
     let d = TestDaemon::start("archive");
+    let import = |path: &std::path::Path| {
+        d.client.call::<CheckpointInfo>(
+            "POST",
+            "/v1/checkpoints/import",
+            Some(&serde_json::json!({ "path": path })),
+        )
+    };
+    let checkpoints = || {
+        d.client
+            .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
+            .unwrap()
+            .len()
+    };
     let src = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
     std::thread::sleep(Duration::from_millis(300));
     d.sh(&src.id, "echo kept > /etc/state; rm /etc/group");
@@ -440,11 +453,7 @@ fn archives_round_trip_and_tampering_is_rejected() {
     }
 
     // Tampered archives are rejected, naming the problem, and leave nothing behind.
-    let checkpoints_before = d
-        .client
-        .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
-        .unwrap()
-        .len();
+    let checkpoints_before = checkpoints();
     let layers_before = std::fs::read_dir(d.data().join("layers")).unwrap().count();
     let bad = work.join("bad.forkd");
     let cases: Vec<(
@@ -526,27 +535,13 @@ fn archives_round_trip_and_tampering_is_rejected() {
         } else {
             rewrite_archive(&file, &bad, edit, extra);
         }
-        let err = d
-            .client
-            .call::<CheckpointInfo>(
-                "POST",
-                "/v1/checkpoints/import",
-                Some(&serde_json::json!({ "path": bad })),
-            )
-            .unwrap_err()
-            .to_string();
+        let err = import(&bad).unwrap_err().to_string();
         assert!(
             err.contains(expect),
             "case {i}: expected {expect:?} in {err}"
         );
         assert!(!work.parent().unwrap().join("escape").exists());
-        assert_eq!(
-            d.client
-                .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
-                .unwrap()
-                .len(),
-            checkpoints_before
-        );
+        assert_eq!(checkpoints(), checkpoints_before);
         assert_eq!(
             std::fs::read_dir(d.data().join("layers")).unwrap().count(),
             layers_before,
@@ -564,14 +559,7 @@ fn archives_round_trip_and_tampering_is_rejected() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&bad, &bytes).unwrap();
-    assert!(d
-        .client
-        .call::<CheckpointInfo>(
-            "POST",
-            "/v1/checkpoints/import",
-            Some(&serde_json::json!({ "path": bad }))
-        )
-        .is_err());
+    assert!(import(&bad).is_err());
     // gc removes nothing that is still used, and the checkpoints still fork.
     let _: serde_json::Value = d
         .client
@@ -632,24 +620,13 @@ fn archives_round_trip_and_tampering_is_rejected() {
         layers_total,
         "the others are written"
     );
-    let imported: CheckpointInfo = d
-        .client
-        .call(
-            "POST",
-            "/v1/checkpoints/import",
-            Some(&serde_json::json!({ "path": thin })),
-        )
-        .unwrap();
+    let imported = import(&thin).unwrap();
     assert_eq!(imported.tree_hash, original.tree_hash);
     let r = d.fork(&imported.id, 1, false);
     assert_eq!(d.sh(&r.branches[0].id, "cat /etc/state").1, "kept\n");
     assert!(d.read_number(&r.branches[0].id, "/tmp/counter") >= at_checkpoint);
     // Naming a layer this daemon lacks: refused (409) and named, nothing added.
-    let checkpoints_before = d
-        .client
-        .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
-        .unwrap()
-        .len();
+    let checkpoints_before = checkpoints();
     let missing = "ab".repeat(32);
     rewrite_archive(
         &thin,
@@ -668,14 +645,7 @@ fn archives_round_trip_and_tampering_is_rejected() {
         },
         vec![],
     );
-    let err = d
-        .client
-        .call::<CheckpointInfo>(
-            "POST",
-            "/v1/checkpoints/import",
-            Some(&serde_json::json!({ "path": bad })),
-        )
-        .unwrap_err();
+    let err = import(&bad).unwrap_err();
     match err {
         forkd::client::ClientError::Api(e) => {
             assert_eq!(e.kind, forkd::api::ErrorKind::Conflict, "{}", e.message);
@@ -683,13 +653,7 @@ fn archives_round_trip_and_tampering_is_rejected() {
         }
         e => panic!("expected a conflict, got {e}"),
     }
-    assert_eq!(
-        d.client
-            .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
-            .unwrap()
-            .len(),
-        checkpoints_before
-    );
+    assert_eq!(checkpoints(), checkpoints_before);
 }
 
 /// An exec is complete only once its relay inside the sandbox is gone: a live checkpoint
