@@ -297,13 +297,7 @@ fn main() -> Result<()> {
         rows_md.join("\n"),
         podman_md
     );
-    std::fs::create_dir_all("target/bench")?;
-    std::fs::write(
-        "target/bench/eval.json",
-        serde_json::to_vec_pretty(&report)?,
-    )?;
-    std::fs::write("target/bench/eval.md", &md)?;
-    println!("{md}");
+    common::write_outputs("eval", &report, &md)?;
     anyhow::ensure!(
         cleanup.problems.is_empty(),
         "clean-up problems: {:?}",

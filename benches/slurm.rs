@@ -460,13 +460,7 @@ fn main() -> Result<()> {
         md_shards.join("\n"),
         md_archives.join("\n"),
     );
-    std::fs::create_dir_all("target/bench")?;
-    std::fs::write(
-        "target/bench/slurm.json",
-        serde_json::to_vec_pretty(&report)?,
-    )?;
-    std::fs::write("target/bench/slurm.md", &md)?;
-    println!("{md}");
+    common::write_outputs("slurm", &report, &md)?;
     anyhow::ensure!(
         cleanup.problems.is_empty(),
         "clean-up problems: {:?}",

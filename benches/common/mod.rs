@@ -1226,6 +1226,20 @@ impl Report {
     }
 }
 
+/// Writes a benchmark's `NAME.json` and `NAME.md` to [`bench_output_dir`] and prints the
+/// markdown.
+pub fn write_outputs(name: &str, report: &Value, md: &str) -> Result<()> {
+    let dir = bench_output_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let json_path = dir.join(format!("{name}.json"));
+    std::fs::write(&json_path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("write {}", json_path.display()))?;
+    let md_path = dir.join(format!("{name}.md"));
+    std::fs::write(&md_path, md).with_context(|| format!("write {}", md_path.display()))?;
+    println!("{md}");
+    Ok(())
+}
+
 /// `$CARGO_TARGET_DIR/bench`, or `target/bench` in the workspace.
 pub fn bench_output_dir() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
