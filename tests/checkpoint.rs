@@ -11,6 +11,22 @@ use std::time::Duration;
 
 const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done";
 
+/// Waits until the counter of sandbox `id` has reached `n`: far above what a counter
+/// started over would show a fraction of a second after a fork, so that a branch's value
+/// tells a resumed counter from a restarted one.
+fn counter_reaches(d: &TestDaemon, id: &str, n: u64) {
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            d.sh(id, "cat /tmp/counter 2>/dev/null")
+                .1
+                .trim()
+                .parse::<u64>()
+                .is_ok_and(|v| v >= n)
+        }),
+        "the counter of {id} never reached {n}"
+    );
+}
+
 #[test]
 fn filesystem_checkpoint_forks_isolated_branches() {
     if !can_run("filesystem_checkpoint_forks_isolated_branches") {
@@ -76,7 +92,7 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
     }
     let d = TestDaemon::start("liveckpt");
     let src = d.create(serde_json::json!({ "image": "busybox", "hostname": "origin", "command": { "shell": COUNTER } }));
-    std::thread::sleep(Duration::from_millis(300));
+    counter_reaches(&d, &src.id, 60);
     d.sh(&src.id, "echo secret-$RANDOM > /tmp/secret");
     let secret = d.sh(&src.id, "cat /tmp/secret").1;
     let c = d.checkpoint(&src.id, true);
@@ -175,7 +191,7 @@ fn lazy_fork_runs_before_its_memory_is_loaded() {
     }
     let d = TestDaemon::start("lazy");
     let src = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
-    std::thread::sleep(Duration::from_millis(300));
+    counter_reaches(&d, &src.id, 60);
     let c = d.checkpoint(&src.id, true);
     let at_checkpoint = d.read_number(&src.id, "/tmp/counter");
     let r = d.fork(&c.id, 2, true);
@@ -413,7 +429,7 @@ fn archives_round_trip_and_tampering_is_rejected() {
             .len()
     };
     let src = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNTER } }));
-    std::thread::sleep(Duration::from_millis(300));
+    counter_reaches(&d, &src.id, 60);
     d.sh(&src.id, "echo kept > /etc/state; rm /etc/group");
     let c = d.checkpoint(&src.id, true);
     let at_checkpoint = d.read_number(&src.id, "/tmp/counter");
