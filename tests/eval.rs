@@ -98,13 +98,15 @@ fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
     assert_eq!(rows.len(), (2 + 3 + 3 + 2 + 3) * 2 * 2);
     for r in &rows {
         assert_ne!(r.outcome, Outcome::InfraError, "{r:?}");
-        match (r.agent.as_str(), r.condition) {
-            ("noop", _) => assert_eq!(r.outcome, Outcome::Fail, "{r:?}"),
-            ("oracle", Condition::Clean | Condition::PristineControl) => {
-                assert_eq!(r.outcome, Outcome::Pass, "{r:?}")
-            }
-            _ => {}
-        }
+        // noop never passes; the oracle passes from every start state but the partial
+        // fix, over which its patch does not apply (it submits nothing).
+        let want = match (r.agent.as_str(), r.start_state.as_str()) {
+            ("noop", _) => Outcome::Fail,
+            ("oracle", "add.partial") => Outcome::NoSubmit,
+            ("oracle", _) => Outcome::Pass,
+            (agent, _) => panic!("unexpected agent {agent}"),
+        };
+        assert_eq!(r.outcome, want, "{r:?}");
         if r.condition == Condition::Clean {
             assert_eq!(r.predecessor, None);
         } else {
@@ -123,7 +125,18 @@ fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
         partial.iter().all(|r| r.outcome == Outcome::NoSubmit),
         "{partial:?}"
     );
-    // Rescues from the stray state pass; the note condition only where a note exists.
+    // Rescues from the stray state pass (the oracle's); the note condition runs only where
+    // the predecessor left a note, which the stray one does not.
+    let stray_rescues: Vec<&TrialRow> = rows
+        .iter()
+        .filter(|r| {
+            r.start_state == "add.stray"
+                && r.agent == "oracle"
+                && matches!(r.condition, Condition::RescueNotice | Condition::RescueNote)
+        })
+        .collect();
+    assert!(!stray_rescues.is_empty());
+    assert!(stray_rescues.iter().all(|r| r.outcome == Outcome::Pass));
     assert!(rows
         .iter()
         .filter(|r| r.condition == Condition::RescueNote)
