@@ -11,6 +11,18 @@ use std::time::Duration;
 
 const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done";
 
+/// Waits until the counter of sandbox `id` is above `n`; false if it never gets there
+/// (within 30 s).
+fn counter_passes(d: &TestDaemon, id: &str, n: u64) -> bool {
+    wait_until(Duration::from_secs(30), || {
+        d.sh(id, "cat /tmp/counter 2>/dev/null")
+            .1
+            .trim()
+            .parse::<u64>()
+            .is_ok_and(|v| v > n)
+    })
+}
+
 /// Waits until the counter of sandbox `id` has reached `n`: far above what a counter
 /// started over would show a fraction of a second after a fork, so that a branch's value
 /// tells a resumed counter from a restarted one.
@@ -99,8 +111,7 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
     assert!(c.live && c.images_bytes > 0);
     let at_checkpoint = d.read_number(&src.id, "/tmp/counter");
     // The source keeps running.
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(d.read_number(&src.id, "/tmp/counter") > at_checkpoint);
+    assert!(counter_passes(&d, &src.id, at_checkpoint));
     let counter_pid = d
         .sh(&src.id, "pidof sh | tr ' ' '\\n' | sort -n | head -1")
         .1;
@@ -146,21 +157,24 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
         .iter()
         .map(|b| d.read_number(&b.id, "/tmp/counter"))
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(d.read_number(first, "/tmp/counter"), frozen);
+    // The others' progress is the clock: once each has counted on by a few steps, the
+    // stopped one would have too, had it not stopped.
     for (b, before) in r.branches[1..].iter().zip(others) {
         assert!(
-            d.read_number(&b.id, "/tmp/counter") > before,
+            counter_passes(&d, &b.id, before + 3),
             "branch {} stopped counting",
             b.id
         );
     }
+    assert_eq!(d.read_number(first, "/tmp/counter"), frozen);
     // A branch can be checkpointed and forked again.
     let c2 = d.checkpoint(&r.branches[1].id, true);
     assert_eq!(c2.parent.as_deref(), Some(c.id.as_str()));
     let r2 = d.fork(&c2.id, 1, false);
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(d.read_number(&r2.branches[0].id, "/tmp/counter") > 0);
+    // It resumes from the branch's count (not from zero) and goes on counting.
+    let n2 = d.read_number(&r2.branches[0].id, "/tmp/counter");
+    assert!(n2 + 2 >= at_checkpoint, "{n2} < {at_checkpoint}");
+    assert!(counter_passes(&d, &r2.branches[0].id, n2));
     // A fresh fork of a live checkpoint: its files, a new init, none of its processes.
     let fresh: forkd::api::ForkResult = d
         .client
@@ -176,7 +190,9 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
     // The file as the checkpoint holds it: it may be empty, if the checkpoint caught the
     // counter between truncating and writing it (nothing rewrites it here).
     let n = d.sh(&f.id, "cat /tmp/counter").1;
-    std::thread::sleep(Duration::from_millis(200));
+    // The source's progress is the clock (see above).
+    let now = d.read_number(&src.id, "/tmp/counter");
+    assert!(counter_passes(&d, &src.id, now + 3));
     assert_eq!(
         d.sh(&f.id, "cat /tmp/counter").1,
         n,
