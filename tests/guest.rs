@@ -369,8 +369,13 @@ fn qemu_guest_resumes_in_every_branch() {
     print_branches(NAME, &branches, fork_took);
 
     // Every branch: the same guest (one boot, the boot-time secret) counting on from
-    // the checkpointed value.
-    std::thread::sleep(Duration::from_millis(1500));
+    // the checkpointed value. Waits until each has written past the checkpoint (or 60 s,
+    // after which the assertions below say what was seen).
+    for b in &branches {
+        wait_for(Duration::from_secs(60), || {
+            (d.serial(&b.id).0.last() > at_least).then_some(())
+        });
+    }
     let mut lasts = Vec::new();
     for b in &branches {
         assert_eq!(b.mode, forkd::api::ForkMode::Eager);
@@ -413,7 +418,13 @@ fn qemu_guest_resumes_in_every_branch() {
         .iter()
         .map(|b| d.serial(&b.id).0.last())
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The others' progress is the clock: once each has written a line more, the killed
+    // branch would have too, had QEMU still run there.
+    for (b, was) in branches[1..].iter().zip(&others) {
+        wait_for(Duration::from_secs(60), || {
+            (d.serial(&b.id).0.last() > *was).then_some(())
+        });
+    }
     assert_eq!(
         d.serial(first).0.last(),
         frozen,

@@ -368,7 +368,11 @@ fn long_exec_does_not_block_other_requests() {
         )
         .unwrap()
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // The long exec runs (its sleep is there) before the quick ones start.
+    assert!(wait_until(Duration::from_secs(10), || d
+        .sh(&sb.id, "ps -o args | grep -qx 'sleep 3'")
+        .0
+        == 0));
     for _ in 0..20 {
         assert_eq!(d.sh(&sb.id, "echo quick").1, "quick\n");
     }
@@ -396,7 +400,15 @@ fn daemon_recovers_after_kill_9() {
         nix::sys::signal::SIGKILL,
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    let pid = doomed.init_pid.unwrap();
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| {
+                st.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+            .unwrap_or(true)
+    }));
     d.spawn();
     let list: Vec<SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
     let find = |id: &str| list.iter().find(|s| s.id == id).unwrap().clone();
