@@ -599,14 +599,12 @@ impl Daemon {
                     Ok(())
                 };
                 let report = dumped.map_err(|e| {
-                    let kept = self.keep_log(
+                    self.criu_failed(
+                        format!("live checkpoint of sandbox {}", sb.id),
+                        &e,
                         &images.join("dump.log"),
                         &format!("checkpoint-{id}-dump.log"),
-                    );
-                    ApiError::bad_request(format!(
-                        "live checkpoint of sandbox {}: {e}{kept}",
-                        sb.id
-                    ))
+                    )
                 })?;
                 thawed.map_err(|e| ApiError::from_chain(&format!("thaw sandbox {}", sb.id), &e))?;
                 api::record_phase(
@@ -751,13 +749,28 @@ impl Daemon {
         Ok(c)
     }
 
-    /// Copies a CRIU log somewhere it outlives a failed operation; returns a note for the
-    /// error message.
-    fn keep_log(&self, log: &Path, name: &str) -> String {
-        let dest = self.data.join("logs").join(name);
-        match std::fs::copy(log, &dest) {
+    /// The error of a CRIU dump or restore, by what went wrong, the same for both: CRIU
+    /// ran and refused this process tree (what it holds, or where it is brought back),
+    /// which the caller can act on, is `bad_request`, as the API documents; CRIU that hung,
+    /// crashed or could not be driven is the host's problem, `internal`. The log is copied
+    /// where it outlives the operation (`log` as `kept_as` in the data directory's
+    /// `logs/`) and named in the message.
+    fn criu_failed(
+        &self,
+        what: String,
+        e: &forkd_criu::CriuError,
+        log: &Path,
+        kept_as: &str,
+    ) -> ApiError {
+        let dest = self.data.join("logs").join(kept_as);
+        let kept = match std::fs::copy(log, &dest) {
             Ok(_) => format!(" (log kept at {})", dest.display()),
             Err(_) => String::new(),
+        };
+        let message = format!("{what}: {e}{kept}");
+        match e {
+            forkd_criu::CriuError::Failed { .. } => ApiError::bad_request(message),
+            _ => ApiError::internal(message),
         }
     }
 
@@ -974,14 +987,12 @@ impl Daemon {
                             let _ = l.kill();
                             let _ = l.wait();
                         }
-                        let kept = d.keep_log(
+                        return Err(d.criu_failed(
+                            format!("restore of checkpoint {} into {}", c.id, rec.id),
+                            &e,
                             &work.join("restore.log"),
                             &format!("fork-{}-restore.log", rec.id),
-                        );
-                        return Err(ApiError::internal(format!(
-                            "restore of checkpoint {} into {}: {e}{kept}",
-                            c.id, rec.id
-                        )));
+                        ));
                     }
                 };
                 api::record_phase(
