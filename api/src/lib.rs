@@ -673,10 +673,10 @@ pub fn record_phase(
     phases: &mut std::collections::BTreeMap<String, u64>,
     known: &[&str],
     name: &'static str,
-    us: u64,
+    took: std::time::Duration,
 ) {
     debug_assert!(known.contains(&name), "phase {name} is not documented");
-    phases.insert(name.to_string(), us);
+    phases.insert(name.to_string(), took.as_micros() as u64);
 }
 
 /// The `result` of an [`ExecRecord`] for a detached command.

@@ -22,9 +22,10 @@ use super::lifecycle::{Begun, Verb};
 use super::sandboxes::{Sandbox, SandboxRecord};
 use super::{log, Daemon, Lock, RwLockExt};
 use crate::api::{
-    self, ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, ForkRequest, ForkResult,
-    SandboxStatus,
+    self, record_phase, ApiError, BranchInfo, CheckpointInfo, CheckpointRequest, ForkRequest,
+    ForkResult, SandboxStatus,
 };
+use crate::api::{CHECKPOINT_PHASES as CHECKPOINT, FORK_PHASES as FORK};
 use forkd_cgroups::{Cgroup, Limits};
 use forkd_layers::LayerId;
 use forkd_sandbox::{host, CheckpointId, SandboxId};
@@ -522,12 +523,7 @@ impl Daemon {
                 }
                 let t = Instant::now();
                 wait_for_exiting_relays(&cg, rec.init_pid.unwrap_or(0), Duration::from_secs(2));
-                api::record_phase(
-                    &mut phases,
-                    api::CHECKPOINT_PHASES,
-                    "relays",
-                    t.elapsed().as_micros() as u64,
-                );
+                record_phase(&mut phases, CHECKPOINT, "relays", t.elapsed());
                 // A stopped process (SIGSTOP, a shell's suspended job) in a frozen cgroup
                 // cannot be seized: ptrace waits for it to trap, which a frozen task never
                 // does, and the dump hangs in the kernel. With one, CRIU seizes the tree
@@ -544,12 +540,7 @@ impl Daemon {
                 if freezer {
                     let t = Instant::now();
                     let refrozen = freeze_outside_vfork(&cg, &sb.id)?;
-                    api::record_phase(
-                        &mut phases,
-                        api::CHECKPOINT_PHASES,
-                        "freeze",
-                        t.elapsed().as_micros() as u64,
-                    );
+                    record_phase(&mut phases, CHECKPOINT, "freeze", t.elapsed());
                     if refrozen > 0 {
                         super::log::info(&format!(
                             "sandbox {}: frozen again {refrozen} time(s) to catch no thread inside vfork",
@@ -607,18 +598,8 @@ impl Daemon {
                     )
                 })?;
                 thawed.map_err(|e| ApiError::from_chain(&format!("thaw sandbox {}", sb.id), &e))?;
-                api::record_phase(
-                    &mut phases,
-                    api::CHECKPOINT_PHASES,
-                    "dump",
-                    report.duration.as_micros() as u64,
-                );
-                api::record_phase(
-                    &mut phases,
-                    api::CHECKPOINT_PHASES,
-                    "snapshot",
-                    report.hook.as_micros() as u64,
-                );
+                record_phase(&mut phases, CHECKPOINT, "dump", report.duration);
+                record_phase(&mut phases, CHECKPOINT, "snapshot", report.hook);
             } else {
                 // Write dirty data out before freezing, so the snapshot (which must flush
                 // what is still dirty) keeps the frozen window short.
@@ -626,31 +607,16 @@ impl Daemon {
                 if let Ok(f) = std::fs::File::open(&upper) {
                     let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f));
                 }
-                api::record_phase(
-                    &mut phases,
-                    api::CHECKPOINT_PHASES,
-                    "sync",
-                    t.elapsed().as_micros() as u64,
-                );
+                record_phase(&mut phases, CHECKPOINT, "sync", t.elapsed());
                 let t = Instant::now();
                 if running {
                     cg.set_frozen(true, Duration::from_secs(10))
                         .map_err(|e| ApiError::from_chain("freeze sandbox", &e))?;
-                    api::record_phase(
-                        &mut phases,
-                        api::CHECKPOINT_PHASES,
-                        "freeze",
-                        t.elapsed().as_micros() as u64,
-                    );
+                    record_phase(&mut phases, CHECKPOINT, "freeze", t.elapsed());
                 }
                 let t = Instant::now();
                 let snap = self.volume.snapshot_readonly(&upper, &fs);
-                api::record_phase(
-                    &mut phases,
-                    api::CHECKPOINT_PHASES,
-                    "snapshot",
-                    t.elapsed().as_micros() as u64,
-                );
+                record_phase(&mut phases, CHECKPOINT, "snapshot", t.elapsed());
                 if running {
                     cg.set_frozen(false, Duration::from_secs(10))
                         .map_err(|e| ApiError::from_chain("thaw sandbox", &e))?;
@@ -686,21 +652,11 @@ impl Daemon {
                     return Err(e);
                 }
             }
-            api::record_phase(
-                &mut phases,
-                api::CHECKPOINT_PHASES,
-                "squash",
-                t.elapsed().as_micros() as u64,
-            );
+            record_phase(&mut phases, CHECKPOINT, "squash", t.elapsed());
         } else {
             lowers.extend(rec.lowers.iter().cloned());
         }
-        api::record_phase(
-            &mut phases,
-            api::CHECKPOINT_PHASES,
-            "total",
-            total.elapsed().as_micros() as u64,
-        );
+        record_phase(&mut phases, CHECKPOINT, "total", total.elapsed());
         let record = CheckpointRecord {
             version: RECORD_VERSION,
             id: id.clone(),
@@ -995,12 +951,7 @@ impl Daemon {
                         ));
                     }
                 };
-                api::record_phase(
-                    &mut phases_ref.borrow_mut(),
-                    api::FORK_PHASES,
-                    "restore",
-                    t.elapsed().as_micros() as u64,
-                );
+                record_phase(&mut phases_ref.borrow_mut(), FORK, "restore", t.elapsed());
                 if let Some(mut l) = lazy_daemon {
                     // It exits once every page is copied; reap it then.
                     std::thread::spawn(move || {
@@ -1017,29 +968,14 @@ impl Daemon {
                 .map_err(|e| {
                     ApiError::from_chain(&format!("branch {}: wait for init", rec.id), &e)
                 })?;
-                api::record_phase(
-                    &mut phases_ref.borrow_mut(),
-                    api::FORK_PHASES,
-                    "ready",
-                    t.elapsed().as_micros() as u64,
-                );
+                record_phase(&mut phases_ref.borrow_mut(), FORK, "ready", t.elapsed());
                 Ok(())
             });
             let sb = sb?;
             if let Some(p) = prepared_at.get() {
-                api::record_phase(
-                    &mut phases,
-                    api::FORK_PHASES,
-                    "prepare",
-                    p.as_micros() as u64,
-                );
+                record_phase(&mut phases, FORK, "prepare", p);
             }
-            api::record_phase(
-                &mut phases,
-                api::FORK_PHASES,
-                "total",
-                started.elapsed().as_micros() as u64,
-            );
+            record_phase(&mut phases, FORK, "total", started.elapsed());
             let init_pid = sb.record.locked().init_pid;
             Ok(BranchInfo {
                 id: sb.id.to_string(),
