@@ -23,9 +23,7 @@ use std::time::Instant;
 const BIN: &str = env!("CARGO_BIN_EXE_forkd");
 
 fn cache() -> PathBuf {
-    std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+    forkd::api::defaults::cache()
 }
 
 /// Per-trial overhead (µs) from the attempts' phase timings, by task.

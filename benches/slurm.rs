@@ -36,9 +36,7 @@ fn repo() -> PathBuf {
 }
 
 fn cache() -> PathBuf {
-    std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+    forkd::api::defaults::cache()
 }
 
 /// The one-machine cluster; stopped (and the node daemons the shards started with it)

@@ -66,7 +66,7 @@ fn consistent(d: &TestDaemon, seen: &BTreeSet<String>) -> Vec<SandboxInfo> {
     assert!(stages.is_empty(), "stages left: {stages:?}");
     // Processes: of this build's forkd, only the daemon runs (no set-up helper of a
     // half-made sandbox), and no CRIU outlives the request that started it.
-    let daemon = d.child.as_ref().map(|c| c.id() as i32);
+    let daemon = d.pid().map(|p| p as i32);
     let bin = std::fs::canonicalize(BIN).unwrap();
     let root = format!("FORKD_ROOT={}", d.root.display());
     for pid in pids() {
@@ -258,7 +258,7 @@ fn kill_9_during_a_live_checkpoint() {
         format!("/v1/sandboxes/{}/checkpoint", sb.id),
         serde_json::json!({ "live": true }),
     );
-    let daemon_pid = d.child.as_ref().unwrap().id();
+    let daemon_pid = d.pid().unwrap();
     let mut hung = Vec::new();
     assert!(
         wait_until(Duration::from_secs(20), || {
@@ -468,7 +468,7 @@ fn criu_killed_during_a_fork_of_8_leaves_nothing() {
     }));
     d.wait_for(&sb.id, "cat /tmp/ready", "200000000");
     let ck = d.checkpoint(&sb.id, true);
-    let daemon_pid = d.child.as_ref().unwrap().id();
+    let daemon_pid = d.pid().unwrap();
     let forker = d.call_in_background::<forkd::api::ForkResult>(
         "POST",
         format!("/v1/checkpoints/{}/fork", ck.id),

@@ -7,10 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-/// Default socket, overridden by `--socket` or `FORKD_SOCKET`.
-pub const DEFAULT_SOCKET: &str = "/run/forkd/forkd.sock";
-/// Default state root, overridden by `--root` or `FORKD_ROOT`.
-pub const DEFAULT_ROOT: &str = "/var/lib/forkd";
+pub use crate::defaults::{DEFAULT_ROOT, DEFAULT_SOCKET};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -45,9 +42,7 @@ impl Client {
 
     /// The socket from `FORKD_SOCKET`, or the default.
     pub fn default_socket() -> PathBuf {
-        std::env::var_os("FORKD_SOCKET")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+        crate::defaults::socket()
     }
 
     /// Waits until the daemon answers `GET /v1/version`: the one readiness rule for

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod defaults;
 mod ops;
 
 pub use ops::{Answer, OpSpec, Operation, RequestBody, GRANTED_OPERATIONS};

@@ -9,11 +9,10 @@
 use anyhow::{anyhow, bail, Context, Result};
 use forkd::api::{CheckpointInfo, ForkResult, ImageInfo, SandboxInfo};
 use forkd::client::Client;
+use forkd::private_daemon::{Options, PrivateDaemon};
 use serde_json::{json, Value};
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 // ---------------------------------------------------------------------------------------
@@ -238,16 +237,8 @@ pub fn pss_kib(pid: u32) -> Result<u64> {
 }
 
 /// Mount points at or below `dir`, from this process's mount table.
-pub fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| *m == prefix || m.starts_with(&format!("{prefix}/")))
-        .map(str::to_string)
-        .collect()
-}
+#[allow(unused_imports)]
+pub use forkd::private_daemon::mounts_below as mounts_under;
 
 /// Cgroup directories still present for the given sandbox ids (forkd puts each
 /// sandbox in `forkd/<id>` of every hierarchy, v1 controllers or v2).
@@ -299,28 +290,21 @@ pub fn comms(pids: &[u32]) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // The daemon under test
 
-/// A `forkd daemon` on a fresh temporary state root and socket. Dropping it (or
-/// [`DaemonGuard::stop`]) removes every sandbox through the API, stops the daemon with
-/// SIGTERM and deletes the temporary directory once nothing is mounted below it.
+/// A `forkd daemon` on a fresh temporary state root and socket: the product's one
+/// private-daemon harness ([`forkd::private_daemon`]) with the benchmarks' helpers on top.
+/// Dropping it (or [`DaemonGuard::stop`]) removes every sandbox and checkpoint through
+/// the API, stops the daemon and deletes the temporary directory once nothing is mounted
+/// below it.
 pub struct DaemonGuard {
     /// The temporary directory holding `root/`, the socket and `daemon.log`.
     pub dir: PathBuf,
     pub root: PathBuf,
     pub socket: PathBuf,
     pub log: PathBuf,
-    child: Option<Child>,
+    daemon: PrivateDaemon,
 }
 
-/// What [`DaemonGuard::stop`] found and did.
-#[derive(Debug, Default)]
-pub struct Cleanup {
-    pub sandboxes_removed: usize,
-    pub checkpoints_removed: usize,
-    pub problems: Vec<String>,
-    /// The daemon's whole log, read after it stopped (the file goes with the
-    /// temporary directory).
-    pub log: String,
-}
+pub use forkd::private_daemon::Cleanup;
 
 /// A new, empty directory under the system's temporary directory.
 pub fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
@@ -348,55 +332,19 @@ impl DaemonGuard {
     /// Starts `bin daemon` and waits until it answers `GET /v1/version`.
     pub fn start(bin: &Path) -> Result<DaemonGuard> {
         let dir = unique_temp_dir("forkd-bench")?;
-        let root = dir.join("root");
-        let socket = dir.join("forkd.sock");
-        let log = dir.join("daemon.log");
-        let log_file =
-            std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("daemon")
-            .env("FORKD_ROOT", &root)
-            .env("FORKD_SOCKET", &socket)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            // Its own process group: a Ctrl-C at the terminal must reach the benchmark
-            // only, so that the daemon is still there to remove the sandboxes.
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("start {}", describe(&cmd)));
-        let mut guard = DaemonGuard {
+        let mut opts = Options::new(bin, &dir);
+        // Its own process group: a Ctrl-C at the terminal must reach the benchmark
+        // only, so that the daemon is still there to remove the sandboxes.
+        opts.own_process_group = true;
+        let daemon = PrivateDaemon::start(opts, || check_interrupted().map_err(|e| e.to_string()))
+            .map_err(|e| anyhow!(e))?;
+        Ok(DaemonGuard {
             dir,
-            root,
-            socket,
-            log,
-            child: None,
-        };
-        guard.child = Some(child?);
-        guard.wait_ready(Duration::from_secs(60))?;
-        Ok(guard)
-    }
-
-    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let client = self.client();
-        let mut child = self.child.take();
-        let mut exited = false;
-        let ready = client.wait_ready(timeout, || {
-            check_interrupted().map_err(|e| e.to_string())?;
-            match child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                Some(status) => {
-                    exited = true;
-                    Err(format!("the daemon exited during start-up ({status})"))
-                }
-                None => Ok(()),
-            }
-        });
-        // An exited daemon is not kept: there is nothing left to stop.
-        if !exited {
-            self.child = child;
-        }
-        ready.map_err(|e| anyhow!("{e}; its log:\n{}", self.log_tail(20)))
+            root: daemon.root.clone(),
+            socket: daemon.socket.clone(),
+            log: daemon.log.clone(),
+            daemon,
+        })
     }
 
     pub fn client(&self) -> Client {
@@ -404,9 +352,8 @@ impl DaemonGuard {
     }
 
     pub fn pid(&self) -> Result<u32> {
-        self.child
-            .as_ref()
-            .map(Child::id)
+        self.daemon
+            .pid()
             .ok_or_else(|| anyhow!("the daemon is not running"))
     }
 
@@ -417,12 +364,7 @@ impl DaemonGuard {
 
     /// The last `n` lines of the daemon's log.
     pub fn log_tail(&self, n: usize) -> String {
-        let mut text = String::new();
-        if let Ok(mut f) = std::fs::File::open(&self.log) {
-            let _ = f.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        self.daemon.log_tail(n)
     }
 
     /// Creates a sandbox from `image`.
@@ -599,95 +541,15 @@ impl DaemonGuard {
         Ok(())
     }
 
-    /// Removes all sandboxes, stops the daemon and deletes the temporary directory.
+    /// Removes all sandboxes and checkpoints, stops the daemon and deletes the
+    /// temporary directory; says what it found on stderr.
     pub fn stop(mut self) -> Cleanup {
-        self.shutdown()
-    }
-
-    fn shutdown(&mut self) -> Cleanup {
-        let mut cleanup = Cleanup::default();
-        let Some(mut child) = self.child.take() else {
-            return cleanup;
-        };
-        if matches!(child.try_wait(), Ok(None)) {
-            // Sandboxes outlive their daemon by design, so they go first.
-            match self
-                .client()
-                .call::<Vec<SandboxInfo>>("GET", "/v1/sandboxes", None)
-            {
-                Ok(list) => {
-                    if !list.is_empty() {
-                        eprintln!("cleanup: removing {} sandboxes", list.len());
-                    }
-                    for sb in list {
-                        match self.remove(&sb.id) {
-                            Ok(()) => cleanup.sandboxes_removed += 1,
-                            Err(e) => cleanup.problems.push(format!("{e:#}")),
-                        }
-                    }
-                }
-                Err(e) => cleanup
-                    .problems
-                    .push(format!("list sandboxes for clean-up: {e}")),
-            }
-            // Checkpoints hold read-only snapshots on the volume; the daemon removes
-            // them properly, a recursive delete of the state root could not.
-            match self
-                .client()
-                .call::<Vec<CheckpointInfo>>("GET", "/v1/checkpoints", None)
-            {
-                Ok(list) => {
-                    if !list.is_empty() {
-                        eprintln!("cleanup: removing {} checkpoints", list.len());
-                    }
-                    for c in list {
-                        match self.remove_checkpoint(&c.id) {
-                            Ok(()) => cleanup.checkpoints_removed += 1,
-                            // Removed already, with a parent removed before it.
-                            Err(e) if format!("{e:#}").contains("no such checkpoint") => {}
-                            Err(e) => cleanup.problems.push(format!("{e:#}")),
-                        }
-                    }
-                }
-                Err(e) => cleanup
-                    .problems
-                    .push(format!("list checkpoints for clean-up: {e}")),
-            }
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if matches!(child.try_wait(), Ok(None)) {
-                cleanup
-                    .problems
-                    .push("the daemon ignored SIGTERM for 10 s; killed it".into());
-                let _ = child.kill();
-            }
-        } else {
-            cleanup.problems.push(format!(
-                "the daemon had exited before clean-up; its log:\n{}",
-                self.log_tail(20)
-            ));
-        }
-        let _ = child.wait();
-        cleanup.log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let mounts = mounts_under(&self.dir);
-        if mounts.is_empty() {
-            if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-                cleanup
-                    .problems
-                    .push(format!("remove {}: {e}", self.dir.display()));
-            }
-        } else {
-            // Deleting through a live overlay mount would be wrong; leave it to inspect.
-            cleanup.problems.push(format!(
-                "{} mounts remain under {} (left in place): {}",
-                mounts.len(),
-                self.dir.display(),
-                mounts.join(", ")
-            ));
+        let cleanup = self.daemon.shutdown();
+        if cleanup.sandboxes_removed + cleanup.checkpoints_removed > 0 {
+            eprintln!(
+                "cleanup: removed {} sandboxes and {} checkpoints",
+                cleanup.sandboxes_removed, cleanup.checkpoints_removed
+            );
         }
         for p in &cleanup.problems {
             eprintln!("cleanup: {p}");
@@ -696,20 +558,12 @@ impl DaemonGuard {
     }
 }
 
-impl Drop for DaemonGuard {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Fixtures
 
 /// Where `fixtures/setup.sh` puts its fixtures: `$FORKD_CACHE`, or `/var/cache/forkd`.
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+    forkd::api::defaults::cache()
 }
 
 /// A fixture image built by `fixtures/setup.sh`: `$FORKD_CACHE/images/<file>`.

@@ -6,6 +6,7 @@
 
 use crate::api::{ExecResult, ForkResult, SandboxInfo};
 use crate::client::Client;
+use crate::private_daemon::{Options, PrivateDaemon};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,41 +31,6 @@ pub struct DemoArgs {
         default_value = "clean,residual,rescue_notice,rescue_note,pristine_control"
     )]
     pub conditions: String,
-}
-
-fn cache() -> PathBuf {
-    std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
-}
-
-struct PrivateDaemon {
-    child: std::process::Child,
-    client: Client,
-}
-
-impl Drop for PrivateDaemon {
-    fn drop(&mut self) {
-        // Sandboxes are all removed by now; with none running the daemon also unmounts
-        // its volume on the way out.
-        if let Ok(list) = self
-            .client
-            .call::<Vec<SandboxInfo>>("GET", "/v1/sandboxes", None)
-        {
-            for s in list {
-                let _ = self.client.call::<serde_json::Value>(
-                    "DELETE",
-                    &format!("/v1/sandboxes/{}?force=true", s.id),
-                    None,
-                );
-            }
-        }
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
 }
 
 fn step(what: &str, t: Instant) {
@@ -136,30 +102,20 @@ fn tour(c: &Client) -> anyhow::Result<()> {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
-    let busybox = cache().join("images/busybox.tar");
+    let busybox = crate::api::defaults::cache().join("images/busybox.tar");
     anyhow::ensure!(
         busybox.exists(),
         "fixture {} is missing: run fixtures/setup.sh busybox",
         busybox.display()
     );
-    std::fs::create_dir_all(&args.root)?;
-    let socket = args.root.join("forkd.sock");
-    let log = std::fs::File::create(args.root.join("daemon.log"))?;
-    let child = std::process::Command::new("/proc/self/exe")
-        .arg("daemon")
-        .env("FORKD_ROOT", &args.root)
-        .env("FORKD_SOCKET", &socket)
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
-    let daemon = PrivateDaemon {
-        child,
-        client: Client::new(&socket),
-    };
-    let c = &daemon.client;
     let t = Instant::now();
-    c.wait_ready(Duration::from_secs(60), || Ok(()))
-        .map_err(|e| anyhow::anyhow!("{e}; see {}", args.root.join("daemon.log").display()))?;
+    let mut opts = Options::new("/proc/self/exe", &args.root);
+    opts.root = Some(args.root.clone());
+    // The demo's root is kept: images and states stay cached for the next run.
+    opts.keep_state = true;
+    let daemon = PrivateDaemon::start(opts, || Ok(())).map_err(|e| anyhow::anyhow!(e))?;
+    let socket = daemon.socket.clone();
+    let c = &daemon.client();
     println!(
         "forkd main job (daemon state root {}):",
         args.root.display()

@@ -139,9 +139,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     };
     match cli.command {
         Command::Daemon { root } => {
-            let root = root
-                .or_else(|| std::env::var_os("FORKD_ROOT").map(PathBuf::from))
-                .unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_ROOT));
+            let root = root.unwrap_or_else(crate::api::defaults::root);
             crate::daemon::run(crate::daemon::DaemonConfig { root, socket })?;
             Ok(0)
         }

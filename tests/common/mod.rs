@@ -6,8 +6,9 @@
 
 use forkd::api::{ExecResult, SandboxInfo};
 use forkd::client::{Client, ClientError};
+use forkd::private_daemon::{Options, PrivateDaemon};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_forkd");
@@ -31,22 +32,21 @@ pub fn can_run(name: &str) -> bool {
 }
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
+    forkd::api::defaults::cache()
 }
 
 pub fn busybox_tar() -> PathBuf {
     cache_dir().join("images/busybox.tar")
 }
 
+/// A private daemon ([`forkd::private_daemon`]) on `/tmp/forkd-test-NAME-PID`, with the
+/// busybox image imported. Dropping it removes what it holds and stops it; the directory
+/// stays when the test panicked, to be looked at.
 pub struct TestDaemon {
     pub root: PathBuf,
     pub socket: PathBuf,
-    pub child: Option<Child>,
     pub client: Client,
-    /// Extra environment for the daemon.
-    pub env: Vec<(String, String)>,
+    daemon: PrivateDaemon,
 }
 
 impl TestDaemon {
@@ -59,20 +59,18 @@ impl TestDaemon {
     pub fn start_with_env(name: &str, env: &[(&str, &str)]) -> TestDaemon {
         let base = PathBuf::from(format!("/tmp/forkd-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
-        std::fs::create_dir_all(&base).unwrap();
-        let root = base.join("root");
-        let socket = base.join("forkd.sock");
-        let mut d = TestDaemon {
-            client: Client::new(&socket),
-            root,
-            socket,
-            child: None,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+        let mut opts = Options::new(BIN, &base);
+        opts.ready_within = Duration::from_secs(30);
+        for (k, v) in env {
+            opts = opts.env(k, v);
+        }
+        let daemon = PrivateDaemon::start(opts, || Ok(())).unwrap_or_else(|e| panic!("{e}"));
+        let d = TestDaemon {
+            client: daemon.client(),
+            root: daemon.root.clone(),
+            socket: daemon.socket.clone(),
+            daemon,
         };
-        d.spawn();
         let body = serde_json::json!({ "source": busybox_tar(), "name": "busybox" });
         let _: serde_json::Value = d
             .client
@@ -81,41 +79,21 @@ impl TestDaemon {
         d
     }
 
+    /// Starts the daemon again on the same root (after [`TestDaemon::kill9`]).
     pub fn spawn(&mut self) {
-        let log = std::fs::File::create(self.root.parent().unwrap().join(format!(
-            "daemon-{}.log",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-        )))
-        .unwrap();
-        let child = Command::new(BIN)
-            .arg("daemon")
-            .env("FORKD_ROOT", &self.root)
-            .env("FORKD_SOCKET", &self.socket)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start daemon");
-        self.child = Some(child);
-        let child = self.child.as_mut().unwrap();
-        if let Err(e) = self
-            .client
-            .wait_ready(Duration::from_secs(30), || match child.try_wait() {
-                Ok(Some(status)) => Err(format!("the daemon exited during start-up ({status})")),
-                _ => Ok(()),
-            })
-        {
-            panic!("{e}");
-        }
+        self.daemon
+            .respawn(|| Ok(()))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Kills the daemon with SIGKILL (sandboxes keep running).
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
+        self.daemon.kill9();
+    }
+
+    /// The daemon's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.daemon.pid()
     }
 
     /// Where the daemon keeps its data (the btrfs volume).
@@ -173,30 +151,7 @@ impl TestDaemon {
 
 impl Drop for TestDaemon {
     fn drop(&mut self) {
-        if self.child.is_some() {
-            if let Ok(list) = self
-                .client
-                .call::<Vec<SandboxInfo>>("GET", "/v1/sandboxes", None)
-            {
-                for s in list {
-                    let _ = self.client.call::<serde_json::Value>(
-                        "DELETE",
-                        &format!("/v1/sandboxes/{}?force=true", s.id),
-                        None,
-                    );
-                }
-            }
-            if let Some(mut c) = self.child.take() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(c.id() as i32),
-                    nix::sys::signal::SIGTERM,
-                );
-                let _ = c.wait();
-            }
-            if !std::thread::panicking() {
-                let _ = std::fs::remove_dir_all(self.root.parent().unwrap());
-            }
-        }
+        self.daemon.set_keep_state(std::thread::panicking());
     }
 }
 
@@ -205,15 +160,8 @@ pub fn decode(b64: &str) -> Vec<u8> {
 }
 
 /// Mount points under `dir`, from the host's mount table.
-pub fn mounts_under(dir: &Path) -> Vec<String> {
-    let d = dir.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(String::from))
-        .filter(|m| m.starts_with(&d))
-        .collect()
-}
+#[allow(unused_imports)]
+pub use forkd::private_daemon::mounts_below as mounts_under;
 
 pub fn cgroup_exists(id: &str) -> bool {
     ["pids", "memory"]

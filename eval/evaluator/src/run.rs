@@ -203,16 +203,10 @@ pub fn decision(run_dir: &Path, event: &str, detail: serde_json::Value) -> anyho
     )
 }
 
-fn fixture_cache() -> PathBuf {
-    std::env::var_os("FORKD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkd"))
-}
-
 /// Imports image `name` from the fixture cache (`images/NAME.tar*`) if it is there and
 /// the daemon lacks it.
 fn import_from_cache(s: &Session, name: &str) -> anyhow::Result<()> {
-    let images = fixture_cache().join("images");
+    let images = forkd_api::defaults::cache().join("images");
     let src = ["tar.zst", "tar.gz", "tar"]
         .iter()
         .map(|e| images.join(format!("{name}.{e}")))
@@ -307,7 +301,7 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
             .map_err(|e| {
                 anyhow::anyhow!(
                     "image {name} is not in the daemon and not in {}: {e}",
-                    fixture_cache().join("images").display()
+                    forkd_api::defaults::cache().join("images").display()
                 )
             })?;
         let layers = info["layers"]
