@@ -1,0 +1,352 @@
+//! Checkpointing a sandbox (`POST /v1/sandboxes/{id}/checkpoint`): its filesystem as a
+//! read-only btrfs snapshot taken while the tree is frozen, and with `live` its process
+//! tree dumped by CRIU, the snapshot taken in CRIU's post-dump hook. Assembled in a
+//! stage directory and renamed into place, so a failed checkpoint leaves nothing.
+
+use super::tree::{freeze_outside_vfork, stopped_tasks, traced_tasks, wait_for_exiting_relays};
+use super::{max_stack, Checkpoint, CheckpointRecord, Lower, RECORD_VERSION};
+use crate::api::CHECKPOINT_PHASES as CHECKPOINT;
+use crate::api::{record_phase, ApiError, CheckpointRequest, SandboxStatus};
+use crate::daemon::lifecycle::{Begun, Verb};
+use crate::daemon::sandboxes::{Sandbox, SandboxRecord};
+use crate::daemon::{Daemon, Lock, RwLockExt};
+use forkd_cgroups::Cgroup;
+use forkd_sandbox::CheckpointId;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The sandbox whose tree a live checkpoint dumps, as the checkpoint found it.
+#[derive(Clone, Copy)]
+struct Tree<'a> {
+    sb: &'a Sandbox,
+    rec: &'a SandboxRecord,
+    cg: &'a Cgroup,
+    upper: &'a Path,
+    fs: &'a Path,
+}
+
+impl Daemon {
+    /// Checkpoints a sandbox. See the module header for the mechanism.
+    pub fn checkpoint_sandbox(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        req: &CheckpointRequest,
+    ) -> Result<Arc<Checkpoint>, ApiError> {
+        let _store = self.store_lock.read_locked();
+        let total = Instant::now();
+        let criu = if req.live {
+            Some(self.criu.as_ref().map_err(|e| {
+                ApiError::conflict(format!("live checkpoints are unavailable: {e}"))
+            })?)
+        } else {
+            None
+        };
+        // The sandbox is `checkpointing` from here until the end; its record is read
+        // once, and no lock is held through the dump, the snapshot or a squash.
+        let held = match sb.begin(Verb::Checkpoint { live: req.live })? {
+            Begun::Held(h) => h,
+            Begun::Nothing => {
+                return Err(ApiError::internal(format!(
+                    "sandbox {}: a checkpoint was granted nothing to do",
+                    sb.id
+                )))
+            }
+        };
+        let prior = held.prior();
+        let running = prior == SandboxStatus::Running;
+        let rec = held.record().clone();
+        let id = CheckpointId::random();
+        let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
+        let fs = stage.join("fs");
+        let upper = sb.layer();
+        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+        let mut phases = BTreeMap::new();
+        let result = std::fs::create_dir_all(&stage)
+            .map_err(|e| ApiError::internal(format!("create {}: {e}", stage.display())))
+            .and_then(|()| match criu {
+                Some(criu) => {
+                    let tree = Tree {
+                        sb,
+                        rec: &rec,
+                        cg: &cg,
+                        upper: &upper,
+                        fs: &fs,
+                    };
+                    self.dump_tree(criu, &tree, &stage, &id, req.stop, &mut phases)
+                }
+                None => self.snapshot_files(&cg, &upper, &fs, running, &mut phases),
+            });
+        if let Err(e) = result {
+            self.delete_checkpoint_dir(&stage);
+            return Err(e);
+        }
+        // The sandbox's part is done: what follows (a squash, the record) reads only the
+        // checkpoint's own files, so the sandbox settles now, unless it is to be
+        // stopped once the checkpoint is safe.
+        let to_stop = if req.stop && running {
+            Some(held)
+        } else {
+            held.settle(prior, |_| Ok(()))?;
+            None
+        };
+        let (dir, record) = self.seal(&stage, &id, sb, &rec, req, phases, total)?;
+        if let Some(mut held) = to_stop {
+            // A live dump with `stop` already ended the tree; either way, tidy up like a stop.
+            held.pass_to(SandboxStatus::Stopping);
+            let _ = self.stop_held(sb, held, Duration::from_secs(10));
+        }
+        let c = Arc::new(Checkpoint::new(dir, record));
+        self.checkpoints.locked().insert(id, c.clone());
+        self.hash_in_background(c.clone());
+        Ok(c)
+    }
+
+    /// Completes a staged checkpoint: its layer stack (squashed when too deep), its
+    /// record written, the stage renamed into place. Deletes the stage on failure.
+    #[allow(clippy::too_many_arguments)]
+    fn seal(
+        &self,
+        stage: &Path,
+        id: &CheckpointId,
+        sb: &Sandbox,
+        rec: &SandboxRecord,
+        req: &CheckpointRequest,
+        mut phases: BTreeMap<String, u64>,
+        total: Instant,
+    ) -> Result<(PathBuf, CheckpointRecord), ApiError> {
+        let mut lowers = vec![Lower::Checkpoint(id.clone())];
+        if rec.lowers.len() + 1 > max_stack() {
+            // Deep chains: flatten everything below this checkpoint's own layer into one
+            // layer, so branches stay within overlayfs's stack limit.
+            let t = Instant::now();
+            match self.squash(&rec.lowers) {
+                Ok(layer) => lowers.push(Lower::Layer(layer)),
+                Err(e) => {
+                    self.delete_checkpoint_dir(stage);
+                    return Err(e);
+                }
+            }
+            record_phase(&mut phases, CHECKPOINT, "squash", t.elapsed());
+        } else {
+            lowers.extend(rec.lowers.iter().cloned());
+        }
+        record_phase(&mut phases, CHECKPOINT, "total", total.elapsed());
+        let record = CheckpointRecord {
+            version: RECORD_VERSION,
+            id: id.clone(),
+            parent: rec.parent.clone(),
+            sandbox: sb.id.clone(),
+            image: rec.image.clone(),
+            hostname: rec.hostname.clone(),
+            limits: rec.limits.clone(),
+            lowers,
+            live: req.live,
+            created: crate::daemon::now_secs(),
+            labels: req.labels.clone(),
+            fs_hash: None,
+            tree_hash: None,
+            phases_us: phases,
+            images_bytes: dir_size(&stage.join("criu")),
+            config: rec.config.clone(),
+            network: rec.network.clone(),
+            lease: rec.lease.clone(),
+        };
+        let dir = self.data.join("checkpoints").join(id.as_str());
+        if let Err(e) = crate::daemon::write_json_atomic(
+            stage,
+            "meta.json",
+            &record,
+            crate::daemon::Survive::HostCrash,
+        )
+        .and_then(|()| {
+            std::fs::rename(stage, &dir).map_err(|e| {
+                ApiError::internal(format!(
+                    "rename {} to {}: {e}",
+                    stage.display(),
+                    dir.display()
+                ))
+            })
+        }) {
+            self.delete_checkpoint_dir(stage);
+            return Err(e);
+        }
+        Ok((dir, record))
+    }
+
+    /// The process tree's part of a live checkpoint: checks that CRIU can take the tree
+    /// as it is, freezes it (outside any `vfork`), dumps it into `STAGE/criu` and takes
+    /// the filesystem snapshot in CRIU's post-dump hook, while the tree is still frozen;
+    /// thaws it in every case.
+    fn dump_tree(
+        &self,
+        criu: &forkd_criu::Criu,
+        t: &Tree,
+        stage: &Path,
+        id: &CheckpointId,
+        stop: bool,
+        phases: &mut BTreeMap<String, u64>,
+    ) -> Result<(), ApiError> {
+        let Tree {
+            sb,
+            rec,
+            cg,
+            upper,
+            fs,
+        } = *t;
+        let images = stage.join("criu");
+        std::fs::create_dir_all(&images)
+            .map_err(|e| ApiError::internal(format!("create {}: {e}", images.display())))?;
+        let volume = &self.volume;
+        // The daemon freezes the tree itself: CRIU polls a freezing cgroup only
+        // every 100 ms, and a cgroup v1 freezer is never frozen by its first look,
+        // so that cost every dump 100 ms. Given a frozen cgroup CRIU seizes the
+        // tasks at once and freezes it again when it lets them go (leave-running,
+        // or a failed dump); the thaw below is the daemon's in every case.
+        // An exec's relay closes its connection just before it exits, so one can
+        // still be on its way out when the checkpoint starts; dumped mid-exit, its
+        // memory restores broken (CRIU's restorer fails reading its pages). Wait
+        // for such relays to be gone first.
+        // CRIU seizes every task with ptrace, which a task already traced
+        // refuses: say so plainly instead of failing deep in the dump.
+        let traced = traced_tasks(cg);
+        if !traced.is_empty() {
+            let list: Vec<String> = traced
+                .iter()
+                .map(|(p, c, t, tc)| format!("process {p} ({c}) is traced by process {t} ({tc})"))
+                .collect();
+            return Err(ApiError::conflict(format!(
+                "live checkpoint of sandbox {}: {}; CRIU cannot seize a traced process: detach the tracer first (a filesystem checkpoint works meanwhile)",
+                sb.id,
+                list.join("; ")
+            )));
+        }
+        let t = Instant::now();
+        wait_for_exiting_relays(cg, rec.init_pid.unwrap_or(0), Duration::from_secs(2));
+        record_phase(phases, CHECKPOINT, "relays", t.elapsed());
+        // A stopped process (SIGSTOP, a shell's suspended job) in a frozen cgroup
+        // cannot be seized: ptrace waits for it to trap, which a frozen task never
+        // does, and the dump hangs in the kernel. With one, CRIU seizes the tree
+        // itself (stopped tasks included) and restores them stopped.
+        let stopped = stopped_tasks(cg);
+        let freezer = cg.freezer_dir().is_some() && stopped.is_empty();
+        if !stopped.is_empty() {
+            crate::daemon::log::info(&format!(
+                "sandbox {}: {} stopped process(es) {stopped:?}: CRIU seizes the tree without the freezer",
+                sb.id,
+                stopped.len()
+            ));
+        }
+        if freezer {
+            let t = Instant::now();
+            let refrozen = freeze_outside_vfork(cg, &sb.id)?;
+            record_phase(phases, CHECKPOINT, "freeze", t.elapsed());
+            if refrozen > 0 {
+                crate::daemon::log::info(&format!(
+                    "sandbox {}: frozen again {refrozen} time(s) to catch no thread inside vfork",
+                    sb.id
+                ));
+            }
+        }
+        // Sockets that leave the sandbox cannot be restored in a branch, which
+        // has another address (forkd_net::sockets). Looked for with the tree
+        // frozen, so none appears between the look and the dump.
+        let outside =
+            forkd_net::sockets::outside(rec.init_pid.unwrap_or(0), &cg.pids().unwrap_or_default());
+        if !outside.is_empty() {
+            if freezer {
+                let _ = cg.set_frozen(false, Duration::from_secs(10));
+            }
+            let list: Vec<String> = outside.iter().map(|o| o.to_string()).collect();
+            return Err(ApiError::conflict(format!(
+                "live checkpoint of sandbox {}: {}; a branch has an address of its own, so a socket bound to the sandbox's address or connected outside it cannot be restored there (close it first; sockets on loopback or bound to the wildcard address are kept)",
+                sb.id,
+                list.join("; ")
+            )));
+        }
+        let dumped = criu.dump(
+            &forkd_criu::DumpOpts {
+                pid: rec.init_pid.unwrap_or(0),
+                images_dir: images.clone(),
+                root: crate::daemon::sandboxes::init_root(rec.init_pid.unwrap_or(0)),
+                leave_running: !stop,
+                freeze_cgroup: if freezer { cg.freezer_dir() } else { None },
+                log_file: "dump.log".into(),
+                // A sandbox cannot change its network namespace (see
+                // forkd_sandbox::setup): a branch gets a new one like it.
+                external_net: true,
+            },
+            &mut || {
+                volume
+                    .snapshot_readonly(upper, fs)
+                    .map_err(|e| format!("snapshot {}: {e}", upper.display()))
+            },
+        );
+        let thawed = if freezer {
+            cg.set_frozen(false, Duration::from_secs(10))
+        } else {
+            Ok(())
+        };
+        let report = dumped.map_err(|e| {
+            self.criu_failed(
+                format!("live checkpoint of sandbox {}", sb.id),
+                &e,
+                &images.join("dump.log"),
+                &format!("checkpoint-{id}-dump.log"),
+            )
+        })?;
+        thawed.map_err(|e| ApiError::from_chain(&format!("thaw sandbox {}", sb.id), &e))?;
+        record_phase(phases, CHECKPOINT, "dump", report.duration);
+        record_phase(phases, CHECKPOINT, "snapshot", report.hook);
+        Ok(())
+    }
+
+    /// A filesystem checkpoint: the writable layer synced, then snapshotted with the tree
+    /// (if running) frozen for the snapshot alone.
+    fn snapshot_files(
+        &self,
+        cg: &Cgroup,
+        upper: &Path,
+        fs: &Path,
+        running: bool,
+        phases: &mut BTreeMap<String, u64>,
+    ) -> Result<(), ApiError> {
+        // Write dirty data out before freezing, so the snapshot (which must flush
+        // what is still dirty) keeps the frozen window short.
+        let t = Instant::now();
+        if let Ok(f) = std::fs::File::open(upper) {
+            let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f));
+        }
+        record_phase(phases, CHECKPOINT, "sync", t.elapsed());
+        let t = Instant::now();
+        if running {
+            cg.set_frozen(true, Duration::from_secs(10))
+                .map_err(|e| ApiError::from_chain("freeze sandbox", &e))?;
+            record_phase(phases, CHECKPOINT, "freeze", t.elapsed());
+        }
+        let t = Instant::now();
+        let snap = self.volume.snapshot_readonly(upper, fs);
+        record_phase(phases, CHECKPOINT, "snapshot", t.elapsed());
+        if running {
+            cg.set_frozen(false, Duration::from_secs(10))
+                .map_err(|e| ApiError::from_chain("thaw sandbox", &e))?;
+        }
+        snap.map_err(|e| ApiError::from_chain(&format!("snapshot {}", upper.display()), &e))?;
+        Ok(())
+    }
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}

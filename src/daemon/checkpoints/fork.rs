@@ -1,0 +1,306 @@
+//! Forking a checkpoint (`POST /v1/checkpoints/{id}/fork`): N branch sandboxes, each a
+//! fresh upper over the checkpoint's stack and, for a live checkpoint, its process tree
+//! restored by CRIU into the branch's own namespaces and cgroup. All or nothing: a
+//! request that fails removes the branches it started.
+
+use super::{Checkpoint, CheckpointRecord};
+use crate::api::FORK_PHASES as FORK;
+use crate::api::{
+    self, record_phase, ApiError, BranchInfo, ForkRequest, ForkResult, SandboxStatus,
+};
+use crate::daemon::sandboxes::SandboxRecord;
+use crate::daemon::{Daemon, Lock};
+use forkd_cgroups::Cgroup;
+use forkd_sandbox::{host, SandboxId};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How many branches of one fork request are restored at once (`FORKD_FORK_PARALLEL`,
+/// default: the number of CPUs).
+pub fn fork_parallelism() -> usize {
+    std::env::var("FORKD_FORK_PARALLEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+}
+
+/// What every branch of one fork request shares, settled before the first starts.
+struct Plan<'a> {
+    c: &'a Checkpoint,
+    record: CheckpointRecord,
+    labels: BTreeMap<String, String>,
+    network: forkd_net::Network,
+    policy: Option<forkd_net::Policy>,
+    /// CRIU to restore the tree with; none for a fresh branch (or a filesystem
+    /// checkpoint), which starts a new init over the checkpoint's files.
+    criu: Option<&'a forkd_criu::Criu>,
+    lazy: bool,
+}
+
+impl Plan<'_> {
+    fn mode(&self) -> api::ForkMode {
+        match (self.criu.is_some(), self.lazy) {
+            (false, _) => api::ForkMode::Fresh,
+            (true, false) => api::ForkMode::Eager,
+            (true, true) => api::ForkMode::Lazy,
+        }
+    }
+}
+
+/// Runs `one` for `count` items on up to `workers` threads and returns every result.
+/// After the first failure no new item starts; those under way finish.
+fn on_workers<T: Send>(
+    count: usize,
+    workers: usize,
+    one: impl Fn() -> Result<T, ApiError> + Sync,
+) -> Vec<Result<T, ApiError>> {
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(count));
+    std::thread::scope(|scope| {
+        for _ in 0..workers.clamp(1, count.max(1)) {
+            scope.spawn(|| {
+                while next.fetch_add(1, Ordering::Relaxed) < count {
+                    let r = one();
+                    let failed = r.is_err();
+                    results.locked().push(r);
+                    if failed {
+                        next.store(count, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Daemon {
+    /// Starts `count` branch sandboxes from a checkpoint, all or none.
+    pub fn fork_checkpoint(
+        self: &Arc<Self>,
+        c: &Arc<Checkpoint>,
+        req: &ForkRequest,
+    ) -> Result<ForkResult, ApiError> {
+        let count = req.count.unwrap_or(1);
+        if count == 0 || count > 10_000 {
+            return Err(ApiError::bad_request(format!(
+                "branch count {count} must be between 1 and 10000"
+            )));
+        }
+        let _in_use = c.use_for("fork")?;
+        let plan = self.plan_fork(c, req)?;
+        let results = on_workers(count, fork_parallelism(), || self.fork_branch(&plan));
+        let mut branches = Vec::with_capacity(count);
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok(b) => branches.push(b),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            // All or nothing: the branches this request did start go too.
+            for b in &branches {
+                if let Ok(done) = self.sandbox(&b.id) {
+                    let _ = self.remove_sandbox(&done, true);
+                }
+            }
+            return Err(e);
+        }
+        if let (Some(sharing), Some(_)) = (&self.sharing, plan.criu) {
+            sharing.forked();
+        }
+        Ok(ForkResult {
+            checkpoint: c.id.to_string(),
+            branches,
+        })
+    }
+
+    /// Checks the request against the checkpoint and settles what the branches share.
+    fn plan_fork<'a>(&'a self, c: &'a Checkpoint, req: &ForkRequest) -> Result<Plan<'a>, ApiError> {
+        let ck = c.record.locked().clone();
+        if req.lazy && req.fresh {
+            return Err(ApiError::bad_request(
+                "lazy and fresh exclude each other: a fresh branch restores no memory",
+            ));
+        }
+        if req.lazy && !ck.live {
+            return Err(ApiError::bad_request(format!(
+                "checkpoint {} has no processes: lazy restore needs a live checkpoint",
+                c.id
+            )));
+        }
+        // The branches' network: as asked, or the checkpointed sandbox's own policy (its
+        // allowlist as resolved then, so that every branch allows the same addresses).
+        let (network, policy) = match &req.network {
+            Some(n) => (n.clone(), self.network_policy(n)?),
+            // A sandbox checkpointed while stopped held no lease: its mode, resolved now.
+            None => match &ck.lease {
+                Some(l) => (ck.network.clone(), Some(forkd_net::Policy::of(l))),
+                None => (ck.network.clone(), self.network_policy(&ck.network)?),
+            },
+        };
+        let criu = if ck.live && !req.fresh {
+            Some(
+                self.criu
+                    .as_ref()
+                    .map_err(|e| ApiError::conflict(format!("live forks are unavailable: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let mut labels = ck.labels.clone();
+        labels.extend(req.labels.clone());
+        Ok(Plan {
+            c,
+            record: ck,
+            labels,
+            network,
+            policy,
+            criu,
+            lazy: req.lazy,
+        })
+    }
+
+    /// Starts one branch: its record, its root, and its processes (restored, or a fresh
+    /// init); undone entirely if any step fails.
+    fn fork_branch(self: &Arc<Self>, plan: &Plan) -> Result<BranchInfo, ApiError> {
+        let started = Instant::now();
+        let ck = &plan.record;
+        let id = SandboxId::random();
+        let record = SandboxRecord {
+            version: crate::daemon::sandboxes::RECORD_VERSION,
+            id: id.clone(),
+            image: ck.image.clone(),
+            lowers: ck.lowers.clone(),
+            parent: Some(plan.c.id.clone()),
+            created: crate::daemon::now_secs(),
+            hostname: ck.hostname.clone(),
+            limits: ck.limits.clone(),
+            labels: plan.labels.clone(),
+            status: SandboxStatus::Running,
+            init_pid: None,
+            init_start: None,
+            cgroup: format!("forkd/{id}"),
+            create_us: 0,
+            config: ck.config.clone(),
+            network: plan.network.clone(),
+            lease: None,
+        };
+        let dir = self.sandbox_dir(&id);
+        let mut phases = BTreeMap::new();
+        let mut prepared = None;
+        let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
+            prepared = Some(started.elapsed());
+            match plan.criu {
+                None => d.start_init_in(dir, rec, plan.policy.as_ref()),
+                Some(criu) => d.restore_branch(plan, criu, dir, rec, &mut phases),
+            }
+        })?;
+        if let Some(p) = prepared {
+            record_phase(&mut phases, FORK, "prepare", p);
+        }
+        record_phase(&mut phases, FORK, "total", started.elapsed());
+        let init_pid = sb.record.locked().init_pid;
+        Ok(BranchInfo {
+            id: sb.id.to_string(),
+            mode: plan.mode(),
+            init_pid,
+            phases_us: phases,
+        })
+    }
+
+    /// Restores the checkpoint's process tree into a branch whose root is prepared: the
+    /// branch's namespace plumbed first when it has egress (CRIU restores into it; without,
+    /// CRIU makes a bare one), CRIU run eagerly or with a lazy-pages daemon, then the
+    /// restored init awaited.
+    fn restore_branch(
+        &self,
+        plan: &Plan,
+        criu: &forkd_criu::Criu,
+        dir: &Path,
+        rec: &mut SandboxRecord,
+        phases: &mut BTreeMap<String, u64>,
+    ) -> Result<(), ApiError> {
+        let root = self.root_mount(dir, rec)?;
+        let connected = match &plan.policy {
+            Some(p) => Some(self.connect(
+                &rec.id,
+                p,
+                &forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&root)),
+                &rec.hostname,
+            )?),
+            None => None,
+        };
+        let netns = connected.map(|c| {
+            rec.lease = Some(c.lease);
+            Arc::new(c.netns)
+        });
+        let images = plan.c.images();
+        let work = dir.join("criu");
+        std::fs::create_dir_all(&work)
+            .map_err(|e| ApiError::internal(format!("create {}: {e}", work.display())))?;
+        let mut lazy_daemon = None;
+        if plan.lazy {
+            lazy_daemon = Some(
+                criu.start_lazy_pages(&images, &work)
+                    .map_err(|e| ApiError::from_chain("start lazy-pages", &e))?,
+            );
+        }
+        let t = Instant::now();
+        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+        let restored = criu.restore(&forkd_criu::RestoreOpts {
+            images_dir: images,
+            root: dir.join("rootfs"),
+            root_mount: Some(Arc::new(root)),
+            mergeable: self.sharing.is_some(),
+            work_dir: work.clone(),
+            log_file: "restore.log".into(),
+            lazy_pages: plan.lazy,
+            join_cgroup_procs: cg.procs_files(),
+            cgroup_roots: cg.roots(),
+            netns,
+        });
+        let restored = match restored {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(mut l) = lazy_daemon {
+                    let _ = l.kill();
+                    let _ = l.wait();
+                }
+                return Err(self.criu_failed(
+                    format!("restore of checkpoint {} into {}", plan.c.id, rec.id),
+                    &e,
+                    &work.join("restore.log"),
+                    &format!("fork-{}-restore.log", rec.id),
+                ));
+            }
+        };
+        record_phase(phases, FORK, "restore", t.elapsed());
+        if let Some(mut l) = lazy_daemon {
+            // It exits once every page is copied; reap it then.
+            std::thread::spawn(move || {
+                let _ = l.wait();
+            });
+        }
+        rec.init_pid = Some(restored.pid);
+        rec.init_start = forkd_sys::process_start_time(restored.pid);
+        let t = Instant::now();
+        host::wait_ready(
+            &crate::daemon::sandboxes::init_root(restored.pid),
+            Duration::from_secs(10),
+        )
+        .map_err(|e| ApiError::from_chain(&format!("branch {}: wait for init", rec.id), &e))?;
+        record_phase(phases, FORK, "ready", t.elapsed());
+        Ok(())
+    }
+}
