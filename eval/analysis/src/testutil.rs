@@ -58,3 +58,26 @@ pub fn close(a: Option<f64>, b: f64) {
     let a = a.expect("a defined value");
     assert!((a - b).abs() <= 1e-12, "{a} != {b}");
 }
+
+/// Agent `agent` on two tasks, from the clean start (t1: pass, pass; t2:
+/// pass) and from predecessor P's failed states (s1 of t1: pass, fail; s2
+/// of t2: fail). Clean = 1, Res = (1/2 + 0) / 2 = 1/4, Gap = 75 pp,
+/// conditional failure = 3/4.
+pub fn two_task_residuals(agent: &str) -> Dataset {
+    use Condition::{Clean, Residual};
+    use Outcome::{Fail, Pass};
+    let mut ds = Dataset::default();
+    add(&mut ds, "t1", Clean, "clean", None, agent, &[Pass, Pass]);
+    add(
+        &mut ds,
+        "t1",
+        Residual,
+        "s1",
+        Some("P"),
+        agent,
+        &[Pass, Fail],
+    );
+    add(&mut ds, "t2", Clean, "clean", None, agent, &[Pass]);
+    add(&mut ds, "t2", Residual, "s2", Some("P"), agent, &[Fail]);
+    ds
+}

@@ -9,6 +9,11 @@
 //! (temporary file, then rename).
 
 mod csv;
+mod document;
+mod figures;
+mod format;
+mod html;
+mod markdown;
 mod svg;
 mod tables;
 
@@ -19,6 +24,7 @@ use std::path::{Path, PathBuf};
 use crate::analysis::Analysis;
 use crate::error::AnalysisError;
 
+pub(crate) use figures::Figure;
 pub use tables::Table;
 
 /// What [`write_report`] produces.
@@ -29,14 +35,6 @@ pub enum Format {
     Report,
     /// `analysis.json`: the whole analysis for machines.
     Json,
-}
-
-/// A chart and the table behind it.
-pub(crate) struct Figure {
-    pub file: &'static str,
-    pub title: String,
-    pub svg: String,
-    pub table: &'static str,
 }
 
 /// Write the report files into `out` (created if needed) and return their
@@ -55,7 +53,7 @@ pub fn write_report(
         }
         Format::Report => {
             let tables = tables::build(a);
-            let figures = tables::figures(a);
+            let figures = figures::figures(a);
             for t in &tables {
                 written.push(write_atomic(
                     &out.join(format!("{}.csv", t.name)),
@@ -68,9 +66,9 @@ pub fn write_report(
                         .replacen("<svg ", "<svg xmlns=\"http://www.w3.org/2000/svg\" ", 1);
                 written.push(write_atomic(&out.join(f.file), standalone.as_bytes())?);
             }
-            let md = tables::markdown(a, &tables, &figures);
+            let md = markdown::render(a, &tables, &figures);
             written.push(write_atomic(&out.join("report.md"), md.as_bytes())?);
-            let html = tables::html(a, &tables, &figures);
+            let html = html::render(a, &tables, &figures);
             written.push(write_atomic(&out.join("report.html"), html.as_bytes())?);
         }
     }

@@ -1,0 +1,410 @@
+//! Doctor checks of what the kernel and the machine offer.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------
+// root
+
+/// Capabilities forkd uses even as root, with what goes wrong without each.
+pub(super) const CAPABILITIES: &[(u32, &str, &str)] = &[
+    (21, "CAP_SYS_ADMIN", "no namespaces or mounts"),
+    (19, "CAP_SYS_PTRACE", "CRIU cannot dump"),
+    (12, "CAP_NET_ADMIN", "no sandbox networking"),
+    (
+        24,
+        "CAP_SYS_RESOURCE",
+        "rlimits cannot be raised above their hard limits",
+    ),
+];
+
+pub(super) fn check_root() -> Check {
+    const NAME: &str = "root";
+    let euid = nix::unistd::geteuid();
+    if !euid.is_root() {
+        return Check::not_ok(NAME, true, format!("euid {euid}: forkd needs root"));
+    }
+    let status_path = "/proc/self/status";
+    let effective = match fs::read_to_string(status_path) {
+        Ok(text) => parse_cap_eff(&text),
+        Err(e) => return Check::not_ok(NAME, true, format!("euid 0, but {status_path}: {e}")),
+    };
+    let Some(effective) = effective else {
+        return Check::not_ok(
+            NAME,
+            true,
+            format!("euid 0, but no CapEff line in {status_path}"),
+        );
+    };
+    let missing: Vec<_> = CAPABILITIES
+        .iter()
+        .filter(|(bit, _, _)| effective & (1u64 << bit) == 0)
+        .collect();
+    if missing.is_empty() {
+        return Check::ok(NAME, true, "euid 0");
+    }
+    let list = missing
+        .iter()
+        .map(|(_, name, effect)| format!("{name} ({effect})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let detail = format!("euid 0, but missing {list}");
+    if missing.iter().any(|(bit, _, _)| *bit == 21) {
+        Check::not_ok(NAME, true, detail)
+    } else {
+        Check::new(NAME, Status::Warn, true, detail)
+    }
+}
+
+/// The effective capability mask from the text of `/proc/<pid>/status`.
+pub(super) fn parse_cap_eff(status: &str) -> Option<u64> {
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+// ---------------------------------------------------------------------------------------
+// namespaces
+
+/// (name in `/proc/self/ns`, `max_*_namespaces` sysctl, clone flag, required).
+pub(super) const NAMESPACES: &[(&str, &str, libc::c_int, bool)] = &[
+    ("mnt", "max_mnt_namespaces", libc::CLONE_NEWNS, true),
+    ("uts", "max_uts_namespaces", libc::CLONE_NEWUTS, true),
+    ("ipc", "max_ipc_namespaces", libc::CLONE_NEWIPC, true),
+    ("net", "max_net_namespaces", libc::CLONE_NEWNET, true),
+    ("pid", "max_pid_namespaces", libc::CLONE_NEWPID, true),
+    (
+        "cgroup",
+        "max_cgroup_namespaces",
+        libc::CLONE_NEWCGROUP,
+        true,
+    ),
+    ("user", "max_user_namespaces", libc::CLONE_NEWUSER, false),
+    ("time", "max_time_namespaces", libc::CLONE_NEWTIME, false),
+];
+
+pub(super) fn check_namespaces() -> Check {
+    const NAME: &str = "namespaces";
+    let mut problems = Vec::new();
+    let mut optional_missing = Vec::new();
+    let mut present = Vec::new();
+    for &(ns, sysctl, _, required) in NAMESPACES {
+        let problem = namespace_problem(ns, sysctl);
+        match (problem, required) {
+            (None, _) => present.push(ns),
+            (Some(p), true) => problems.push(p),
+            (Some(p), false) => optional_missing.push(p),
+        }
+    }
+    if !problems.is_empty() {
+        return Check::not_ok(NAME, true, problems.join("; "));
+    }
+    let flags = NAMESPACES
+        .iter()
+        .filter(|n| n.3)
+        .fold(0, |acc, n| acc | n.2);
+    if let Err(e) = try_unshare(flags) {
+        return Check::not_ok(
+            NAME,
+            true,
+            format!("unshare of mnt uts ipc net pid cgroup: {e}"),
+        );
+    }
+    let mut detail = format!("{}; unshare works", present.join(" "));
+    if optional_missing.is_empty() {
+        Check::ok(NAME, true, detail)
+    } else {
+        detail.push_str(&format!("; optional: {}", optional_missing.join("; ")));
+        Check::new(NAME, Status::Warn, true, detail)
+    }
+}
+
+/// Why namespace `ns` cannot be used, if it cannot.
+pub(super) fn namespace_problem(ns: &str, sysctl: &str) -> Option<String> {
+    let file = Path::new("/proc/self/ns").join(ns);
+    if !file.exists() {
+        return Some(format!("{} missing", file.display()));
+    }
+    let limit = Path::new("/proc/sys/user").join(sysctl);
+    match fs::read_to_string(&limit) {
+        Ok(text) if text.trim() == "0" => Some(format!("{ns} disabled ({} is 0)", limit.display())),
+        Ok(_) => None,
+        // An older kernel without the limit does not restrict the namespace.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(format!("{}: {e}", limit.display())),
+    }
+}
+
+/// Creates the namespaces in `flags` in a child that exits at once (see
+/// `forkd_sys::probe_unshare`). Proves more than the `/proc/self/ns` files do.
+pub(super) fn try_unshare(flags: libc::c_int) -> anyhow::Result<()> {
+    forkd_sys::probe_unshare(flags, COMMAND_TIMEOUT).map_err(anyhow::Error::from)
+}
+
+// ---------------------------------------------------------------------------------------
+// overlayfs
+
+pub(super) fn check_overlayfs() -> Check {
+    const NAME: &str = "overlayfs";
+    let filesystems = "/proc/filesystems";
+    match fs::read_to_string(filesystems) {
+        Ok(text) if has_filesystem(&text, "overlay") => {}
+        Ok(_) => return Check::not_ok(NAME, true, format!("no overlay in {filesystems}")),
+        Err(e) => return Check::not_ok(NAME, true, format!("{filesystems}: {e}")),
+    }
+    match overlay_probe() {
+        Ok(how) => Check::ok(
+            NAME,
+            true,
+            format!("mount as the daemon does, write to upper ({how})"),
+        ),
+        Err(e) => Check::not_ok(NAME, true, format!("{e:#}")),
+    }
+}
+
+/// Whether the text of `/proc/filesystems` lists `fs` (lines are `[nodev]\t<name>`).
+pub(super) fn has_filesystem(text: &str, fs: &str) -> bool {
+    text.lines()
+        .any(|l| l.split_whitespace().last() == Some(fs))
+}
+
+/// A fresh directory under /tmp, removed again on drop.
+pub(super) struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> anyhow::Result<Self> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos());
+        let path = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            nanos.unwrap_or(0)
+        ));
+        fs::create_dir(&path).with_context(|| format!("create {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds an overlay exactly as the daemon builds a sandbox's root (the same code:
+/// `forkd_sys::mount::overlay`, a detached mount with one `lowerdir+` per layer), checks
+/// that a lower file shows through and that a write through it lands in the upper
+/// directory. The mount is detached, so it is in no mount table and goes with its
+/// descriptor.
+pub(super) fn overlay_probe() -> anyhow::Result<String> {
+    let tmp = TempDir::new("forkd-doctor")?;
+    let [lower, upper, work] = ["lower", "upper", "work"].map(|d| tmp.0.join(d));
+    for dir in [&lower, &upper, &work] {
+        fs::create_dir(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let lower_file = lower.join("from-lower");
+    fs::write(&lower_file, b"lower\n")
+        .with_context(|| format!("write {}", lower_file.display()))?;
+    let mnt = forkd_sys::mount::overlay(&[&lower], Some((&upper, &work)))
+        .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
+    let merged = forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&mnt));
+    let seen = merged.join("from-lower");
+    let text = fs::read_to_string(&seen).with_context(|| format!("read {}", seen.display()))?;
+    if text != "lower\n" {
+        bail!("the overlay does not show the lower file's content");
+    }
+    let probe = merged.join("probe");
+    fs::write(&probe, b"forkd\n").context("write through the overlay")?;
+    drop(mnt);
+    let landed = upper.join("probe");
+    match fs::read(&landed) {
+        Ok(bytes) if bytes == b"forkd\n" => {}
+        Ok(_) => bail!(
+            "{} has the wrong content after a write through the overlay",
+            landed.display()
+        ),
+        Err(e) => bail!(
+            "a write through the overlay did not reach {}: {e}",
+            landed.display()
+        ),
+    }
+    if lower.join("probe").exists() {
+        bail!(
+            "a write through the overlay reached the lower directory {}",
+            lower.display()
+        );
+    }
+    Ok(format!(
+        "lowerdir+ on Linux {}, under {}",
+        forkd_sys::mount::kernel_release(),
+        tmp.0.parent().unwrap_or(Path::new("/")).display()
+    ))
+}
+
+/// An error and its sources on one line.
+pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        cur = s.source();
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------
+// cgroups
+
+pub(super) fn check_cgroups() -> Check {
+    const NAME: &str = "cgroups";
+    let hierarchy = match forkd_cgroups::Hierarchy::detect() {
+        Ok(h) => h,
+        Err(e) => return Check::not_ok(NAME, true, e.to_string()),
+    };
+    let version = hierarchy.version();
+    let controllers = hierarchy.controllers();
+    let has = |c: &str| controllers.iter().any(|x| x == c);
+    let mut detail = format!("v{version}: {}", controllers.join(" "));
+    let missing_required: Vec<_> = ["memory", "pids"].into_iter().filter(|c| !has(c)).collect();
+    if !missing_required.is_empty() {
+        detail.push_str(&format!(
+            "; missing {} (limits need them)",
+            missing_required.join(" ")
+        ));
+        return Check::not_ok(NAME, true, detail);
+    }
+    let mut warnings = Vec::new();
+    if !has("cpu") {
+        warnings.push("no cpu controller: CPU limits are not applied");
+    }
+    if version == 1 {
+        if has("freezer") {
+            detail.push_str("; freezer present (live checkpoints need it on v1)");
+        } else {
+            warnings.push("no freezer controller: live checkpoints need it on cgroup v1");
+        }
+    }
+    let cgroup2 = forkd_sys::mountinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2");
+    match cgroup2 {
+        Some(m) if m.super_options.split(',').any(|o| o == "favordynmods") => {
+            detail.push_str(&format!(
+                "; favordynmods on {} (cheap migrations)",
+                m.mount_point.display()
+            ))
+        }
+        Some(m) => detail.push_str(&format!(
+            "; favordynmods off on {} (the daemon sets it unless FORKD_CGROUP_FAVOR_DYNMODS=0)",
+            m.mount_point.display()
+        )),
+        None => {}
+    }
+    if warnings.is_empty() {
+        Check::ok(NAME, true, detail)
+    } else {
+        detail.push_str(&format!("; {}", warnings.join("; ")));
+        Check::new(NAME, Status::Warn, true, detail)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// pidfd and userfaultfd
+
+/// The data volume is btrfs (O(1) snapshots of sandbox layers): the kernel must know
+/// btrfs and mkfs.btrfs must exist to format the volume image.
+pub(super) fn check_btrfs() -> Check {
+    const NAME: &str = "btrfs";
+    let known = std::fs::read_to_string("/proc/filesystems")
+        .map(|t| {
+            t.lines()
+                .any(|l| l.split_whitespace().last() == Some("btrfs"))
+        })
+        .unwrap_or(false);
+    if !known {
+        return Check::not_ok(
+            NAME,
+            true,
+            "btrfs is not in /proc/filesystems (the data volume needs it)".to_string(),
+        );
+    }
+    match forkd_volume::require_tools() {
+        Ok(()) => Check::ok(
+            NAME,
+            true,
+            "kernel support and mkfs.btrfs present (data volume, O(1) snapshots)",
+        ),
+        Err(e) => Check::not_ok(NAME, true, format!("{e}")),
+    }
+}
+
+pub(super) fn check_pidfd() -> Check {
+    const NAME: &str = "pidfd";
+    if let Err(e) = forkd_sys::pidfd_open(std::process::id() as libc::pid_t) {
+        return Check::not_ok(
+            NAME,
+            true,
+            format!("pidfd_open on self: {e} (needs Linux >= 5.3)"),
+        );
+    }
+    Check::ok(NAME, true, "pidfd_open works")
+}
+
+pub(super) fn check_userfaultfd() -> Check {
+    const NAME: &str = "userfaultfd";
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let e = match forkd_sys::userfaultfd(flags) {
+        Ok(_) => return Check::ok(NAME, false, "userfaultfd works (lazy restore possible)"),
+        Err(e) => e,
+    };
+    // CRIU falls back to the device (Linux >= 6.1) when the syscall is not allowed.
+    let device = "/dev/userfaultfd";
+    let device_error = match fs::OpenOptions::new().read(true).write(true).open(device) {
+        Ok(_) => {
+            let detail = format!("userfaultfd(2): {e}, but {device} opens read-write");
+            return Check::ok(NAME, false, detail);
+        }
+        Err(dev_e) if dev_e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(dev_e) => format!("; {device}: {dev_e}"),
+    };
+    let sysctl = Path::new("/proc/sys/vm/unprivileged_userfaultfd");
+    let kernel = if sysctl.exists() {
+        ""
+    } else {
+        "; kernel lacks CONFIG_USERFAULTFD"
+    };
+    Check::not_ok(
+        NAME,
+        false,
+        format!("userfaultfd(2): {e}{device_error}{kernel}; lazy restore unavailable"),
+    )
+}
+
+pub(super) fn check_kvm() -> Check {
+    const NAME: &str = "kvm";
+    const NOTE: &str = "checkpointable guests use TCG; KVM is not used";
+    let dev = "/dev/kvm";
+    match fs::OpenOptions::new().read(true).write(true).open(dev) {
+        Ok(_) => Check::ok(NAME, false, format!("{dev} opens read-write ({NOTE})")),
+        Err(e) => Check::not_ok(NAME, false, format!("{dev}: {e} ({NOTE})")),
+    }
+}
+
+pub(super) fn check_kernel() -> Check {
+    const NAME: &str = "kernel";
+    let path = "/proc/sys/kernel/osrelease";
+    match fs::read_to_string(path) {
+        Ok(release) => Check::ok(
+            NAME,
+            false,
+            format!("Linux {} {}", release.trim(), std::env::consts::ARCH),
+        ),
+        Err(e) => Check::new(NAME, Status::Warn, false, format!("{path}: {e}")),
+    }
+}
