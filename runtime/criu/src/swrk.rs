@@ -1,0 +1,245 @@
+//! One exchange with `criu swrk`: the request sent over the socket pair, notifications
+//! answered, the response read within the timeout; CRIU's orphaned helpers reaped.
+
+use crate::*;
+use protobuf::{Message, MessageField};
+use rust_criu::rust_criu_protobuf::rpc;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+impl Criu {
+    /// One swrk exchange: request, notifications, response, within [`Criu::timeout`]
+    /// (CRIU is killed when it passes, which also lets go of every task it had seized).
+    pub(crate) fn call(
+        &self,
+        kind: rpc::Criu_req_type,
+        log: &Path,
+        opts: rpc::Criu_opts,
+        child_setup: &Child<'_>,
+        notify: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<rpc::Criu_resp, CriuError> {
+        // CRIU expects SOCK_SEQPACKET: one message per read.
+        let (mine, theirs) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| io("socketpair")(e.into()))?;
+        let mut cmd = self.command()?;
+        cmd.arg("swrk")
+            .arg("3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // The descriptors are placed first (hooks run in the order they are added), so
+        // that a fresh namespace made at its number next cannot land on a source.
+        let mut fds = vec![(theirs.as_raw_fd(), 3)];
+        if let (Some(fd), Some(ns)) = (child_setup.netns_fd, child_setup.netns) {
+            fds.push((ns.as_raw_fd(), fd));
+        }
+        forkd_sys::inherit_fds(&mut cmd, fds);
+        // A daemon killed mid-dump must not leave CRIU holding the tree seized.
+        forkd_sys::die_with_parent(&mut cmd);
+        if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
+            forkd_sys::fresh_netns_fd(&mut cmd, fd);
+        }
+        if child_setup.mergeable {
+            forkd_sys::memory_merge_in_child(&mut cmd);
+        }
+        if let Some((mnt, at)) = child_setup.root_mount {
+            // After the hook that gives CRIU its own namespace, when there is one.
+            let own_namespace = self.private_run.is_none();
+            forkd_sys::attach_in_child(&mut cmd, mnt.as_fd(), at, own_namespace)
+                .map_err(io("attach the restored tree's root"))?;
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
+        drop(theirs);
+        for procs in child_setup.join_cgroup_procs {
+            std::fs::write(procs, child.id().to_string())
+                .map_err(io("move criu into the branch cgroup"))?;
+        }
+        let mut sock = std::fs::File::from(mine);
+        let mut req = rpc::Criu_req::new();
+        req.set_type(kind);
+        req.opts = MessageField::some(opts);
+        let bytes = req
+            .write_to_bytes()
+            .map_err(|e| CriuError::Rpc(e.to_string()))?;
+        sock.write_all(&bytes).map_err(io("send request to criu"))?;
+        let deadline = Instant::now() + self.timeout;
+        let action = match kind {
+            rpc::Criu_req_type::DUMP => "dump",
+            rpc::Criu_req_type::RESTORE => "restore",
+            _ => "request",
+        };
+        let result = loop {
+            // In slices, so that a CRIU that died (its helpers still holding the socket,
+            // which then never reads as closed) is noticed at once.
+            let slice = deadline.min(Instant::now() + Duration::from_millis(100));
+            match wait_readable(&sock, slice) {
+                Ok(true) => {}
+                Ok(false) if Instant::now() >= deadline => {
+                    break Err(CriuError::TimedOut {
+                        action,
+                        limit: self.timeout,
+                        log: log.to_path_buf(),
+                    });
+                }
+                Ok(false) => match child.try_wait() {
+                    Ok(Some(status)) if !wait_readable(&sock, Instant::now()).unwrap_or(false) => {
+                        break Err(CriuError::Rpc(format!(
+                            "criu {action} ended ({status}) without answering"
+                        )));
+                    }
+                    _ => continue,
+                },
+                Err(e) => break Err(io("wait for criu")(e)),
+            }
+            let mut buf = vec![0u8; 1 << 16];
+            let n = match sock.read(&mut buf) {
+                Ok(0) => {
+                    break Err(CriuError::Rpc(
+                        "criu closed the connection without answering".into(),
+                    ))
+                }
+                Ok(n) => n,
+                Err(e) => break Err(io("read criu response")(e)),
+            };
+            let resp = match rpc::Criu_resp::parse_from_bytes(&buf[..n]) {
+                Ok(r) => r,
+                Err(e) => break Err(CriuError::Rpc(format!("bad response: {e}"))),
+            };
+            if resp.type_() == rpc::Criu_req_type::NOTIFY {
+                let script = resp
+                    .notify
+                    .as_ref()
+                    .map(|n| n.script().to_string())
+                    .unwrap_or_default();
+                let ok = notify(&script);
+                let mut ack = rpc::Criu_req::new();
+                ack.set_type(rpc::Criu_req_type::NOTIFY);
+                ack.set_notify_success(ok);
+                let bytes = ack
+                    .write_to_bytes()
+                    .map_err(|e| CriuError::Rpc(e.to_string()))?;
+                if let Err(e) = sock.write_all(&bytes) {
+                    break Err(io("answer criu notification")(e));
+                }
+                continue;
+            }
+            break Ok(resp);
+        };
+        drop(sock);
+        if result.is_err() {
+            // The processes a restore forked hold CRIU's socket and stderr and outlive a
+            // CRIU that died half-way; once it is gone they are the caller's children
+            // (a subreaper's, as the daemon is), and go too.
+            let _ = child.kill();
+            let _ = child.wait();
+            kill_orphaned_helpers();
+        }
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let _ = child.wait();
+        if std::env::var_os("FORKD_CRIU_DEBUG").is_some() {
+            eprintln!("criu stderr: {stderr}");
+        }
+        result.map_err(|e| match e {
+            CriuError::Rpc(m) if !stderr.trim().is_empty() => {
+                CriuError::Rpc(format!("{m}; criu said: {}", stderr.trim()))
+            }
+            other => other,
+        })
+    }
+}
+
+/// Kills the children of this process that a CRIU left behind when it died: their
+/// command line is CRIU's (`criu: restore ...`), and their parent is now this process.
+/// A live CRIU's helpers are its own children, never ours, and are not touched.
+pub(crate) fn kill_orphaned_helpers() {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
+        let ours = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(|p| p == me))
+            })
+            .unwrap_or(false);
+        let criu = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.starts_with(b"criu"))
+            .unwrap_or(false);
+        if ours && criu {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+    }
+}
+
+/// Waits until `f` can be read or `deadline` passes; whether it can.
+pub(crate) fn wait_readable(f: &std::fs::File, deadline: Instant) -> std::io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        // A deadline already past still looks once (a poll that does not wait).
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) if left.is_zero() => return Ok(false),
+            Ok(0) => continue,
+            Ok(_) => return Ok(true),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Options common to every request. CRIU reaches the directories through the caller's
+/// own descriptors (`/proc/<caller>/fd/N`), so they stay open, close-on-exec, here.
+pub(crate) fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
+    let mut o = rpc::Criu_opts::new();
+    o.set_images_dir_fd(images.as_raw_fd());
+    o.set_log_file(log_file.to_string());
+    o.set_log_level(log_level());
+    // Sandboxes have no outside network: nothing to lock, and no iptables dependency.
+    o.set_network_lock(rpc::Criu_network_lock_method::SKIP);
+    o.set_file_locks(true);
+    // TCP connections between a sandbox's own processes (over its loopback) are dumped
+    // and restored with TCP repair, in-flight data included; both ends are in the tree.
+    o.set_tcp_established(true);
+    o
+}
+
+/// CRIU's log level: `FORKD_CRIU_LOG_LEVEL` (0 to 4), default 2: errors and warnings,
+/// which is what a failure report needs. Level 4 (debug) logs every step and costs
+/// some 7 ms of a 35 ms restore.
+pub fn log_level() -> i32 {
+    std::env::var("FORKD_CRIU_LOG_LEVEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|l| (0..=4).contains(l))
+        .unwrap_or(2)
+}
+
+pub(crate) fn open_dir(path: &Path) -> Result<OwnedFd, CriuError> {
+    std::fs::File::open(path)
+        .map(OwnedFd::from)
+        .map_err(|e| CriuError::Io {
+            step: "open image directory",
+            source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        })
+}
