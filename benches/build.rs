@@ -16,9 +16,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{Context, Result};
-use common::{DaemonGuard, Podman, Report};
+use common::{DaemonGuard, Report};
+use peers::podman::Podman;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -24,9 +24,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{bail, Context, Result};
-use common::{DaemonGuard, Podman, Report};
+use common::{DaemonGuard, Report};
+use peers::podman::{Podman, PodmanContainer};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -299,15 +301,9 @@ fn podman_peer(p: &Podman, report: &mut Report) -> Result<()> {
     p.import(&common::fixture_image("busybox.tar"), PODMAN_IMAGE)?;
     let scratch = common::unique_temp_dir("forkd-bench-density")?;
     let export = scratch.join("loop.tar");
-    let src =
-        common::PodmanContainer::start(p, "forkd-density-src", PODMAN_IMAGE, &["sh", "-c", LOOP])?;
+    let src = PodmanContainer::start(p, "forkd-density-src", PODMAN_IMAGE, &["sh", "-c", LOOP])?;
     std::thread::sleep(Duration::from_millis(300));
-    common::run_checked(
-        p.command()
-            .args(["container", "checkpoint", "--export"])
-            .arg(&export)
-            .arg(&src.name),
-    )?;
+    common::run_checked(&mut p.checkpoint_export(&[], &export, &src.name))?;
     drop(src);
     let base_avail = common::mem_available_kib()?;
     let started = Instant::now();
@@ -317,12 +313,7 @@ fn podman_peer(p: &Podman, report: &mut Report) -> Result<()> {
         common::check_interrupted()?;
         let name = format!("forkd-density-{}", names.len());
         let t = Instant::now();
-        common::run_checked(
-            p.command()
-                .args(["container", "restore", "--import"])
-                .arg(&export)
-                .args(["--name", &name]),
-        )?;
+        common::run_checked(p.restore_import(&[], &export).args(["--name", &name]))?;
         times.push(us(t));
         names.push(name);
     }

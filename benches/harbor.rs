@@ -12,9 +12,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{Context, Result};
-use common::{DaemonGuard, Podman, Report};
+use common::{DaemonGuard, Report};
+use peers::podman::{Podman, PODMAN_RUN_FLAGS};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Command;
@@ -62,7 +64,7 @@ fn run() -> Result<()> {
         common::run_checked(
             p.command()
                 .args(["run", "--name", "forkd-bench-harbor-prep"])
-                .args(common::PODMAN_RUN_FLAGS)
+                .args(PODMAN_RUN_FLAGS)
                 .args([PODMAN_IMAGE, "mkdir", "-p", "/app"]),
         )?;
         common::run_checked(p.command().args([

@@ -19,9 +19,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{Context, Result};
-use common::{DaemonGuard, Podman, Report};
+use common::{DaemonGuard, Report};
+use peers::podman::Podman;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Command;

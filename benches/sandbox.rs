@@ -24,11 +24,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{Context, Result};
-use common::{
-    fmt_kib, fmt_us, sample, Check, DaemonGuard, Podman, PodmanContainer, Report, PODMAN_RUN_FLAGS,
-};
+use common::{fmt_kib, fmt_us, sample, Check, DaemonGuard, Report};
+use peers::podman::{Podman, PodmanContainer, PODMAN_RUN_FLAGS};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Service states through a live checkpoint and a fork: forkd next to podman
 //! (`podman container checkpoint --tcp-established --export` and `restore
 //! --tcp-established --import`, runc and the same CRIU), in the same run. The part of the
-//! checkpoint benchmark about network services (benches/checkpoint.rs has the rest).
+//! checkpoint benchmark about network services (benches/checkpoint/ has the rest).
 //!
 //! 1. **redis with a client.** A Debian sandbox (or container) runs `redis-server` on
 //!    127.0.0.1:6379 with 100 000 keys written before the checkpoint (`DEBUG POPULATE`,
@@ -31,9 +31,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{bail, Context, Result};
-use common::{DaemonGuard, Podman, PodmanContainer, Report};
+use common::{DaemonGuard, Report};
+use peers::podman::{Podman, PodmanContainer, PODMAN_TCP_FLAGS};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -276,7 +278,7 @@ fn podman_round(
         p,
         &name,
         PODMAN_IMAGE,
-        common::PODMAN_TCP_FLAGS,
+        PODMAN_TCP_FLAGS,
         &["bash", "-c", script],
     )?;
     if !common::wait_until(Duration::from_secs(60), || {
@@ -294,12 +296,8 @@ fn podman_round(
     }
     let export = dir.join(format!("{name}.tar"));
     let _ = std::fs::remove_file(&export);
-    let checkpoint_us = common::time_command(
-        p.command()
-            .args(["container", "checkpoint", "--tcp-established", "--export"])
-            .arg(&export)
-            .arg(&c.name),
-    )?;
+    let checkpoint_us =
+        common::time_command(&mut p.checkpoint_export(&["--tcp-established"], &export, &c.name))?;
     drop(c);
     let mut s = PodmanSample {
         checkpoint_us,
@@ -310,11 +308,7 @@ fn podman_round(
     };
     for _ in 0..copies {
         common::check_interrupted()?;
-        let r = common::time_command(
-            p.command()
-                .args(["container", "restore", "--tcp-established", "--import"])
-                .arg(&export),
-        );
+        let r = common::time_command(&mut p.restore_import(&["--tcp-established"], &export));
         let copy = PodmanContainer { name: name.clone() };
         s.copies += 1;
         match r {

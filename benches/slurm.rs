@@ -20,9 +20,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{Context, Result};
 use common::{summarize, DaemonGuard};
+use peers::tar_zstd;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -201,13 +203,6 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn sh(line: &str) -> Result<u64> {
-    let t = Instant::now();
-    let st = Command::new("sh").args(["-c", line]).status()?;
-    anyhow::ensure!(st.success(), "`{line}` failed");
-    Ok(t.elapsed().as_millis() as u64)
-}
-
 /// Archive costs of every state of a run: the recorded export, an import with
 /// verification into the bench's daemon, and the tar+zstd peer on the same contents.
 fn archive_costs(d: &DaemonGuard, run: &Path, scratch: &Path) -> Result<Vec<Value>> {
@@ -265,23 +260,9 @@ fn archive_costs(d: &DaemonGuard, run: &Path, scratch: &Path) -> Result<Vec<Valu
             let tarball = scratch.join(format!("{task}-{state}.tar.zst"));
             std::fs::create_dir_all(&dir)?;
             std::fs::create_dir_all(&back)?;
-            sh(&format!(
-                "zstd -dcq '{}' | tar -x -C '{}'",
-                archive.display(),
-                dir.display()
-            ))?;
-            let peer_export_ms = sh(&format!(
-                "tar -C '{}' -cf - . | zstd -T0 -3 -q -o '{}' && sha256sum '{}' >/dev/null",
-                dir.display(),
-                tarball.display(),
-                tarball.display()
-            ))?;
-            let peer_import_ms = sh(&format!(
-                "sha256sum '{}' >/dev/null && zstd -dcq '{}' | tar -x -C '{}'",
-                tarball.display(),
-                tarball.display(),
-                back.display()
-            ))?;
+            tar_zstd::unpack(&archive, &dir)?;
+            let peer_export_ms = tar_zstd::export(&dir, &tarball)?;
+            let peer_import_ms = tar_zstd::import(&tarball, &back)?;
             let peer_bytes = std::fs::metadata(&tarball)?.len();
             let _ = std::fs::remove_dir_all(&dir);
             let _ = std::fs::remove_dir_all(&back);

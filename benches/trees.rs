@@ -19,9 +19,11 @@
 #![forbid(unsafe_code)]
 
 mod common;
+mod peers;
 
 use anyhow::{Context, Result};
-use common::{DaemonGuard, Podman, PodmanContainer, Report};
+use common::{DaemonGuard, Report};
+use peers::podman::{Podman, PodmanContainer, PODMAN_TCP_FLAGS};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::Command;
@@ -148,7 +150,7 @@ fn podman_round(
         p,
         &name,
         PODMAN_IMAGE,
-        common::PODMAN_TCP_FLAGS,
+        PODMAN_TCP_FLAGS,
         &["bash", "-c", &full_script(s)],
     )?;
     let top = |n: &str| -> String {
@@ -168,11 +170,7 @@ fn podman_round(
     // name, which is free once the original is removed.
     drop(c);
     let copy = PodmanContainer { name: name.clone() };
-    let r_us = common::time_command(
-        p.command()
-            .args(["container", "restore", "--tcp-established", "--import"])
-            .arg(&export),
-    )?;
+    let r_us = common::time_command(&mut p.restore_import(&["--tcp-established"], &export))?;
     let ok = usize::from(has_all(&top(&copy.name), s.expect));
     drop(copy);
     let _ = std::fs::remove_file(&export);
@@ -194,10 +192,7 @@ fn checkpoint_with_watchdog(p: &Podman, name: &str, export: &std::path::Path) ->
         .unwrap_or_default();
     let t = Instant::now();
     let mut child = p
-        .command()
-        .args(["container", "checkpoint", "--tcp-established", "--export"])
-        .arg(export)
-        .arg(name)
+        .checkpoint_export(&["--tcp-established"], export, name)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
