@@ -10,8 +10,10 @@
 mod archive;
 mod build;
 mod checkpoints;
+mod exec;
 pub use checkpoints::fork_parallelism;
 mod files;
+mod gc;
 mod grants;
 mod http;
 mod images;
