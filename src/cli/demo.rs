@@ -128,10 +128,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
 
     std::fs::create_dir_all(&args.out)?;
     let out = std::fs::canonicalize(&args.out)?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let stamp = forkd_sys::clock::now_secs();
     let mut runs = Vec::new();
     for suite in &args.suites {
         if !suite.join(".").is_dir() {

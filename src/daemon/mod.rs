@@ -120,13 +120,7 @@ impl<T> RwLockExt<T> for std::sync::RwLock<T> {
     }
 }
 
-/// Seconds since the Unix epoch.
-pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+pub(crate) use forkd_sys::clock::now_secs;
 
 /// What a record must survive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

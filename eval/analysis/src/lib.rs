@@ -84,6 +84,7 @@ pub use model::{
 };
 pub use opened::ContentViews;
 pub use patch::{lcs_len, FilePatch, Patch, PatchError};
+pub use report::csv::field as csv_field;
 pub use report::{write_report, Format};
 pub use stats::Interval;
 

@@ -535,26 +535,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     Ok(0)
 }
 
-/// Seconds since the epoch (0 if the clock is before it).
-pub fn now_secs() -> u64 {
-    now_ms() / 1000
-}
-
-/// Milliseconds since the epoch (timings compared between processes and nodes).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
+pub use forkd_sys::clock::{now_ms, now_secs};
 
 pub fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
     let mut out = String::from(
@@ -588,7 +569,7 @@ pub fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
         out.push_str(
             &fields
                 .iter()
-                .map(|f| csv_field(f))
+                .map(|f| forkd_analysis::csv_field(f))
                 .collect::<Vec<_>>()
                 .join(","),
         );

@@ -114,12 +114,7 @@ fn remove_all(path: &Path) -> std::io::Result<()> {
     }
 }
 
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+pub(crate) use forkd_sys::clock::now_secs;
 
 /// Makes `err` the result of a failed operation whose staging directory must
 /// go; keeps both errors if the cleanup fails too.

@@ -4,7 +4,9 @@
 
 use super::Table;
 
-pub(crate) fn field(s: &str) -> String {
+/// One CSV field, quoted if it must be: the one quoting rule of every CSV forkd writes
+/// (the report's tables, the evaluator's `results.csv`).
+pub fn field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -34,6 +36,7 @@ mod tests {
         assert_eq!(field("a,b"), "\"a,b\"");
         assert_eq!(field("say \"hi\""), "\"say \"\"hi\"\"\"");
         assert_eq!(field("two\nlines"), "\"two\nlines\"");
+        assert_eq!(field("cr\rhere"), "\"cr\rhere\"");
         assert_eq!(field(""), "");
     }
 }

@@ -8,7 +8,7 @@
 //! so the three outputs cannot disagree. Files are written atomically
 //! (temporary file, then rename).
 
-mod csv;
+pub(crate) mod csv;
 mod document;
 mod figures;
 mod format;
