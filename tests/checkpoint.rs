@@ -118,7 +118,6 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
 
     let r = d.fork(&c.id, 8, false);
     assert_eq!(r.branches.len(), 8);
-    std::thread::sleep(Duration::from_millis(300));
     let mut pids = std::collections::HashSet::new();
     for b in &r.branches {
         assert_eq!(b.mode, forkd::api::ForkMode::Eager);
@@ -131,6 +130,8 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
             "branch {} counter {n} < checkpoint {at_checkpoint}",
             b.id
         );
+        // ... and goes on from there.
+        assert!(counter_passes(&d, &b.id, n), "branch {} stopped counting", b.id);
         assert_eq!(d.sh(&b.id, "cat /tmp/secret").1, secret);
         // Same pids inside (own pid namespace), its own host pid for the init.
         assert_eq!(
@@ -211,7 +212,6 @@ fn lazy_fork_runs_before_its_memory_is_loaded() {
     let c = d.checkpoint(&src.id, true);
     let at_checkpoint = d.read_number(&src.id, "/tmp/counter");
     let r = d.fork(&c.id, 2, true);
-    std::thread::sleep(Duration::from_millis(300));
     for b in &r.branches {
         assert_eq!(b.mode, forkd::api::ForkMode::Lazy);
         let n = d.read_number(&b.id, "/tmp/counter");
@@ -219,6 +219,7 @@ fn lazy_fork_runs_before_its_memory_is_loaded() {
             n + 2 >= at_checkpoint,
             "lazy branch counter {n} < {at_checkpoint}"
         );
+        assert!(counter_passes(&d, &b.id, n), "lazy branch {} stopped counting", b.id);
     }
 }
 
@@ -326,8 +327,7 @@ fn failed_live_checkpoint_leaves_the_sandbox_running_and_nothing_behind() {
         stages.iter().map(|e| e.path()).collect::<Vec<_>>()
     );
     let n = d.read_number(&src.id, "/tmp/counter");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(d.read_number(&src.id, "/tmp/counter") > n);
+    assert!(counter_passes(&d, &src.id, n), "the sandbox stopped counting");
     // A live checkpoint of a stopped sandbox is refused clearly.
     let _: SandboxInfo = d
         .client
@@ -477,11 +477,12 @@ fn archives_round_trip_and_tampering_is_rejected() {
     assert_eq!(imported.tree_hash, original.tree_hash);
     assert!(imported.tree_hash.is_some());
     let r = d.fork(&imported_id, 2, false);
-    std::thread::sleep(Duration::from_millis(300));
     for b in &r.branches {
         assert_eq!(d.sh(&b.id, "cat /etc/state").1, "kept\n");
         assert_ne!(d.sh(&b.id, "test -e /etc/group").0, 0);
-        assert!(d.read_number(&b.id, "/tmp/counter") + 2 >= at_checkpoint);
+        let n = d.read_number(&b.id, "/tmp/counter");
+        assert!(n + 2 >= at_checkpoint, "imported branch counter {n} < {at_checkpoint}");
+        assert!(counter_passes(&d, &b.id, n), "imported branch {} stopped counting", b.id);
     }
 
     // Tampered archives are rejected, naming the problem, and leave nothing behind.
