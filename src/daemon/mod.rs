@@ -57,7 +57,7 @@ pub struct Daemon {
     /// Held for reading by whatever adds layers to the store before a record refers to
     /// them (imports, squashes); `gc` holds it for writing.
     pub store_lock: std::sync::RwLock<()>,
-    /// The forkd executable (run as `__setup`, and copied into the runtime layer).
+    /// The forkd executable (run as `__setup`).
     pub exe: PathBuf,
     pub layers: LayerStore,
     pub images: ImageStore,
@@ -258,7 +258,8 @@ impl Daemon {
         let layers = LayerStore::open(&data.join("layers")).context("open layer store")?;
         let images = ImageStore::open(&data.join("images")).context("open image store")?;
         let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
-        let runtime_layer = ensure_runtime_layer(&data, &layers, &exe)?;
+        let init = init_program(&exe)?;
+        let runtime_layer = ensure_runtime_layer(&data, &layers, &init)?;
         let criu = forkd_criu::Criu::locate(None)
             .map(|mut c| {
                 // Without it CRIU works, just some 40 ms slower per call.
@@ -422,9 +423,26 @@ impl Daemon {
     }
 }
 
+/// The program every sandbox runs as `/.forkd/init`: `FORKD_INIT`, or `forkd-init` beside
+/// this executable (where `cargo build` puts it).
+fn init_program(exe: &Path) -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("FORKD_INIT").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        anyhow::ensure!(p.is_file(), "FORKD_INIT={}: no such file", p.display());
+        return Ok(p);
+    }
+    let init = exe.with_file_name("forkd-init");
+    anyhow::ensure!(
+        init.is_file(),
+        "{} is missing: it is the program inside every sandbox, built with forkd (cargo build builds both); or set FORKD_INIT",
+        init.display()
+    );
+    Ok(init)
+}
+
 /// Makes sure the layer holding this build's init exists; returns its id. The layer is
-/// `/.forkd/init` (a copy of this executable) plus empty `/.forkd/run` and
-/// `/.forkd/logs`; its id is cached per executable digest.
+/// `/.forkd/init` (a copy of `forkd-init`) plus empty `/.forkd/run` and `/.forkd/logs`;
+/// its id is cached per executable digest.
 fn ensure_runtime_layer(root: &Path, layers: &LayerStore, exe: &Path) -> anyhow::Result<LayerId> {
     use anyhow::Context;
     use sha2::Digest;
