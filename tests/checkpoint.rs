@@ -131,7 +131,11 @@ fn live_checkpoint_resumes_processes_in_every_branch() {
             b.id
         );
         // ... and goes on from there.
-        assert!(counter_passes(&d, &b.id, n), "branch {} stopped counting", b.id);
+        assert!(
+            counter_passes(&d, &b.id, n),
+            "branch {} stopped counting",
+            b.id
+        );
         assert_eq!(d.sh(&b.id, "cat /tmp/secret").1, secret);
         // Same pids inside (own pid namespace), its own host pid for the init.
         assert_eq!(
@@ -219,7 +223,11 @@ fn lazy_fork_runs_before_its_memory_is_loaded() {
             n + 2 >= at_checkpoint,
             "lazy branch counter {n} < {at_checkpoint}"
         );
-        assert!(counter_passes(&d, &b.id, n), "lazy branch {} stopped counting", b.id);
+        assert!(
+            counter_passes(&d, &b.id, n),
+            "lazy branch {} stopped counting",
+            b.id
+        );
     }
 }
 
@@ -327,7 +335,10 @@ fn failed_live_checkpoint_leaves_the_sandbox_running_and_nothing_behind() {
         stages.iter().map(|e| e.path()).collect::<Vec<_>>()
     );
     let n = d.read_number(&src.id, "/tmp/counter");
-    assert!(counter_passes(&d, &src.id, n), "the sandbox stopped counting");
+    assert!(
+        counter_passes(&d, &src.id, n),
+        "the sandbox stopped counting"
+    );
     // A live checkpoint of a stopped sandbox is refused clearly.
     let _: SandboxInfo = d
         .client
@@ -481,8 +492,15 @@ fn archives_round_trip_and_tampering_is_rejected() {
         assert_eq!(d.sh(&b.id, "cat /etc/state").1, "kept\n");
         assert_ne!(d.sh(&b.id, "test -e /etc/group").0, 0);
         let n = d.read_number(&b.id, "/tmp/counter");
-        assert!(n + 2 >= at_checkpoint, "imported branch counter {n} < {at_checkpoint}");
-        assert!(counter_passes(&d, &b.id, n), "imported branch {} stopped counting", b.id);
+        assert!(
+            n + 2 >= at_checkpoint,
+            "imported branch counter {n} < {at_checkpoint}"
+        );
+        assert!(
+            counter_passes(&d, &b.id, n),
+            "imported branch {} stopped counting",
+            b.id
+        );
     }
 
     // Tampered archives are rejected, naming the problem, and leave nothing behind.
