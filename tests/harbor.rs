@@ -339,22 +339,11 @@ fn harbor_network_policies_become_sandbox_networks() {
     let t = task_with_network(&work, "online", "allow_internet = true");
     let r = harbor_run_task(&d, &py, &t, &work.join("jobs"), &["--agent", "oracle"]);
     assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
-    let log = walk_text_named(&work, "daemon-");
+    let log = d.log();
     assert!(
         log.matches(": egress on eth0").count() >= 2,
         "golden and trial with egress:\n{log}"
     );
-}
-
-/// Text of the files directly in `dir` whose names start with `prefix`.
-fn walk_text_named(dir: &Path, prefix: &str) -> String {
-    let mut out = String::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        if e.file_name().to_string_lossy().starts_with(prefix) {
-            out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
-        }
-    }
-    out
 }
 
 /// Every text file under `dir`, concatenated (Harbor writes a trial's exception there).

@@ -96,6 +96,11 @@ impl TestDaemon {
         self.daemon.pid()
     }
 
+    /// Everything the daemon has logged so far (every start appends to one file).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.daemon.log).unwrap_or_default()
+    }
+
     /// Where the daemon keeps its data (the btrfs volume).
     pub fn data(&self) -> PathBuf {
         self.root.join("vol")
