@@ -294,8 +294,14 @@ fn sandbox_is_isolated_from_the_host() {
         !fds.contains("socket:") || fds.matches("socket:").count() <= 2,
         "{fds}"
     );
+    // The one pipe it holds is its own: both ends of the hand-over pipe its relays
+    // write detached commands to (crate forkd_sandbox::init).
+    let pipes: std::collections::BTreeSet<&str> = fds
+        .split_whitespace()
+        .filter(|w| w.starts_with("pipe:"))
+        .collect();
     assert!(
-        !fds.contains("/tmp/forkd-test") && !fds.contains("pipe:"),
+        !fds.contains("/tmp/forkd-test") && pipes.len() <= 1 && fds.matches("pipe:").count() <= 2,
         "init holds host descriptors:\n{fds}"
     );
 }
@@ -665,4 +671,39 @@ fn hostile_dev_entries_in_an_image_stay_inside() {
         left.is_empty(),
         "the sandbox set-up wrote on the host: {left:?}"
     );
+}
+
+#[test]
+fn detached_commands_are_the_inits_and_their_exits_are_recorded() {
+    if !can_run("detached_commands_are_the_inits_and_their_exits_are_recorded") {
+        return;
+    }
+    let d = TestDaemon::start("detached");
+    let sb = d.busybox();
+    let started: forkd::api::DetachedExec = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/exec", sb.id),
+            Some(&serde_json::json!({
+                "shell": "echo started; sleep 1; exit 3", "detach": true, "log": "job"
+            })),
+        )
+        .unwrap();
+    // Once its relay has handed it over, its parent is the init (PID 1): no relay waits
+    // beside it.
+    d.wait_for(
+        &sb.id,
+        &format!(
+            "test \"$(awk '/^PPid/{{print $2}}' /proc/{}/status)\" = 1 && echo parent-is-init",
+            started.pid
+        ),
+        "parent-is-init",
+    );
+    // The init records its exit once it has reaped it.
+    let exit = d.wait_for(&sb.id, "cat /.forkd/logs/job.exit 2>/dev/null", "exit_code");
+    let exit: serde_json::Value = serde_json::from_str(exit.trim()).unwrap();
+    assert_eq!(exit["exit_code"], 3, "{exit}");
+    assert!(exit["duration_us"].as_u64().unwrap() >= 1_000_000, "{exit}");
+    assert_eq!(d.sh(&sb.id, "cat /.forkd/logs/job.log").1, "started\n");
 }

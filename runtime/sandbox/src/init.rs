@@ -7,6 +7,13 @@
 //! is served by a forked relay process (see [`crate::relay`]), so a long command never
 //! blocks the next one and the init itself stays a tiny, single-threaded loop.
 //!
+//! A detached command's relay hands the command over (one JSON line on the hand-over
+//! pipe: pid, log name, start time) and exits; the init, which adopts it then, reaps it
+//! and writes its exit to `/.forkd/logs/<name>.exit`. The line is written before the
+//! relay exits, and the command becomes the init's child only when the relay has
+//! exited, so by the time the init reaps the command its line is in the pipe: the init
+//! reads the pipe before it looks a reaped pid up.
+//!
 //! Signals: SIGTERM (sent by `forkd stop`) is passed on to every process of the
 //! sandbox; the init exits once they are gone, and the kernel then kills whatever is
 //! left in the pid namespace.
@@ -17,7 +24,9 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use std::os::fd::AsFd;
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 
 const SOCKET: &str = "/.forkd/run/init.sock";
@@ -49,6 +58,13 @@ fn serve() -> std::io::Result<()> {
     let listener = UnixListener::bind(SOCKET)?;
     std::fs::set_permissions(SOCKET, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
+    let (handover_rx, handover_tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+    let mut detached = Handovers {
+        rx: std::fs::File::from(handover_rx),
+        partial: Vec::new(),
+        by_pid: HashMap::new(),
+    };
     let mut stopping = false;
     loop {
         let mut fds = [
@@ -70,7 +86,7 @@ fn serve() -> std::io::Result<()> {
                     let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
                 }
             }
-            if reap_all() && stopping {
+            if reap_all(&mut detached) && stopping {
                 return Ok(());
             }
         }
@@ -81,7 +97,14 @@ fn serve() -> std::io::Result<()> {
                         drop(listener);
                         drop(sigfd);
                         let _ = mask.thread_unblock();
-                        relay::serve_connection(conn)
+                        let tx = handover_tx.try_clone().map(OwnedFd::from);
+                        match tx {
+                            Ok(tx) => relay::serve_connection(conn, tx),
+                            Err(e) => {
+                                eprintln!("forkd-init relay: hand-over pipe: {e}");
+                                std::process::exit(1)
+                            }
+                        }
                     }
                     Ok(_) => drop(conn),
                     Err(e) => eprintln!("forkd-init: fork relay: {e}"),
@@ -91,12 +114,64 @@ fn serve() -> std::io::Result<()> {
     }
 }
 
-/// Reaps every exited child; returns true when no child is left at all.
-fn reap_all() -> bool {
+/// Detached commands handed over by their relays, by pid.
+struct Handovers {
+    rx: std::fs::File,
+    partial: Vec<u8>,
+    by_pid: HashMap<i32, relay::Detached>,
+}
+
+impl Handovers {
+    /// Takes in every complete line waiting in the pipe.
+    fn read(&mut self) {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = self.rx.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            self.partial.extend_from_slice(&buf[..n]);
+        }
+        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            match serde_json::from_slice::<relay::Detached>(&line) {
+                Ok(d) => {
+                    self.by_pid.insert(d.pid, d);
+                }
+                Err(e) => eprintln!("forkd-init: bad hand-over line: {e}"),
+            }
+        }
+    }
+
+    /// Records the exit of `pid` if it is a handed-over command.
+    fn exited(&mut self, pid: i32, status: WaitStatus) {
+        if !self.by_pid.contains_key(&pid) {
+            self.read();
+        }
+        let Some(d) = self.by_pid.remove(&pid) else {
+            return;
+        };
+        let elapsed =
+            std::time::Duration::from_micros(relay::now_us().saturating_sub(d.started_us));
+        let exit = relay::exit_of(Some(status), false, elapsed);
+        let path = format!("{}/{}.exit", crate::setup::LOG_DIR, d.name);
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec(&exit).unwrap_or_default()) {
+            eprintln!("forkd-init: {path}: {e}");
+        }
+    }
+}
+
+/// Reaps every exited child, recording the exits of handed-over commands; returns true
+/// when no child is left at all.
+fn reap_all(detached: &mut Handovers) -> bool {
+    detached.read();
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => return false,
-            Ok(_) => continue,
+            Ok(ws) => {
+                if let Some(pid) = ws.pid() {
+                    detached.exited(pid.as_raw(), ws);
+                }
+            }
             Err(nix::errno::Errno::ECHILD) => return true,
             Err(_) => return false,
         }

@@ -8,10 +8,13 @@
 //! the command's whole tree, grandchildren that changed session included, and nothing
 //! else.
 //!
-//! Detached commands write their output to `/.forkd/logs/<name>.log`; the relay stays
-//! behind as their waiter and records the exit status in `/.forkd/logs/<name>.exit`. It
-//! is not a subreaper: a detached command's orphans (a daemon whose parent exited) are
-//! adopted by the init, where CRIU can restore them with their dead leaders.
+//! Detached commands write their output to `/.forkd/logs/<name>.log`. The relay hands
+//! the command over to the init (its pid, log name and start time, one line on the
+//! init's hand-over pipe) and exits: the init adopts the command, reaps it and records
+//! its exit status in `/.forkd/logs/<name>.exit`. So a sandbox running one command holds
+//! two processes of forkd's, not three (every branch restores them all). A detached
+//! command's orphans (a daemon whose parent exited) are adopted by the init too, where
+//! CRIU can restore them with their dead leaders.
 
 use crate::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -31,16 +34,22 @@ use std::time::{Duration, Instant};
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const CHUNK: usize = 64 * 1024;
 
-/// Serves one connection and exits.
-pub fn serve_connection(mut conn: UnixStream) -> ! {
+/// Serves one connection and exits. `handover` is the init's hand-over pipe.
+pub fn serve_connection(mut conn: UnixStream, handover: OwnedFd) -> ! {
     let code = match run(&mut conn) {
         Ok(None) => 0,
-        Ok(Some(waiter)) => {
-            // Nothing of the client may stay open in a detached command's waiter: a
-            // socket whose peer is outside the sandbox cannot be checkpointed.
-            drop(conn);
-            waiter.wait();
-            std::process::exit(0)
+        Ok(Some(detached)) => {
+            // Written before this relay exits, so before the command can be the init's
+            // to reap (see crate::init).
+            let line = format!("{}\n", serde_json::to_string(&detached).unwrap_or_default());
+            let mut pipe = File::from(handover);
+            match pipe.write_all(line.as_bytes()) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("forkd-init relay: hand over command {}: {e}", detached.pid);
+                    1
+                }
+            }
         }
         Err(message) => {
             let body = serde_json::json!({ "message": message }).to_string();
@@ -55,37 +64,17 @@ pub fn serve_connection(mut conn: UnixStream) -> ! {
     std::process::exit(code)
 }
 
-/// What a relay does after starting a detached command: wait for it and record its exit.
-struct DetachedWaiter {
-    pid: i32,
-    name: String,
-    started: Instant,
-    sigfd: SignalFd,
+/// A detached command handed over to the init: what it needs to record its exit.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Detached {
+    pub pid: i32,
+    /// The log's name: the exit goes to `/.forkd/logs/<name>.exit`.
+    pub name: String,
+    /// When it started, in microseconds since the epoch.
+    pub started_us: u64,
 }
 
-impl DetachedWaiter {
-    fn wait(self) {
-        let mut status = None;
-        while status.is_none() {
-            let mut fds = [PollFd::new(self.sigfd.as_fd(), PollFlags::POLLIN)];
-            let _ = poll(&mut fds, PollTimeout::NONE);
-            let _ = drain_signals(&self.sigfd);
-            reap(self.pid, &mut status);
-        }
-        let exit = exit_of(status, false, self.started.elapsed());
-        let exit_path = format!("{}/{}.exit", crate::setup::LOG_DIR, self.name);
-        let _ = std::fs::write(&exit_path, serde_json::to_vec(&exit).unwrap_or_default());
-        // Reap what is left of our own children (none are adopted: see the module header).
-        loop {
-            match waitpid(Pid::from_raw(-1), None) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => return,
-            }
-        }
-    }
-}
-
-fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
+fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
     let req = match proto::read_frame(conn).map_err(|e| format!("read request: {e}"))? {
         Some((Kind::Request, body)) => serde_json::from_slice::<ExecRequest>(&body)
             .map_err(|e| format!("bad exec request: {e}"))?,
@@ -111,7 +100,8 @@ fn run(conn: &mut UnixStream) -> Result<Option<DetachedWaiter>, String> {
 
     let mut cmd = build_command(&req)?;
     if req.detach {
-        return run_detached(conn, &req, cmd, sigfd);
+        drop(sigfd);
+        return run_detached(conn, &req, cmd);
     }
     // Standard streams: a pty, or three pipes.
     let pty_master;
@@ -303,8 +293,7 @@ fn run_detached(
     conn: &mut UnixStream,
     req: &ExecRequest,
     mut cmd: Command,
-    sigfd: SignalFd,
-) -> Result<Option<DetachedWaiter>, String> {
+) -> Result<Option<Detached>, String> {
     let name = req
         .log
         .clone()
@@ -319,7 +308,7 @@ fn run_detached(
         .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
         .stderr(Stdio::from(log));
     forkd_sys::session_leader(&mut cmd, false);
-    let started = Instant::now();
+    let started_us = now_us();
     let child = cmd.spawn().map_err(|e| spawn_error(req, e))?;
     let pid = child.id() as i32;
     send(
@@ -330,11 +319,10 @@ fn run_detached(
             log_path: Some(log_path),
         },
     )?;
-    Ok(Some(DetachedWaiter {
+    Ok(Some(Detached {
         pid,
         name,
-        started,
-        sigfd,
+        started_us,
     }))
 }
 
@@ -397,7 +385,15 @@ fn reap(main: i32, status: &mut Option<WaitStatus>) {
     }
 }
 
-fn exit_of(status: Option<WaitStatus>, timed_out: bool, elapsed: Duration) -> ExecExit {
+/// Microseconds since the epoch: a start time the relay and the init both read.
+pub(crate) fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn exit_of(status: Option<WaitStatus>, timed_out: bool, elapsed: Duration) -> ExecExit {
     let (exit_code, signal) = match status {
         Some(WaitStatus::Exited(_, code)) => (code, None),
         Some(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
