@@ -162,8 +162,9 @@ impl Criu {
 }
 
 /// Kills the children of this process that a CRIU left behind when it died: their
-/// command line is CRIU's (`criu: restore ...`), and their parent is now this process.
-/// A live CRIU's helpers are its own children, never ours, and are not touched.
+/// command line carries CRIU's title (`criu: restore ...`, see [`is_criu_helper`]), and
+/// their parent is now this process. A live CRIU's helpers are its own children, never
+/// ours, and are not touched.
 pub(crate) fn kill_orphaned_helpers() {
     let me = std::process::id().to_string();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -181,13 +182,24 @@ pub(crate) fn kill_orphaned_helpers() {
             })
             .unwrap_or(false);
         let criu = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| c.starts_with(b"criu"))
+            .map(|c| is_criu_helper(&c))
             .unwrap_or(false);
         if ours && criu {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
     }
+}
+
+/// Whether a command line (`/proc/PID/cmdline`) is a CRIU helper's: CRIU titles the
+/// processes it forks `criu: <action> ...`, written over its own argument area. Started
+/// directly, that is the first field; started through a bundle's loader (`ld.so
+/// --preload ... --library-path ... criu ...`, see `bundle.rs`), the loader's arguments
+/// come first and the title is a later field. CRIU itself (`... swrk 3`) has no title.
+pub(crate) fn is_criu_helper(cmdline: &[u8]) -> bool {
+    cmdline
+        .split(|&b| b == 0)
+        .any(|field| field.starts_with(b"criu: "))
 }
 
 /// Waits until `f` can be read or `deadline` passes; whether it can.

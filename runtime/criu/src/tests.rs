@@ -3,6 +3,7 @@
 
 use crate::cgroups::*;
 use crate::diagnose::*;
+use crate::swrk::is_criu_helper;
 use crate::*;
 
 #[test]
@@ -103,4 +104,18 @@ fn hierarchies_of_a_v2_host_and_a_missing_mount() {
     );
     let err = parse_hierarchies("3:memory:/x\n", mi).unwrap_err();
     assert!(err.to_string().contains("\"memory\""), "{err}");
+}
+
+#[test]
+fn criu_helpers_are_told_by_their_title_however_criu_was_started() {
+    // Started directly.
+    assert!(is_criu_helper(b"criu: restore --rpc\0\0\0"));
+    // Started through a bundle's loader: the title comes after the loader's arguments.
+    assert!(is_criu_helper(
+        b"/opt/forkd/criu/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\0--preload\0/opt/forkd/criu/lib/forkd/rlimit-shim.so\0--library-path\0/opt/x\0criu: restore --rpc\0\0."
+    ));
+    // CRIU itself, and other children of the daemon, are not helpers.
+    assert!(!is_criu_helper(b"/opt/forkd/criu/usr/sbin/criu\0swrk\03\0"));
+    assert!(!is_criu_helper(b"forkd-init\0__init\0"));
+    assert!(!is_criu_helper(b"/usr/bin/criu-wrapper\0"));
 }
