@@ -6,7 +6,7 @@
 use crate::common::{self, fmt_kib, fmt_ms, fmt_us, sample, Table};
 use crate::config::Tree;
 use crate::density::density;
-use crate::fs::wait_tree_hash;
+use crate::fs::{live_checkpoint_sample, wait_tree_hash};
 use crate::peers::podman::PodmanPeer;
 use crate::peers::raw_criu::RawCriuPeer;
 use crate::{Ctx, Out};
@@ -196,14 +196,7 @@ pub fn live_forks(
     let ck_row = format!("live checkpoint, {}: API", tree.name);
     let mut phases: Vec<BTreeMap<String, u64>> = Vec::new();
     let api = sample(&ck_row, 1, n, || {
-        let t = Instant::now();
-        let c = d.checkpoint(&sb.id, true, false)?;
-        let us = t.elapsed().as_micros() as u64;
-        phases.push(c.phases_us.clone());
-        // Its background tree hash must not overlap the next sample.
-        wait_tree_hash(d, &c.id, Instant::now())?;
-        d.remove_checkpoint(&c.id)?;
-        Ok(us)
+        live_checkpoint_sample(d, &sb.id, &mut phases)
     })?;
     // The warm-up's phases are not kept.
     phases.drain(..1.min(phases.len()));

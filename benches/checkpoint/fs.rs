@@ -310,6 +310,24 @@ fn fs_checkpoint_series(
     })
 }
 
+/// One sample of a live checkpoint through the API: a fresh checkpoint of `sandbox`,
+/// its API time in microseconds returned and its phases pushed to `phases`; then, so
+/// that samples do not overlap, its background tree hash awaited and the checkpoint
+/// removed.
+pub fn live_checkpoint_sample(
+    d: &DaemonGuard,
+    sandbox: &str,
+    phases: &mut Vec<BTreeMap<String, u64>>,
+) -> Result<u64> {
+    let t = Instant::now();
+    let c = d.checkpoint(sandbox, true, false)?;
+    let us = t.elapsed().as_micros() as u64;
+    phases.push(c.phases_us.clone());
+    wait_tree_hash(d, &c.id, Instant::now())?;
+    d.remove_checkpoint(&c.id)?;
+    Ok(us)
+}
+
 /// Polls a checkpoint until its tree hash is computed; returns microseconds since `from`.
 pub fn wait_tree_hash(d: &DaemonGuard, id: &str, from: Instant) -> Result<u64> {
     let deadline = from + Duration::from_secs(300);

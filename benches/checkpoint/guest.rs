@@ -4,7 +4,7 @@
 use crate::common::{self, fmt_kib, fmt_ms, fmt_us, sample, Check, DaemonGuard, Table};
 use crate::config::{DEBIAN, GUEST_SERIAL, LAZY_RUNNING_GOAL_MS};
 use crate::forks::{fork_cells, fork_timed, ForkSeries, FORK_COLUMNS};
-use crate::fs::{wait_tree_hash, DirtyBound};
+use crate::fs::{live_checkpoint_sample, wait_tree_hash, DirtyBound};
 use crate::{Ctx, Out};
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
@@ -96,16 +96,7 @@ pub fn qemu_guest(ctx: &Ctx, out: &mut Out) -> Result<()> {
     // Dumps: a fresh checkpoint per sample, the guest running on.
     let row = "QEMU 256 MiB guest: live checkpoint, API";
     let mut phases = Vec::new();
-    let dumps = sample(row, 0, q, || {
-        let t = Instant::now();
-        let c = d.checkpoint(&sb.id, true, false)?;
-        let us = t.elapsed().as_micros() as u64;
-        phases.push(c.phases_us.clone());
-        // Its background tree hash must not overlap the next sample.
-        wait_tree_hash(d, &c.id, Instant::now())?;
-        d.remove_checkpoint(&c.id)?;
-        Ok(us)
-    })?;
+    let dumps = sample(row, 0, q, || live_checkpoint_sample(d, &sb.id, &mut phases))?;
     out.report.row(row, dumps);
     let dump: Vec<u64> = phases
         .iter()
