@@ -8,7 +8,7 @@ use crate::api::FORK_PHASES as FORK;
 use crate::api::{
     self, record_phase, ApiError, BranchInfo, ForkRequest, ForkResult, SandboxStatus,
 };
-use crate::daemon::sandboxes::SandboxRecord;
+use crate::daemon::sandboxes::{SandboxRecord, ROOTFS};
 use crate::daemon::{Daemon, Lock};
 use forkd_cgroups::Cgroup;
 use forkd_sandbox::{host, SandboxId};
@@ -260,7 +260,7 @@ impl Daemon {
         let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
         let restored = criu.restore(&forkd_criu::RestoreOpts {
             images_dir: images,
-            root: dir.join("rootfs"),
+            root: dir.join(ROOTFS),
             root_mount: Some(Arc::new(root)),
             mergeable: self.sharing.is_some(),
             work_dir: work.clone(),
