@@ -1,19 +1,32 @@
 //! Waiting for many processes to exit on one thread: each process is watched through its
 //! pidfd (readable once it exits) in one epoll set, and its callback runs on the watcher's
-//! thread when it does. A daemon with thousands of sandboxes watches all their inits
-//! with one thread and one descriptor per init.
+//! thread when it does.
+//!
+//! A daemon with thousands of sandboxes watches thousands of inits. Their pidfds are not
+//! kept in the daemon's descriptor table: every program the daemon starts copies that
+//! table when it forks and closes each close-on-exec entry when it execs, so a pidfd per
+//! sandbox made every set-up and every CRIU pay for the number of sandboxes alive. The
+//! watcher's thread has a descriptor table of its own (`unshare(CLONE_FILES)`) and holds
+//! them there: [`ExitWatcher::watch`] hands a pidfd over on a socket (`SCM_RIGHTS`) and
+//! closes the caller's copy.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Callback = Box<dyn FnOnce() + Send>;
 
+/// The epoll key of the hand-over socket; pidfds are keyed by their hand-over number.
+const HANDOVER: u64 = u64::MAX;
+
 struct Shared {
-    epoll: OwnedFd,
-    /// By pidfd number: the pidfd (kept open while watched) and what to run on exit.
-    watched: Mutex<HashMap<RawFd, (OwnedFd, Callback)>>,
+    /// Our end of the hand-over socket, in the process's table.
+    tx: OwnedFd,
+    next: AtomicU64,
+    /// What to run when the process handed over under that number exits.
+    callbacks: Mutex<HashMap<u64, Callback>>,
 }
 
 /// A watcher of process exits (see the module). Cloning shares the watcher.
@@ -23,52 +36,64 @@ pub struct ExitWatcher {
 }
 
 impl ExitWatcher {
-    /// Creates the epoll set and starts the thread (named `name`) that runs callbacks.
+    /// Starts the thread (named `name`) that holds the pidfds and runs the callbacks.
     pub fn start(name: &str) -> io::Result<ExitWatcher> {
-        // SAFETY: no memory is passed; the result is a new descriptor or -1.
-        let fd = super::check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) } as libc::c_long)?;
-        // SAFETY: the kernel just returned this descriptor; nobody else owns it.
-        let epoll = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: `fds` has room for the two descriptors the kernel writes.
+        super::check(unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        } as libc::c_long)?;
+        // SAFETY: the kernel just returned these descriptors; nobody else owns them.
+        let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let shared = Arc::new(Shared {
-            epoll,
-            watched: Mutex::new(HashMap::new()),
+            tx,
+            next: AtomicU64::new(0),
+            callbacks: Mutex::new(HashMap::new()),
         });
         let s = shared.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let rx_raw = rx.as_raw_fd();
         std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || run(&s))?;
+            .spawn(move || match Thread::start(rx_raw) {
+                Ok(t) => {
+                    let _ = ready_tx.send(Ok(()));
+                    t.run(&s)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })?;
+        let started = ready_rx
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the exit watcher's thread died")));
+        // The thread holds its own copy of `rx` now (or failed); the process's copy goes.
+        drop(rx);
+        started?;
         Ok(ExitWatcher { shared })
     }
 
     /// Runs `on_exit` (on the watcher's thread) once the process behind `pidfd` has
-    /// exited; at once if it already has. The watcher owns `pidfd` until then.
+    /// exited; at once if it already has. The pidfd is handed to the watcher's thread and
+    /// the caller's descriptor closed.
     pub fn watch(&self, pidfd: OwnedFd, on_exit: impl FnOnce() + Send + 'static) -> io::Result<()> {
-        let raw = pidfd.as_raw_fd();
+        let key = self.shared.next.fetch_add(1, Ordering::Relaxed);
         self.shared
-            .watched
+            .callbacks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(raw, (pidfd, Box::new(on_exit)));
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
-            u64: raw as u64,
-        };
-        // SAFETY: both descriptors are open (the pidfd is owned by the map); `ev` is a
-        // valid epoll_event the kernel only reads.
-        let r = super::check(unsafe {
-            libc::epoll_ctl(
-                self.shared.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                raw,
-                &mut ev,
-            )
-        } as libc::c_long);
-        if let Err(e) = r {
+            .insert(key, Box::new(on_exit));
+        if let Err(e) = send_fd(&self.shared.tx, key, &pidfd) {
             self.shared
-                .watched
+                .callbacks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&raw);
+                .remove(&key);
             return Err(e);
         }
         Ok(())
@@ -77,7 +102,7 @@ impl ExitWatcher {
     /// How many processes are watched.
     pub fn len(&self) -> usize {
         self.shared
-            .watched
+            .callbacks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .len()
@@ -88,40 +113,208 @@ impl ExitWatcher {
     }
 }
 
-fn run(s: &Shared) {
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
-    loop {
-        // SAFETY: `events` is a valid buffer of `events.len()` entries the kernel fills.
-        let n = unsafe {
-            libc::epoll_wait(
-                s.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as libc::c_int,
-                -1,
-            )
-        };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            // The epoll descriptor itself failed: nothing more can be watched.
-            return;
+/// The watcher's thread: its own descriptor table holds the epoll set, the receiving end
+/// of the hand-over socket and the pidfds.
+struct Thread {
+    epoll: OwnedFd,
+    rx: OwnedFd,
+    pidfds: HashMap<u64, OwnedFd>,
+}
+
+impl Thread {
+    /// Gives this thread a table of its own holding only stdio and `rx`, then makes the
+    /// epoll set there.
+    fn start(rx: RawFd) -> io::Result<Thread> {
+        // SAFETY: unshare takes flags only; it affects this thread alone.
+        super::check(unsafe { libc::unshare(libc::CLONE_FILES) } as libc::c_long)?;
+        // Close this table's copies of everything else the process had open when it was
+        // copied (the process's own copies are untouched).
+        let keep = rx as libc::c_uint;
+        if keep > 3 {
+            close_range(3, keep - 1)?;
         }
-        for ev in &events[..n as usize] {
-            let raw = ev.u64 as RawFd;
-            let entry = s
-                .watched
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&raw);
-            if let Some((pidfd, on_exit)) = entry {
-                // One-shot: the registration is spent; dropping the pidfd closes it and
-                // removes it from the set.
-                drop(pidfd);
-                on_exit();
+        close_range((keep + 1).max(3), libc::c_uint::MAX)?;
+        // SAFETY: `rx` is open in this thread's table, which only this thread uses.
+        let rx = unsafe { OwnedFd::from_raw_fd(rx) };
+        // SAFETY: no memory is passed; the result is a new descriptor or -1.
+        let fd = super::check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) } as libc::c_long)?;
+        // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let t = Thread {
+            epoll,
+            rx,
+            pidfds: HashMap::new(),
+        };
+        t.add(t.rx.as_raw_fd(), HANDOVER, libc::EPOLLIN as u32)?;
+        Ok(t)
+    }
+
+    fn add(&self, fd: RawFd, key: u64, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: key };
+        // SAFETY: both descriptors are open in this thread's table; `ev` is a valid
+        // epoll_event the kernel only reads.
+        super::check(unsafe {
+            libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev)
+        } as libc::c_long)
+        .map(drop)
+    }
+
+    fn run(mut self, s: &Shared) {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            // SAFETY: `events` is a valid buffer of `events.len()` entries the kernel fills.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as libc::c_int,
+                    -1,
+                )
+            };
+            if n < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // The epoll descriptor itself failed: nothing more can be watched.
+                return;
+            }
+            for ev in &events[..n as usize] {
+                let key = ev.u64;
+                if key == HANDOVER {
+                    if !self.receive(s) {
+                        return;
+                    }
+                    continue;
+                }
+                // One-shot: the registration is spent; closing the pidfd removes it.
+                drop(self.pidfds.remove(&key));
+                let on_exit = s
+                    .callbacks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&key);
+                if let Some(on_exit) = on_exit {
+                    on_exit();
+                }
             }
         }
     }
+
+    /// Takes every pidfd waiting on the socket into the epoll set. False once every
+    /// sender is gone (the watcher was dropped).
+    fn receive(&mut self, s: &Shared) -> bool {
+        loop {
+            match recv_fd(&self.rx) {
+                Ok(Some((key, pidfd))) => {
+                    let events = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
+                    if self.add(pidfd.as_raw_fd(), key, events).is_ok() {
+                        self.pidfds.insert(key, pidfd);
+                    } else if let Some(on_exit) = s
+                        .callbacks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key)
+                    {
+                        // Cannot be watched: treat as gone, which the callback checks.
+                        on_exit();
+                    }
+                }
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
+    // SAFETY: closes descriptors of this thread's own table that nothing here owns.
+    super::check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
+}
+
+/// One message: the key as 8 bytes, the descriptor as `SCM_RIGHTS`.
+fn send_fd(sock: &OwnedFd, key: u64, fd: &OwnedFd) -> io::Result<()> {
+    let data = key.to_le_bytes();
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: the control buffer (32 bytes, aligned) holds one cmsg with one descriptor;
+    // CMSG_FIRSTHDR points into it and CMSG_DATA at its payload.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd.as_raw_fd());
+    }
+    loop {
+        // SAFETY: `msg` points at live buffers for the duration of the call.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The next message, if one is waiting.
+fn recv_fd(sock: &OwnedFd) -> io::Result<Option<(u64, OwnedFd)>> {
+    let mut data = [0u8; 8];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: `msg` points at live buffers for the duration of the call.
+    let r = unsafe {
+        libc::recvmsg(
+            sock.as_raw_fd(),
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        };
+    }
+    if r == 0 {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+    }
+    // SAFETY: the kernel filled `msg`; CMSG_FIRSTHDR is null or points at a complete
+    // header inside `control`, whose SCM_RIGHTS payload is one descriptor it installed.
+    let fd = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::other("a hand-over without a descriptor"));
+        }
+        OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+            libc::CMSG_DATA(cmsg) as *const RawFd
+        ))
+    };
+    Ok(Some((u64::from_le_bytes(data), fd)))
 }
 
 #[cfg(test)]
@@ -129,6 +322,10 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
 
     #[test]
     fn callbacks_run_when_the_processes_exit() {
@@ -149,6 +346,38 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 1);
         assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0);
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        assert!(w.is_empty());
+        for mut c in children {
+            c.wait().unwrap();
+        }
+    }
+
+    #[test]
+    fn watched_pidfds_stay_out_of_the_process_table() {
+        let w = ExitWatcher::start("exit-watcher-fds").unwrap();
+        let before = open_fds();
+        let mut children = Vec::new();
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..20 {
+            let child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+            let tx = tx.clone();
+            w.watch(pidfd, move || tx.send(()).unwrap()).unwrap();
+            children.push(child);
+        }
+        // Twenty processes watched, not one more descriptor in the process's table
+        // (other tests running beside this one may open a few of their own, never 20).
+        assert_eq!(w.len(), 20);
+        assert!(open_fds() < before + 20, "{before} -> {}", open_fds());
+        for c in &mut children {
+            c.kill().unwrap();
+        }
+        for _ in 0..20 {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
         assert!(w.is_empty());
         for mut c in children {
             c.wait().unwrap();
