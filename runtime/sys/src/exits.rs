@@ -1,6 +1,5 @@
 //! Waiting for many processes to exit on one thread: each process is watched through its
-//! pidfd (readable once it exits) in one epoll set, and its callback runs on the watcher's
-//! thread when it does.
+//! pidfd (readable once it exits) in one epoll set, and its callback runs when it does.
 //!
 //! A daemon with thousands of sandboxes watches thousands of inits. Their pidfds are not
 //! kept in the daemon's descriptor table: every program the daemon starts copies that
@@ -9,6 +8,11 @@
 //! watcher's thread has a descriptor table of its own (`unshare(CLONE_FILES)`) and holds
 //! them there: [`ExitWatcher::watch`] hands a pidfd over on a socket (`SCM_RIGHTS`) and
 //! closes the caller's copy.
+//!
+//! The callbacks do not run on that thread: a descriptor number there names something
+//! else than in the rest of the process (an async runtime's wake-up eventfd, say, is not
+//! open there at all). The watcher's thread passes the number of each exited process on
+//! a channel to a second thread, in the process's table, which runs its callback.
 
 use std::collections::HashMap;
 use std::io;
@@ -36,7 +40,8 @@ pub struct ExitWatcher {
 }
 
 impl ExitWatcher {
-    /// Starts the thread (named `name`) that holds the pidfds and runs the callbacks.
+    /// Starts the thread (named `name`) that holds the pidfds, and the one that runs the
+    /// callbacks (`name` and `-cb`).
     pub fn start(name: &str) -> io::Result<ExitWatcher> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors the kernel writes.
@@ -55,7 +60,7 @@ impl ExitWatcher {
             next: AtomicU64::new(0),
             callbacks: Mutex::new(HashMap::new()),
         });
-        let s = shared.clone();
+        let (exited_tx, exited_rx) = std::sync::mpsc::channel::<u64>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let rx_raw = rx.as_raw_fd();
         std::thread::Builder::new()
@@ -63,10 +68,29 @@ impl ExitWatcher {
             .spawn(move || match Thread::start(rx_raw) {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok(()));
-                    t.run(&s)
+                    t.run(&exited_tx)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
+                }
+            })?;
+        // Ends when the watcher's thread does (its sender dropped); holds the callbacks
+        // only while it runs one, so dropping every watcher still ends both threads.
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name(format!("{name}-cb"))
+            .spawn(move || {
+                while let Ok(key) = exited_rx.recv() {
+                    let Some(s) = weak.upgrade() else { return };
+                    let on_exit = s
+                        .callbacks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                    drop(s);
+                    if let Some(on_exit) = on_exit {
+                        on_exit();
+                    }
                 }
             })?;
         let started = ready_rx
@@ -78,7 +102,7 @@ impl ExitWatcher {
         Ok(ExitWatcher { shared })
     }
 
-    /// Runs `on_exit` (on the watcher's thread) once the process behind `pidfd` has
+    /// Runs `on_exit` (on the watcher's callback thread) once the process behind `pidfd` has
     /// exited; at once if it already has. The pidfd is handed to the watcher's thread and
     /// the caller's descriptor closed.
     pub fn watch(&self, pidfd: OwnedFd, on_exit: impl FnOnce() + Send + 'static) -> io::Result<()> {
@@ -159,7 +183,8 @@ impl Thread {
         .map(drop)
     }
 
-    fn run(mut self, s: &Shared) {
+    /// Waits for exits and hand-overs; sends the key of each process that exited.
+    fn run(mut self, exited: &std::sync::mpsc::Sender<u64>) {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             // SAFETY: `events` is a valid buffer of `events.len()` entries the kernel fills.
@@ -181,20 +206,15 @@ impl Thread {
             for ev in &events[..n as usize] {
                 let key = ev.u64;
                 if key == HANDOVER {
-                    if !self.receive(s) {
+                    if !self.receive(exited) {
                         return;
                     }
                     continue;
                 }
                 // One-shot: the registration is spent; closing the pidfd removes it.
                 drop(self.pidfds.remove(&key));
-                let on_exit = s
-                    .callbacks
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&key);
-                if let Some(on_exit) = on_exit {
-                    on_exit();
+                if exited.send(key).is_err() {
+                    return;
                 }
             }
         }
@@ -202,21 +222,16 @@ impl Thread {
 
     /// Takes every pidfd waiting on the socket into the epoll set. False once every
     /// sender is gone (the watcher was dropped).
-    fn receive(&mut self, s: &Shared) -> bool {
+    fn receive(&mut self, exited: &std::sync::mpsc::Sender<u64>) -> bool {
         loop {
             match recv_fd(&self.rx) {
                 Ok(Some((key, pidfd))) => {
                     let events = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
                     if self.add(pidfd.as_raw_fd(), key, events).is_ok() {
                         self.pidfds.insert(key, pidfd);
-                    } else if let Some(on_exit) = s
-                        .callbacks
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key)
-                    {
-                        // Cannot be watched: treat as gone, which the callback checks.
-                        on_exit();
+                    } else if exited.send(key).is_err() {
+                        // (Cannot be watched: reported as gone, which the callback checks.)
+                        return false;
                     }
                 }
                 Ok(None) => return true,
@@ -350,6 +365,36 @@ mod tests {
         for mut c in children {
             c.wait().unwrap();
         }
+    }
+
+    #[test]
+    fn callbacks_see_the_process_descriptors() {
+        let w = ExitWatcher::start("exit-watcher-fds-cb").unwrap();
+        // A pipe opened after the watcher's thread made its own table: the callback
+        // writes into it, as an async runtime's waker writes into its eventfd.
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: `fds` has room for the two descriptors the kernel writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: just returned by the kernel, owned here.
+        let (r, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let mut reader = std::fs::File::from(r);
+        let mut writer = std::fs::File::from(wr);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+        let (tx, rx) = mpsc::channel();
+        w.watch(pidfd, move || {
+            use std::io::Write;
+            tx.send(writer.write_all(b"x").map_err(|e| e.to_string()))
+                .unwrap();
+        })
+        .unwrap();
+        let wrote = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(wrote, Ok(()));
+        let mut b = [0u8; 1];
+        use std::io::Read;
+        reader.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"x");
+        child.wait().unwrap();
     }
 
     #[test]
