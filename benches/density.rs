@@ -9,7 +9,11 @@
 //! checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 10, p50/p90), the
 //! list and inspect requests, the whole `forkd ps` process, host memory per branch
 //! (MemAvailable drop / N) and the daemon's RSS; a sample of branches must answer an exec.
-//! Then every branch is removed, timed. podman's peer: `podman container restore
+//! Then, with all of them still alive, `FORKD_DENSITY_DEBIAN` (default 1000; 0 skips)
+//! Debian branches of a live checkpoint of a python3 loop (the same 10-s tick) are forked
+//! beside them: time a branch, single forks, memory a branch, and a sample of both kinds
+//! must answer. Then every branch is removed, timed. The p50 latencies against the
+//! number alive are also drawn, target/bench/density.svg. podman's peer: `podman container restore
 //! --import` of an export of the same loop, one container after another, until
 //! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
 //! (default 1000) run: restore time at the first and the last 10, memory per container.
@@ -34,6 +38,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const LOOP: &str = "mkfifo /tmp/tick; exec 3<>/tmp/tick; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; read -t 10 x <&3; done";
+/// The Debian branches' program: a python3 loop with the busybox loop's tick.
+const PY_LOOP: &str = "exec python3 -c \"
+import time
+i = 0
+while True:
+    i += 1
+    with open('/tmp/count', 'w') as f:
+        f.write(str(i))
+    time.sleep(10)
+\"";
 const BATCH: usize = 100;
 const PODMAN_IMAGE: &str = "localhost/forkd-bench-busybox";
 
@@ -79,11 +93,16 @@ fn run() -> Result<()> {
         std::env::remove_var("FORKD_KSM");
         let d = DaemonGuard::start(&bin)?;
         d.import(&common::fixture_image("busybox.tar"), "busybox")?;
+        let debian_n = common::env_usize("FORKD_DENSITY_DEBIAN", 1000)?;
+        if debian_n > 0 {
+            d.import(&debian, "debian")?;
+        }
         branches(
             &d,
             &bin,
             samples,
             &list("FORKD_DENSITY_N", "100,1000,2000,5000")?,
+            debian_n,
             &mut report,
         )?;
         drop(d.stop());
@@ -125,6 +144,7 @@ fn branches(
     bin: &Path,
     samples: usize,
     ns: &[usize],
+    debian_n: usize,
     report: &mut Report,
 ) -> Result<()> {
     eprintln!("[1] busybox branches alive at N = {ns:?}");
@@ -133,6 +153,22 @@ fn branches(
     let base_avail = common::mem_available_kib()?;
     let mut alive: Vec<String> = Vec::new();
     let mut table = Vec::new();
+    // p50s in ms against the number alive, for the plot.
+    let mut plot: Vec<common::plot::Series> = [
+        "fork of one",
+        "create",
+        "exec",
+        "filesystem checkpoint",
+        "stop",
+        "remove",
+        "list",
+    ]
+    .iter()
+    .map(|n| common::plot::Series {
+        name: n.to_string(),
+        points: vec![],
+    })
+    .collect();
     let mut rng = 0x2545f4914f6cdd1du64;
     let mut pick = |alive: &[String]| {
         rng ^= rng << 13;
@@ -189,9 +225,9 @@ fn branches(
         }
         let create_s = row("create", creates);
         let exec_s = row("exec (true)", execs);
-        row("filesystem checkpoint", cks);
-        row("stop", stops);
-        row("remove", rms);
+        let ck_s = row("filesystem checkpoint", cks);
+        let stop_s = row("stop", stops);
+        let rm_s = row("remove", rms);
         let (mut lists, mut inspects, mut ps) = (vec![], vec![], vec![]);
         for _ in 0..samples {
             let t = Instant::now();
@@ -218,6 +254,13 @@ fn branches(
             ps.push(us(t));
         }
         let list_s = row("list request", lists);
+        let x = alive.len() as f64;
+        for (series, s) in plot
+            .iter_mut()
+            .zip([&fork_s, &create_s, &exec_s, &ck_s, &stop_s, &rm_s, &list_s])
+        {
+            series.points.push((x, s.p50 as f64 / 1000.0));
+        }
         row("inspect request", inspects);
         row("forkd ps (whole process)", ps);
         // Every sampled branch still runs its loop and answers.
@@ -250,14 +293,50 @@ fn branches(
             format!("{answered}/20"),
         ]);
     }
+    let svg = common::plot::svg(
+        "forkd: one more operation with N busybox branches alive (p50)",
+        "branches alive (log scale)",
+        "ms",
+        &plot,
+    );
+    let svg_path = common::bench_output_dir().join("density.svg");
+    std::fs::create_dir_all(common::bench_output_dir())?;
+    std::fs::write(&svg_path, svg).with_context(|| format!("write {}", svg_path.display()))?;
+    let (debian_ids, debian_ck, debian_table) = if debian_n > 0 {
+        debian_branches(d, samples, debian_n, report)?
+    } else {
+        (Vec::new(), None, None)
+    };
+    // With the Debian branches beside them, the busybox ones still run.
+    let mut answered = 0;
+    for _ in 0..20 {
+        if d.sh_ok(&pick(&alive), "cat /tmp/count")
+            .is_ok_and(|c| c.trim().parse::<u64>().is_ok())
+        {
+            answered += 1;
+        }
+    }
     let t = Instant::now();
-    for id in &alive {
+    for (i, id) in alive.iter().enumerate() {
         common::check_interrupted()?;
         d.remove(id)?;
+        if i % 100 == 99 {
+            eprint!("\r  removed {}", i + 1);
+        }
     }
+    eprintln!();
     let removed = us(t);
     d.remove(&source.id)?;
     d.remove_checkpoint(&ck.id)?;
+    let t = Instant::now();
+    for id in &debian_ids {
+        common::check_interrupted()?;
+        d.remove(id)?;
+    }
+    let debian_removed = us(t);
+    if let Some(c) = debian_ck {
+        d.remove_checkpoint(&c)?;
+    }
     report.tables.push(common::Table {
         title: "Busybox branches alive (p50; memory = MemAvailable drop / alive)".into(),
         header: [
@@ -278,16 +357,118 @@ fn branches(
     });
     report.sections.push((
         "Removal".into(),
-        vec![(
-            format!("remove all {} branches, one request each", alive.len()),
-            format!(
-                "{} ({} a branch)",
-                common::fmt_us(removed),
-                common::fmt_us(removed / alive.len().max(1) as u64)
+        vec![
+            (
+                format!(
+                    "busybox branches answering with {} Debian branches beside them",
+                    debian_ids.len()
+                ),
+                format!("{answered}/20 sampled"),
             ),
-        )],
+            (
+                format!(
+                    "remove all {} busybox branches, one request each",
+                    alive.len()
+                ),
+                format!(
+                    "{} ({} a branch)",
+                    common::fmt_us(removed),
+                    common::fmt_us(removed / alive.len().max(1) as u64)
+                ),
+            ),
+            (
+                format!("then all {} Debian branches", debian_ids.len()),
+                format!(
+                    "{} ({} a branch)",
+                    common::fmt_us(debian_removed),
+                    common::fmt_us(debian_removed / debian_ids.len().max(1) as u64)
+                ),
+            ),
+            ("plot of the p50s".into(), "density.svg".into()),
+        ],
     ));
+    report.tables.extend(debian_table);
     Ok(())
+}
+
+/// Part 1, second half: `n` Debian branches of a live python3 loop, forked beside the
+/// busybox ones. Returns their ids, still alive, their checkpoint's and their table.
+fn debian_branches(
+    d: &DaemonGuard,
+    samples: usize,
+    n: usize,
+    report: &mut Report,
+) -> Result<(Vec<String>, Option<String>, Option<common::Table>)> {
+    eprintln!("[1d] {n} Debian python3 branches beside them");
+    let source = d.create_with(&json!({ "image": "debian", "command": { "shell": PY_LOOP } }))?;
+    if !common::wait_until(Duration::from_secs(30), || {
+        d.sh_ok(&source.id, "cat /tmp/count").is_ok()
+    }) {
+        bail!("the python3 loop wrote no /tmp/count within 30 s");
+    }
+    let ck = d.checkpoint(&source.id, true, false)?;
+    d.remove(&source.id)?;
+    let avail0 = common::mem_available_kib()?;
+    let t = Instant::now();
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        common::check_interrupted()?;
+        ids.extend(fork(d, &ck.id, (n - ids.len()).min(BATCH))?);
+        eprint!("\r  {} Debian branches alive", ids.len());
+    }
+    eprintln!();
+    let per_branch = us(t) / n.max(1) as u64;
+    let per_kib = avail0.saturating_sub(common::mem_available_kib()?) as f64 / n.max(1) as f64;
+    let mut forks = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        ids.extend(fork(d, &ck.id, 1)?);
+        forks.push(us(t));
+    }
+    let fork_s = report.row(&format!("Debian, {n} alive: fork of one branch"), forks);
+    let mut answered = 0;
+    let mut i = 0x9e3779b97f4a7c15u64;
+    for _ in 0..20 {
+        i = i
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let id = &ids[((i >> 33) % ids.len() as u64) as usize];
+        if d.sh_ok(id, "cat /tmp/count")
+            .is_ok_and(|c| c.trim().parse::<u64>().is_ok())
+        {
+            answered += 1;
+        }
+    }
+    let rss = d.rss_kib()?;
+    eprintln!(
+        "  Debian: {} a branch in batches, fork of one p50 {}; {per_kib:.0} KiB a branch; {answered}/20 answered",
+        common::fmt_us(per_branch),
+        common::fmt_us(fork_s.p50)
+    );
+    let table = common::Table {
+        title: "Debian python3 branches, beside the busybox ones (memory = MemAvailable drop / n)"
+            .into(),
+        header: [
+            "Debian branches",
+            "fork, per branch in batches of 100",
+            "fork of one",
+            "host memory a branch",
+            "daemon RSS",
+            "sampled branches answering",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        rows: vec![vec![
+            ids.len().to_string(),
+            common::fmt_us(per_branch),
+            common::fmt_us(fork_s.p50),
+            format!("{per_kib:.0} KiB"),
+            format!("{rss} KiB"),
+            format!("{answered}/20"),
+        ]],
+    };
+    Ok((ids, Some(ck.id), Some(table)))
 }
 
 /// podman: containers restored from one export, one after another, until the budget.

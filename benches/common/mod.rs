@@ -16,13 +16,15 @@
 //! - `daemon.rs`: [`DaemonGuard`], the daemon under test;
 //! - `fixtures.rs`: fixture images and the QEMU guest's helpers;
 //! - `run_info.rs`: git revision, date, machine and load;
-//! - `report.rs`: [`Report`] and its rows, checks and tables, and the output files.
+//! - `report.rs`: [`Report`] and its rows, checks and tables, and the output files;
+//! - `plot.rs`: a line plot as an SVG file (`common::plot::svg`).
 #![allow(dead_code)]
 
 mod daemon;
 mod env;
 mod fixtures;
 mod host;
+pub mod plot;
 mod report;
 mod run_info;
 mod stats;
