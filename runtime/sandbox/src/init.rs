@@ -26,7 +26,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
 
 const SOCKET: &str = "/.forkd/run/init.sock";
@@ -97,7 +97,7 @@ fn serve() -> std::io::Result<()> {
                         drop(listener);
                         drop(sigfd);
                         let _ = mask.thread_unblock();
-                        let tx = handover_tx.try_clone().map(OwnedFd::from);
+                        let tx = handover_tx.try_clone();
                         match tx {
                             Ok(tx) => relay::serve_connection(conn, tx),
                             Err(e) => {
