@@ -81,6 +81,56 @@ fn roots_stay_out_of_the_host_mount_table_and_tables_do_not_grow() {
     assert!(e.contains("stats must be true or false"), "{e}");
 }
 
+/// The device of the sysfs mounted at `/sys` in a sandbox.
+fn sys_device(d: &TestDaemon, id: &str) -> String {
+    let (code, out, err) = d.sh(id, "cat /proc/self/mountinfo");
+    assert_eq!(code, 0, "{err}");
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(4) == Some(&"/sys"))
+        .unwrap_or_else(|| panic!("no /sys in sandbox {id}:\n{out}"))[2]
+        .to_string()
+}
+
+#[test]
+fn sandboxes_and_branches_bind_one_sysfs() {
+    let name = "sandboxes_and_branches_bind_one_sysfs";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start("density-sysfs");
+    // The daemon's sysfs, of a network namespace of its own.
+    let at = d.root.join("sysfs");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let host = info
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(4) == Some(&at.to_str().unwrap()) && f.contains(&"sysfs"))
+        .unwrap_or_else(|| panic!("no sysfs at {}:\n{info}", at.display()))[2]
+        .to_string();
+    let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let b = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let ck = d.checkpoint(&a.id, true);
+    let br = d.fork(&ck.id, 2, false).branches;
+    // Fresh sandboxes and branches all bind that one superblock: no new sysfs mount,
+    // whose lookup walks every network namespace's superblock, per sandbox or restore.
+    for id in [&a.id, &b.id, &br[0].id, &br[1].id] {
+        assert_eq!(sys_device(&d, id), host, "sandbox {id}");
+        let (code, out, _) = d.sh(
+            id,
+            "ls /sys/class/net; touch /sys/x 2>/dev/null || echo read-only",
+        );
+        assert_eq!(code, 0);
+        assert_eq!(out, "lo\nread-only\n", "sandbox {id}");
+    }
+    // A branch of a branch too (its checkpoint marks /sys external again).
+    let ck2 = d.checkpoint(&br[0].id, true);
+    let again = d.fork(&ck2.id, 1, false).branches.remove(0);
+    assert_eq!(sys_device(&d, &again.id), host);
+    let (_, count, _) = d.sh(&again.id, "cat /tmp/count");
+    assert!(count.trim().parse::<u64>().is_ok(), "{count:?}");
+}
+
 fn ksm(name: &str) -> u64 {
     std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{name}"))
         .ok()

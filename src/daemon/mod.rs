@@ -79,6 +79,11 @@ pub struct Daemon {
     pub runtime: tokio::runtime::Handle,
     /// Watches every sandbox's init for its exit (one thread, one epoll set).
     pub exits: forkd_sys::exits::ExitWatcher,
+    /// The sysfs every new sandbox binds as `/sys` (`forkd_sys::mount_quiet_sysfs`), or
+    /// none if it could not be mounted: each sandbox then mounts its own.
+    pub sysfs: Option<PathBuf>,
+    /// The network namespace of that sysfs, kept so that its loopback stays listed.
+    _sysfs_netns: Option<std::os::fd::OwnedFd>,
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
     next_request: AtomicU64,
@@ -260,6 +265,19 @@ impl Daemon {
         let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
         let init = init_program(&exe)?;
         let runtime_layer = ensure_runtime_layer(&data, &layers, &init)?;
+        let (sysfs, sysfs_netns) = {
+            let dir = cfg.root.join("sysfs");
+            match forkd_sys::mount_quiet_sysfs(&dir) {
+                Ok(ns) => (Some(dir), Some(ns)),
+                Err(e) => {
+                    log::warn(&format!(
+                        "every sandbox mounts a sysfs of its own (slower with many alive): mount {}: {e}",
+                        dir.display()
+                    ));
+                    (None, None)
+                }
+            }
+        };
         let criu = forkd_criu::Criu::locate(None)
             .map(|mut c| {
                 // Without it CRIU works, just some 40 ms slower per call.
@@ -331,6 +349,8 @@ impl Daemon {
             runtime,
             exits: forkd_sys::exits::ExitWatcher::start("init-exits")
                 .context("start the watcher of init exits")?,
+            sysfs,
+            _sysfs_netns: sysfs_netns,
             _lock: lock,
             next_request: AtomicU64::new(1),
             favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),
@@ -394,11 +414,15 @@ impl Daemon {
         }
     }
 
-    /// On shutdown, unmount CRIU's private `/run` and, with nothing running, the
-    /// loop-mounted volume, so that no mount outlives the daemon; the next start mounts
-    /// them again.
+    /// On shutdown, unmount CRIU's private `/run`, the sandboxes' sysfs and, with nothing
+    /// running, the loop-mounted volume, so that no mount outlives the daemon; the next start
+    /// mounts them again.
     fn release_volume_if_idle(&self) {
         if let Some(dir) = self.criu.as_ref().ok().and_then(|c| c.run_dir()) {
+            let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+        }
+        // Sandboxes keep their own copies of it.
+        if let Some(dir) = &self.sysfs {
             let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
         }
         let running = self

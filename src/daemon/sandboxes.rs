@@ -428,6 +428,7 @@ impl Daemon {
             name_files: connected.is_some(),
             netns_fd: None,
             root_fd: None,
+            sysfs: self.sysfs.clone(),
         };
         if let Some(c) = &connected {
             record.lease = Some(c.lease.clone());

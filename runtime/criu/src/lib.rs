@@ -138,6 +138,9 @@ pub struct DumpOpts {
     /// configuration, which holds for forkd's sandboxes (no CAP_NET_ADMIN, `/proc/sys`
     /// read-only). Saves CRIU's `ip`/`iptables` save and restore (some 30 ms each way).
     pub external_net: bool,
+    /// Mounts of the tree left out of the images as external, each (its mount point in
+    /// the tree, a key): a restore binds what it is given under that key instead.
+    pub external_mounts: Vec<(String, String)>,
 }
 
 /// The key under which a dump marks the tree's network namespace as external and a
@@ -168,6 +171,9 @@ pub struct RestoreOpts {
     /// Processes added to this cgroup before CRIU forks the tree, so the restored tree
     /// lands in it (`cgroup.procs` files, one per hierarchy).
     pub join_cgroup_procs: Vec<PathBuf>,
+    /// What to bind for mounts a dump marked external: (key, a path where CRIU starts).
+    /// Keys the images do not use are ignored.
+    pub external_mounts: Vec<(String, PathBuf)>,
     /// (controller, path) roots for the restored tree's cgroups (`--cgroup-root`); an
     /// empty controller means every controller (cgroup v2).
     pub cgroup_roots: Vec<(String, String)>,
@@ -382,6 +388,12 @@ impl Criu {
                 })?;
             o.external.push(format!("net[{ino}]:{NETNS_KEY}"));
         }
+        for (mountpoint, key) in &opts.external_mounts {
+            let mut m = rpc::Ext_mount_map::new();
+            m.set_key(mountpoint.clone());
+            m.set_val(key.clone());
+            o.ext_mnt.push(m);
+        }
         if let Some(cg) = &opts.freeze_cgroup {
             o.set_freeze_cgroup(cg.display().to_string());
         }
@@ -439,6 +451,12 @@ impl Criu {
         o.set_manage_cgroups_mode(rpc::Criu_cg_mode::SOFT);
         if let Some(yard) = self.cgroup_yard() {
             o.set_cgroup_yard(yard.display().to_string());
+        }
+        for (key, source) in &opts.external_mounts {
+            let mut m = rpc::Ext_mount_map::new();
+            m.set_key(key.clone());
+            m.set_val(source.display().to_string());
+            o.ext_mnt.push(m);
         }
         for (ctrl, path) in &opts.cgroup_roots {
             let mut r = rpc::Cgroup_root::new();

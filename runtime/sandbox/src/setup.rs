@@ -86,6 +86,10 @@ pub struct SetupSpec {
     /// mounted where the caller runs and is bound onto itself.
     #[serde(default)]
     pub root_fd: Option<i32>,
+    /// A sysfs mount to bind read-only as `/sys` (`forkd_sys::mount_quiet_sysfs`, visible
+    /// where the set-up starts); without one, a sysfs is mounted for the sandbox.
+    #[serde(default)]
+    pub sysfs: Option<PathBuf>,
 }
 
 /// What the set-up process prints on stdout.
@@ -298,13 +302,29 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
         mount(None::<&str>, &path, None::<&str>, ro, None::<&str>)
             .map_err(|e| ("mount", format!("make /proc/{p} read-only: {e}")))?;
     }
-    mnt(
-        "sysfs",
-        &root.join("sys"),
-        "sysfs",
-        nosuid | MsFlags::MS_RDONLY,
-        None,
-    )?;
+    match &spec.sysfs {
+        Some(sysfs) => {
+            let sys = root.join("sys");
+            mount(
+                Some(sysfs),
+                &sys,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|e| ("mount", format!("bind {} as /sys: {e}", sysfs.display())))?;
+            let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid;
+            mount(None::<&str>, &sys, None::<&str>, ro, None::<&str>)
+                .map_err(|e| ("mount", format!("make /sys read-only: {e}")))?;
+        }
+        None => mnt(
+            "sysfs",
+            &root.join("sys"),
+            "sysfs",
+            nosuid | MsFlags::MS_RDONLY,
+            None,
+        )?,
+    }
     make_dev(root)?;
     mnt(
         "devpts",

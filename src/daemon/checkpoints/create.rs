@@ -276,6 +276,13 @@ impl Daemon {
                 // A sandbox cannot change its network namespace (see
                 // forkd_sandbox::setup): a branch gets a new one like it.
                 external_net: true,
+                // The sandbox's /sys is a bind of the daemon's (see Daemon::sysfs): a
+                // branch binds it again rather than mounting a sysfs of its own.
+                external_mounts: self
+                    .sysfs
+                    .iter()
+                    .map(|_| ("/sys".to_string(), super::SYSFS_KEY.to_string()))
+                    .collect(),
             },
             &mut || {
                 volume

@@ -267,6 +267,11 @@ impl Daemon {
             log_file: "restore.log".into(),
             lazy_pages: plan.lazy,
             join_cgroup_procs: cg.procs_files(),
+            external_mounts: self
+                .sysfs
+                .iter()
+                .map(|p| (super::SYSFS_KEY.to_string(), p.clone()))
+                .collect(),
             cgroup_roots: cg.roots(),
             netns,
         });

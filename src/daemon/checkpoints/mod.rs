@@ -36,6 +36,10 @@ use std::sync::{Arc, Mutex};
 
 const RECORD_VERSION: u32 = 1;
 
+/// The key under which a dump marks a sandbox's `/sys` as external and a restore binds
+/// the daemon's sysfs there (`Daemon::sysfs`).
+const SYSFS_KEY: &str = "forkd-sysfs";
+
 mod create;
 mod fork;
 mod hash;
