@@ -497,7 +497,8 @@ pub fn mount_quiet_sysfs(dir: &std::path::Path) -> io::Result<OwnedFd> {
     // SAFETY: `target` is a NUL-terminated path that outlives the call.
     while unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } == 0 {}
     // A thread of its own takes the new network namespace (namespaces of that kind are
-    // per thread) and mounts sysfs from there; the superblock keeps the namespace alive.
+    // per thread) and mounts sysfs from there; the superblock refers to that namespace,
+    // the returned descriptor keeps its loopback listed.
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<OwnedFd> {
             // SAFETY: unshare takes flags only and affects this thread alone.
