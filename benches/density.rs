@@ -138,6 +138,29 @@ fn fork(d: &DaemonGuard, ck: &str, n: usize) -> Result<Vec<String>> {
         .collect())
 }
 
+/// Picks branches at random, the same sequence in every run.
+struct Picker(u64);
+
+impl Picker {
+    fn one<'a>(&mut self, ids: &'a [String]) -> &'a str {
+        // xorshift64
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        &ids[(self.0 % ids.len() as u64) as usize]
+    }
+
+    /// How many of 20 branches picked from `ids` still run their loop and answer.
+    fn answering(&mut self, d: &DaemonGuard, ids: &[String]) -> usize {
+        (0..20)
+            .filter(|_| {
+                d.sh_ok(self.one(ids), "cat /tmp/count")
+                    .is_ok_and(|c| c.trim().parse::<u64>().is_ok())
+            })
+            .count()
+    }
+}
+
 /// Part 1.
 fn branches(
     d: &DaemonGuard,
@@ -169,13 +192,7 @@ fn branches(
         points: vec![],
     })
     .collect();
-    let mut rng = 0x2545f4914f6cdd1du64;
-    let mut pick = |alive: &[String]| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        alive[(rng % alive.len() as u64) as usize].clone()
-    };
+    let mut pick = Picker(0x2545f4914f6cdd1d);
     for &n in ns {
         let grow = Instant::now();
         let before = alive.len();
@@ -241,7 +258,7 @@ fn branches(
                 );
             }
             let t = Instant::now();
-            d.inspect(&pick(&alive))?;
+            d.inspect(pick.one(&alive))?;
             inspects.push(us(t));
             let t = Instant::now();
             let out = std::process::Command::new(bin)
@@ -264,16 +281,7 @@ fn branches(
         row("inspect request", inspects);
         row("forkd ps (whole process)", ps);
         // Every sampled branch still runs its loop and answers.
-        let mut answered = 0;
-        for _ in 0..20 {
-            let id = pick(&alive);
-            if d.sh_ok(&id, "cat /tmp/count")
-                .map(|c| c.trim().parse::<u64>().is_ok())
-                .unwrap_or(false)
-            {
-                answered += 1;
-            }
-        }
+        let answered = pick.answering(d, &alive);
         let avail = common::mem_available_kib()?;
         let per_branch_kib = base_avail.saturating_sub(avail) as f64 / alive.len() as f64;
         let rss = d.rss_kib()?;
@@ -303,19 +311,12 @@ fn branches(
     std::fs::create_dir_all(common::bench_output_dir())?;
     std::fs::write(&svg_path, svg).with_context(|| format!("write {}", svg_path.display()))?;
     let (debian_ids, debian_ck, debian_table) = if debian_n > 0 {
-        debian_branches(d, samples, debian_n, report)?
+        debian_branches(d, samples, debian_n, &mut pick, report)?
     } else {
         (Vec::new(), None, None)
     };
     // With the Debian branches beside them, the busybox ones still run.
-    let mut answered = 0;
-    for _ in 0..20 {
-        if d.sh_ok(&pick(&alive), "cat /tmp/count")
-            .is_ok_and(|c| c.trim().parse::<u64>().is_ok())
-        {
-            answered += 1;
-        }
-    }
+    let answered = pick.answering(d, &alive);
     let t = Instant::now();
     for (i, id) in alive.iter().enumerate() {
         common::check_interrupted()?;
@@ -397,6 +398,7 @@ fn debian_branches(
     d: &DaemonGuard,
     samples: usize,
     n: usize,
+    pick: &mut Picker,
     report: &mut Report,
 ) -> Result<(Vec<String>, Option<String>, Option<common::Table>)> {
     eprintln!("[1d] {n} Debian python3 branches beside them");
@@ -426,19 +428,7 @@ fn debian_branches(
         forks.push(us(t));
     }
     let fork_s = report.row(&format!("Debian, {n} alive: fork of one branch"), forks);
-    let mut answered = 0;
-    let mut i = 0x9e3779b97f4a7c15u64;
-    for _ in 0..20 {
-        i = i
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let id = &ids[((i >> 33) % ids.len() as u64) as usize];
-        if d.sh_ok(id, "cat /tmp/count")
-            .is_ok_and(|c| c.trim().parse::<u64>().is_ok())
-        {
-            answered += 1;
-        }
-    }
+    let answered = pick.answering(d, &ids);
     let rss = d.rss_kib()?;
     eprintln!(
         "  Debian: {} a branch in batches, fork of one p50 {}; {per_kib:.0} KiB a branch; {answered}/20 answered",

@@ -85,11 +85,11 @@ fn roots_stay_out_of_the_host_mount_table_and_tables_do_not_grow() {
 fn sys_device(d: &TestDaemon, id: &str) -> String {
     let (code, out, err) = d.sh(id, "cat /proc/self/mountinfo");
     assert_eq!(code, 0, "{err}");
-    out.lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.get(4) == Some(&"/sys"))
-        .unwrap_or_else(|| panic!("no /sys in sandbox {id}:\n{out}"))[2]
-        .to_string()
+    forkd_sys::mountinfo::parse(&out)
+        .into_iter()
+        .rfind(|m| m.mount_point == std::path::Path::new("/sys"))
+        .unwrap_or_else(|| panic!("no /sys in sandbox {id}:\n{out}"))
+        .device
 }
 
 #[test]
@@ -101,13 +101,11 @@ fn sandboxes_and_branches_bind_one_sysfs() {
     let d = TestDaemon::start("density-sysfs");
     // The daemon's sysfs, of a network namespace of its own.
     let at = d.root.join("sysfs");
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let host = info
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.get(4) == Some(&at.to_str().unwrap()) && f.contains(&"sysfs"))
-        .unwrap_or_else(|| panic!("no sysfs at {}:\n{info}", at.display()))[2]
-        .to_string();
+    let host = forkd_sys::mountinfo::mount_at(&at)
+        .unwrap()
+        .filter(|m| m.fstype == "sysfs")
+        .unwrap_or_else(|| panic!("no sysfs at {}", at.display()))
+        .device;
     let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
     let b = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
     let ck = d.checkpoint(&a.id, true);

@@ -246,6 +246,17 @@ fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
     super::check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
 }
 
+/// A message header over one buffer and a control buffer (room for one descriptor,
+/// aligned); the caller sets `msg_controllen`. The pointers are valid while both live.
+fn header(iov: &mut libc::iovec, control: &mut [u64; 4]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg
+}
+
 /// One message: the key as 8 bytes, the descriptor as `SCM_RIGHTS`.
 fn send_fd(sock: &OwnedFd, key: u64, fd: &OwnedFd) -> io::Result<()> {
     let data = key.to_le_bytes();
@@ -254,11 +265,7 @@ fn send_fd(sock: &OwnedFd, key: u64, fd: &OwnedFd) -> io::Result<()> {
         iov_len: data.len(),
     };
     let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    let mut msg = header(&mut iov, &mut control);
     // SAFETY: CMSG_SPACE only computes a size.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
     // SAFETY: the control buffer (32 bytes, aligned) holds one cmsg with one descriptor;
@@ -291,11 +298,7 @@ fn recv_fd(sock: &OwnedFd) -> io::Result<Option<(u64, OwnedFd)>> {
         iov_len: data.len(),
     };
     let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    let mut msg = header(&mut iov, &mut control);
     msg.msg_controllen = std::mem::size_of_val(&control);
     // SAFETY: `msg` points at live buffers for the duration of the call.
     let r = unsafe {

@@ -11,6 +11,8 @@ const MOUNTINFO: &str = "/proc/self/mountinfo";
 /// One mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
+    /// The filesystem's device, `major:minor`: two mounts of one superblock share it.
+    pub device: String,
     pub mount_point: PathBuf,
     /// The mount's own options (`rw,nosuid,relatime`).
     pub mount_options: String,
@@ -46,14 +48,16 @@ pub fn parse(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
             let (head, tail) = line.split_once(" - ")?;
-            let mut head = head.split(' ').skip(4);
-            let mount_point = head.next()?;
+            let mut head = head.split(' ').skip(2);
+            let device = head.next()?;
+            let mount_point = head.nth(1)?;
             let mount_options = head.next().unwrap_or("");
             let mut tail = tail.split(' ');
             let fstype = tail.next()?;
             let source = tail.next()?;
             let super_options = tail.next().unwrap_or("");
             Some(Mount {
+                device: device.to_string(),
                 mount_point: PathBuf::from(unescape(mount_point)),
                 mount_options: mount_options.to_string(),
                 fstype: unescape(fstype),
@@ -96,6 +100,8 @@ mod tests {
 ";
         let mounts = parse(text);
         assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0].device, "0:21");
+        assert_eq!(mounts[1].device, "98:0");
         assert_eq!(mounts[1].mount_point, Path::new("/srv/forkd state/vol"));
         assert_eq!(mounts[1].fstype, "btrfs");
         assert_eq!(mounts[1].source, "/dev/loop3");
