@@ -221,3 +221,61 @@ fn a_discarded_page_reads_zeros_in_a_branch_whose_pages_are_merged() {
     // The daemon put the machine's KSM setting back when it stopped.
     assert_eq!(run_knob(), found);
 }
+
+/// A stop passes SIGTERM to every process of its sandbox, each in a session and process
+/// group of its own, and to none of another sandbox: the init finds them in the
+/// sandbox's own `/proc` rather than by `kill(-1)`, whose walk covers every process on
+/// the host.
+#[test]
+fn a_stop_terminates_every_process_of_its_sandbox_and_no_other() {
+    let name = "a_stop_terminates_every_process_of_its_sandbox_and_no_other";
+    if !can_run(name) {
+        return;
+    }
+    let d = TestDaemon::start("density-stop");
+    let loop_ = serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } });
+    let (a, b) = (d.create(loop_.clone()), d.create(loop_));
+    // Marks its start; on SIGTERM marks that and exits.
+    let worker = b"trap 'echo term > /tmp/term-$1; exit 0' TERM\n\
+echo $$ > /tmp/up-$1\n\
+while :; do sleep 0.2; done\n";
+    let start = |id: &str, tag: &str| {
+        d.put_file(id, "/worker.sh", worker);
+        let (code, _, err) = d.sh(
+            id,
+            &format!("setsid sh /worker.sh {tag} </dev/null >/dev/null 2>&1 &"),
+        );
+        assert_eq!(code, 0, "{err}");
+        d.wait_for(id, &format!("cat /tmp/up-{tag}"), "")
+            .trim()
+            .to_string()
+    };
+    let tags = ["a0", "a1", "a2"];
+    for tag in tags {
+        start(&a.id, tag);
+    }
+    let b_pid = start(&b.id, "b");
+
+    let info: forkd::api::SandboxInfo = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/stop", a.id),
+            Some(&serde_json::json!({ "grace_secs": 20 })),
+        )
+        .expect("stop");
+    assert_eq!(info.status, forkd::api::SandboxStatus::Stopped);
+    for tag in tags {
+        let mark = std::path::Path::new(&info.upper).join(format!("tmp/term-{tag}"));
+        assert_eq!(
+            std::fs::read_to_string(&mark).unwrap_or_default().trim(),
+            "term",
+            "{} got no SIGTERM",
+            mark.display()
+        );
+    }
+    // The other sandbox's process runs on, untouched.
+    let (code, out, err) = d.sh(&b.id, &format!("kill -0 {b_pid} && ls /tmp"));
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("term-b"), "{out}");
+}

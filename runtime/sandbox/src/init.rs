@@ -15,8 +15,9 @@
 //! reads the pipe before it looks a reaped pid up.
 //!
 //! Signals: SIGTERM (sent by `forkd stop`) is passed on to every process of the
-//! sandbox; the init exits once they are gone, and the kernel then kills whatever is
-//! left in the pid namespace.
+//! sandbox (found in the sandbox's own `/proc`, see [`terminate_the_others`]); the init
+//! exits once they are gone, and the kernel then kills whatever is left in the pid
+//! namespace.
 
 use crate::relay;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -82,8 +83,7 @@ fn serve() -> std::io::Result<()> {
             while let Ok(Some(info)) = sigfd.read_signal() {
                 if info.ssi_signo != Signal::SIGCHLD as u32 && !stopping {
                     stopping = true;
-                    // kill(-1) from PID 1 reaches every other process in the namespace.
-                    let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+                    terminate_the_others();
                 }
             }
             if reap_all(&mut detached) && stopping {
@@ -110,6 +110,43 @@ fn serve() -> std::io::Result<()> {
                     Err(e) => eprintln!("forkd-init: fork relay: {e}"),
                 }
             }
+        }
+    }
+}
+
+/// Sends SIGTERM to every other process of the sandbox, found in its `/proc`, which
+/// lists only the sandbox's pid namespace.
+///
+/// `kill(-1)` from PID 1 reaches the same processes, but the kernel finds them by
+/// walking every process on the host while holding the lock that every fork and exit
+/// on the host takes: with thousands of sandboxes alive that made each stop slower and
+/// stalled the host's forks meanwhile. The directory is read again until a pass finds no
+/// process it has not signalled, so a child forked while the first pass ran is reached
+/// too. Falls back to `kill(-1)` when `/proc` is not this namespace's.
+fn terminate_the_others() {
+    let everyone = || {
+        let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+    };
+    if std::fs::read_link("/proc/self").map_or(true, |p| p.as_os_str() != "1") {
+        return everyone();
+    }
+    let mut signalled = std::collections::HashSet::new();
+    for _ in 0..16 {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return everyone();
+        };
+        let mut found_new = false;
+        for pid in dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        {
+            if pid > 1 && signalled.insert(pid) {
+                found_new = true;
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+        }
+        if !found_new {
+            return;
         }
     }
 }
