@@ -537,6 +537,9 @@ fn cli_reports_errors_and_exit_codes() {
     // Memory use only when asked for (two cgroup reads a sandbox).
     let plain = String::from_utf8_lossy(&d.cli(&["ps"]).stdout).to_string();
     assert!(plain.contains(&id) && !plain.contains("MEMORY"), "{plain}");
+    let row: Vec<&str> = plain.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..3], [id.as_str(), "busybox", "running"], "{plain}");
+    assert!(row[3].parse::<i32>().is_ok_and(|p| p > 1), "{plain}");
     let with = String::from_utf8_lossy(&d.cli(&["ps", "--stats"]).stdout).to_string();
     assert!(with.lines().next().unwrap().contains("MEMORY"), "{with}");
     assert!(with.lines().nth(1).unwrap().contains('M'), "{with}");

@@ -235,7 +235,12 @@ fn handle(
                     )))
                 }
             };
-            Ok(Reply::json(&d.list_sandboxes(stats)))
+            let list = d.list_sandboxes(stats);
+            // A description is some 400 bytes: sized once, the buffer of a list of
+            // thousands is not copied over and over as it grows.
+            let mut body = Vec::with_capacity(2 + list.len() * 512);
+            serde_json::to_writer(&mut body, &list).expect("answers serialise");
+            Ok(Reply::Json(body))
         }
         O::CreateSandbox => {
             let sb = d.create_sandbox(req.json()?)?;
