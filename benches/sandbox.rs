@@ -8,6 +8,7 @@
 //!   removal time.
 //! - exec round trip: `exec true` in one running sandbox through the API, and through the
 //!   `forkd exec` binary (process start included).
+//! - `forkd run --rm busybox -- true` as a whole CLI process (create, run, remove).
 //! - podman: `podman run --rm ... true` per sample (its create-to-first-exec), and
 //!   `podman exec CONTAINER true` against one detached container.
 //! - density: N sandboxes alive at once (created one after another): daemon RSS, host
@@ -42,6 +43,7 @@ const ROW_CREATE_DAEMON: &str = "forkd create, daemon-side create_us";
 const ROW_REMOVE: &str = "forkd rm -f (API, not in the row above)";
 const ROW_EXEC_API: &str = "forkd exec true (API round trip)";
 const ROW_EXEC_CLI: &str = "forkd exec true (CLI binary, process start included)";
+const ROW_RUN_RM_CLI: &str = "forkd run --rm true (CLI binary, whole process)";
 const ROW_EXEC_GRANT: &str = "forkd exec true through a grant's socket (API round trip)";
 const ROW_PODMAN_RUN: &str = "podman run --rm true";
 const ROW_PODMAN_EXEC: &str = "podman exec true";
@@ -254,6 +256,17 @@ fn measure(
         )
     })?;
     report.row(ROW_EXEC_CLI, exec_cli);
+    // A whole `forkd run --rm`: the CLI process creates a sandbox, runs the command in
+    // it, removes it and exits with the command's code (podman's `run --rm` peer below).
+    let run_rm = sample(ROW_RUN_RM_CLI, 3, cfg.samples, || {
+        common::time_command(
+            Command::new(bin)
+                .arg("--socket")
+                .arg(&daemon.socket)
+                .args(["run", "--rm", IMAGE, "--", "true"]),
+        )
+    })?;
+    report.row(ROW_RUN_RM_CLI, run_rm);
     // The same exec through a grant (what a confined agent uses): admission, the step
     // count, then the same exec.
     let grant: forkd::api::GrantInfo = client
@@ -551,6 +564,14 @@ fn add_checks(report: &mut Report) {
         shown: shown(r),
         goal: "-".into(),
         met: None,
+    });
+    let r = ratio(report.p50(ROW_RUN_RM_CLI), podman_run);
+    report.checks.push(Check {
+        name: "forkd run --rm p50 (CLI, whole process) / podman run --rm p50".into(),
+        value: r,
+        shown: shown(r),
+        goal: "<= 0.1".into(),
+        met: r.map(|v| v <= 0.1),
     });
     let cli = report.p50(ROW_EXEC_CLI);
     let r = ratio(cli, podman_exec);
