@@ -529,24 +529,38 @@ fn measure_density(
 
 /// The headline comparisons and goals.
 fn add_checks(report: &mut Report) {
-    let create = report.p50(ROW_CREATE_EXEC);
     let exec = report.p50(ROW_EXEC_API);
     let podman_run = report.p50(ROW_PODMAN_RUN);
     let podman_exec = report.p50(ROW_PODMAN_EXEC);
-    let ratio = |a: Option<u64>, b: Option<u64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0 => Some(a as f64 / b as f64),
-        _ => None,
-    };
-    let shown = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "n/a".into());
-
-    let r = ratio(create, podman_run);
-    report.checks.push(Check {
-        name: "forkd create -> first exec p50 / podman run p50".into(),
-        value: r,
-        shown: shown(r),
-        goal: "<= 0.1".into(),
-        met: r.map(|v| v <= 0.1),
-    });
+    let (create, run_rm, exec_cli) = (
+        report.p50(ROW_CREATE_EXEC),
+        report.p50(ROW_RUN_RM_CLI),
+        report.p50(ROW_EXEC_CLI),
+    );
+    // A ratio of two p50s, with the goal it must stay within, if it has one.
+    let ratio =
+        |report: &mut Report, name: &str, a: Option<u64>, b: Option<u64>, goal: Option<f64>| {
+            let r = match (a, b) {
+                (Some(a), Some(b)) if b > 0 => Some(a as f64 / b as f64),
+                _ => None,
+            };
+            report.checks.push(Check {
+                name: name.into(),
+                value: r,
+                shown: r.map(|v| format!("{v:.3}")).unwrap_or_else(|| "n/a".into()),
+                goal: goal
+                    .map(|g| format!("<= {g}"))
+                    .unwrap_or_else(|| "-".into()),
+                met: goal.and_then(|g| r.map(|v| v <= g)),
+            });
+        };
+    ratio(
+        report,
+        "forkd create -> first exec p50 / podman run p50",
+        create,
+        podman_run,
+        Some(0.1),
+    );
     let e = exec.map(|us| us as f64 / 1000.0);
     report.checks.push(Check {
         name: "forkd exec round trip p50 (API)".into(),
@@ -557,29 +571,25 @@ fn add_checks(report: &mut Report) {
         goal: "< 5 ms".into(),
         met: e.map(|v| v < 5.0),
     });
-    let r = ratio(exec, podman_exec);
-    report.checks.push(Check {
-        name: "forkd exec p50 (API) / podman exec p50".into(),
-        value: r,
-        shown: shown(r),
-        goal: "-".into(),
-        met: None,
-    });
-    let r = ratio(report.p50(ROW_RUN_RM_CLI), podman_run);
-    report.checks.push(Check {
-        name: "forkd run --rm p50 (CLI, whole process) / podman run --rm p50".into(),
-        value: r,
-        shown: shown(r),
-        goal: "<= 0.1".into(),
-        met: r.map(|v| v <= 0.1),
-    });
-    let cli = report.p50(ROW_EXEC_CLI);
-    let r = ratio(cli, podman_exec);
-    report.checks.push(Check {
-        name: "forkd exec p50 (CLI) / podman exec p50".into(),
-        value: r,
-        shown: shown(r),
-        goal: "-".into(),
-        met: None,
-    });
+    ratio(
+        report,
+        "forkd exec p50 (API) / podman exec p50",
+        exec,
+        podman_exec,
+        None,
+    );
+    ratio(
+        report,
+        "forkd run --rm p50 (CLI, whole process) / podman run --rm p50",
+        run_rm,
+        podman_run,
+        Some(0.1),
+    );
+    ratio(
+        report,
+        "forkd exec p50 (CLI) / podman exec p50",
+        exec_cli,
+        podman_exec,
+        None,
+    );
 }
