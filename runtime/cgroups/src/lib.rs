@@ -65,6 +65,9 @@ impl Limits {
     pub const MIN_CPU_MILLIS: u64 = 10;
     /// The largest: a thousand CPUs.
     pub const MAX_CPU_MILLIS: u64 = 1_000_000;
+    /// The largest task count the kernel takes as a limit (`PID_MAX_LIMIT` on 64-bit
+    /// machines; `pids.max` refuses more).
+    pub const MAX_PIDS: u64 = 4 * 1024 * 1024;
 
     /// Checks values the kernel would refuse, before anything is made; the error names
     /// the field.
@@ -75,6 +78,14 @@ impl Limits {
                     "cpu_millis {m} is out of range: from {} (1% of a CPU, the kernel's shortest quota) to {} (1000 CPUs)",
                     Self::MIN_CPU_MILLIS,
                     Self::MAX_CPU_MILLIS
+                ));
+            }
+        }
+        if let Some(p) = self.pids {
+            if p > Self::MAX_PIDS {
+                return Err(format!(
+                    "pids {p} is out of range: at most {} (the kernel's largest number of tasks)",
+                    Self::MAX_PIDS
                 ));
             }
         }
@@ -512,6 +523,20 @@ mod tests {
                 e.contains("cpu_millis") && e.contains(&bad.to_string()),
                 "{e}"
             );
+        }
+    }
+
+    #[test]
+    fn task_limits_the_kernel_refuses_are_refused_first() {
+        let pids = |p| Limits {
+            pids: Some(p),
+            ..Limits::default()
+        };
+        assert!(pids(1).validate().is_ok());
+        assert!(pids(Limits::MAX_PIDS).validate().is_ok());
+        for bad in [Limits::MAX_PIDS + 1, 1 << 40, i64::MAX as u64] {
+            let e = pids(bad).validate().unwrap_err();
+            assert!(e.contains("pids") && e.contains(&bad.to_string()), "{e}");
         }
     }
     use super::*;
