@@ -338,9 +338,9 @@ fn branches(
     if let Some(c) = debian_ck {
         d.remove_checkpoint(&c)?;
     }
-    report.tables.push(common::Table {
-        title: "Busybox branches alive (p50; memory = MemAvailable drop / alive)".into(),
-        header: [
+    report.tables.push(common::Table::new(
+        "Busybox branches alive (p50; memory = MemAvailable drop / alive)",
+        &[
             "alive",
             "fork, per branch in batches of 100",
             "fork of one",
@@ -350,12 +350,9 @@ fn branches(
             "host memory a branch",
             "daemon RSS",
             "sampled branches answering",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-        rows: table,
-    });
+        ],
+        table,
+    ));
     report.sections.push((
         "Removal".into(),
         vec![
@@ -435,21 +432,17 @@ fn debian_branches(
         common::fmt_us(per_branch),
         common::fmt_us(fork_s.p50)
     );
-    let table = common::Table {
-        title: "Debian python3 branches, beside the busybox ones (memory = MemAvailable drop / n)"
-            .into(),
-        header: [
+    let table = common::Table::new(
+        "Debian python3 branches, beside the busybox ones (memory = MemAvailable drop / n)",
+        &[
             "Debian branches",
             "fork, per branch in batches of 100",
             "fork of one",
             "host memory a branch",
             "daemon RSS",
             "sampled branches answering",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-        rows: vec![vec![
+        ],
+        vec![vec![
             ids.len().to_string(),
             common::fmt_us(per_branch),
             common::fmt_us(fork_s.p50),
@@ -457,7 +450,7 @@ fn debian_branches(
             format!("{rss} KiB"),
             format!("{answered}/20"),
         ]],
-    };
+    );
     Ok((ids, Some(ck.id), Some(table)))
 }
 
@@ -632,11 +625,22 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
             d.remove(id)?;
         }
     }
-    report.tables.push(common::Table {
-        title: "QEMU 256 MiB TCG guest: branches of one checkpoint with KSM (memory = MemAvailable drop)".into(),
-        header: ["branches", "fork", "host memory right after the fork", "host memory, settled", "a branch, settled", "branches' cgroup charge", "settle time", "ksmd CPU", "KSM pages shared", "guests counting on"].iter().map(|s| s.to_string()).collect(),
+    report.tables.push(common::Table::new(
+        "QEMU 256 MiB TCG guest: branches of one checkpoint with KSM (memory = MemAvailable drop)",
+        &[
+            "branches",
+            "fork",
+            "host memory right after the fork",
+            "host memory, settled",
+            "a branch, settled",
+            "branches' cgroup charge",
+            "settle time",
+            "ksmd CPU",
+            "KSM pages shared",
+            "guests counting on",
+        ],
         rows,
-    });
+    ));
     let _ = d.remove(&sb.id);
     let _ = d.remove_checkpoint(&ck.id);
     Ok(())

@@ -29,6 +29,16 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
 }
 
+impl Table {
+    pub fn new(title: &str, header: &[&str], rows: Vec<Vec<String>>) -> Self {
+        Table {
+            title: title.into(),
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows,
+        }
+    }
+}
+
 /// The benchmark's results: rows of samples, checks, and free-form sections.
 pub struct Report {
     pub benchmark: String,
