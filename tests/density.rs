@@ -129,6 +129,51 @@ fn sandboxes_and_branches_bind_one_sysfs() {
     assert!(count.trim().parse::<u64>().is_ok(), "{count:?}");
 }
 
+/// How many times the CRIU of a branch's restore moved a mount namespace's root (its
+/// debug log names each `pivot_root`).
+fn root_moves(d: &TestDaemon, id: &str) -> usize {
+    let log = d.data().join("sandboxes").join(id).join("criu/restore.log");
+    let text =
+        std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("read {}: {e}", log.display()));
+    text.lines()
+        .filter(|l| l.contains("mnt: Move the root to"))
+        .count()
+}
+
+#[test]
+fn a_restore_moves_the_root_once() {
+    let name = "a_restore_moves_the_root_once";
+    if !can_run_criu(name) {
+        return;
+    }
+    // Every pivot_root walks every task on the host: CRIU's newer mount engine did two
+    // a restore (an empty namespace, then the root), the one forkd asks for does one.
+    let d = TestDaemon::start_with_env("density-pivots", &[("FORKD_CRIU_LOG_LEVEL", "4")]);
+    let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    d.sh(&a.id, "echo kept > /tmp/mark");
+    let ck = d.checkpoint(&a.id, true);
+    let b = d.fork(&ck.id, 1, false).branches.remove(0);
+    assert_eq!(root_moves(&d, &b.id), 1);
+    // The branch is whole: its file, its loop, its mounts (the same table as the source).
+    assert_eq!(d.sh(&b.id, "cat /tmp/mark").1, "kept\n");
+    let n = d.read_number(&b.id, "/tmp/count");
+    d.sh(&b.id, "echo > /tmp/tick");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.read_number(&b.id, "/tmp/count") <= n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the branch's loop stopped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(mount_lines(&d, &b.id), mount_lines(&d, &a.id));
+    // And a branch of that branch, restored the same way.
+    let ck2 = d.checkpoint(&b.id, true);
+    let c = d.fork(&ck2.id, 1, false).branches.remove(0);
+    assert_eq!(root_moves(&d, &c.id), 1);
+    assert_eq!(d.sh(&c.id, "cat /tmp/mark").1, "kept\n");
+}
+
 fn ksm(name: &str) -> u64 {
     std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{name}"))
         .ok()

@@ -443,6 +443,13 @@ impl Criu {
         o.set_rst_sibling(true);
         o.set_work_dir_fd(work.as_raw_fd());
         o.set_lazy_pages(opts.lazy_pages);
+        // CRIU's older mount engine: it gives the restored namespace its root with one
+        // `pivot_root`, where the newer one (made for trees with shared and slave mounts)
+        // first pivots into an empty namespace of its own and then again into the root.
+        // Each `pivot_root` walks every task on the host (see docs/DESIGN.md, "Many
+        // sandboxes"). A sandbox's mounts are all private and it cannot make others (it
+        // has no CAP_SYS_ADMIN), so the older engine restores every tree forkd dumps.
+        o.set_mntns_compat_mode(true);
         // Soft mode with the branch's own cgroups as roots: the tree lands in them, and
         // threads whose cgroup sets CRIU recorded apart from their process's (it does so
         // inside a cgroup namespace) are placed there too; in "ignore" mode CRIU cannot
