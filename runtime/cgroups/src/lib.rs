@@ -452,6 +452,22 @@ impl Cgroup {
         fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
+    /// Bytes of file data the cgroup's processes dirtied that are not yet on disk (dirty
+    /// or under writeback), if the memory controller reports them.
+    pub fn unwritten_bytes(&self) -> Option<u64> {
+        let (path, keys) = match &self.hierarchy {
+            Hierarchy::V1 { root, .. } => (
+                root.join("memory").join(&self.name).join("memory.stat"),
+                ["dirty", "writeback"],
+            ),
+            Hierarchy::V2 { root, .. } => (
+                root.join(&self.name).join("memory.stat"),
+                ["file_dirty", "file_writeback"],
+            ),
+        };
+        stat_sum(&fs::read_to_string(path).ok()?, &keys)
+    }
+
     /// Kills every process in the cgroup and waits (up to `timeout`) until it is empty.
     pub fn kill_all(&self, timeout: Duration) -> Result<(), CgroupError> {
         let deadline = Instant::now() + timeout;
@@ -505,6 +521,21 @@ impl Cgroup {
     }
 }
 
+/// The sum of the named `key value` lines of a `memory.stat` text; `None` if one is
+/// missing or not a number.
+fn stat_sum(text: &str, keys: &[&str]) -> Option<u64> {
+    keys.iter()
+        .map(|k| {
+            text.lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(' ')?;
+                    (name == *k).then(|| value.trim().parse::<u64>().ok())
+                })
+                .flatten()
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -540,6 +571,25 @@ mod tests {
         }
     }
     use super::*;
+
+    #[test]
+    fn unwritten_bytes_add_the_named_lines_of_memory_stat() {
+        let v1 = "cache 8192\ndirty 4096\nwriteback 8192\ntotal_dirty 999\n";
+        assert_eq!(stat_sum(v1, &["dirty", "writeback"]), Some(12288));
+        let v2 = "anon 1\nfile_dirty 0\nfile_writeback 4096\n";
+        assert_eq!(stat_sum(v2, &["file_dirty", "file_writeback"]), Some(4096));
+        // A line missing or garbled: unknown, not zero.
+        assert_eq!(stat_sum("dirty 4096\n", &["dirty", "writeback"]), None);
+        assert_eq!(
+            stat_sum("dirty x\nwriteback 0\n", &["dirty", "writeback"]),
+            None
+        );
+        // A name is matched whole, not as a prefix of another.
+        assert_eq!(
+            stat_sum("dirty_x 5\ndirty 1\nwriteback 2\n", &["dirty", "writeback"]),
+            Some(3)
+        );
+    }
 
     #[test]
     fn detects_v1_layout() {

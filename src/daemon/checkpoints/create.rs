@@ -13,6 +13,11 @@ use crate::daemon::{Daemon, Lock, RwLockExt};
 use forkd_cgroups::Cgroup;
 use forkd_sandbox::CheckpointId;
 use std::collections::BTreeMap;
+
+/// Unwritten data (bytes) above which a filesystem checkpoint of a running sandbox
+/// syncs the volume before freezing it: writing out this much more inside the frozen
+/// window takes a few milliseconds.
+const PRESYNC_ABOVE_BYTES: u64 = 4 << 20;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -309,8 +314,9 @@ impl Daemon {
         Ok(())
     }
 
-    /// A filesystem checkpoint: the writable layer synced, then snapshotted with the tree
-    /// (if running) frozen for the snapshot alone.
+    /// A filesystem checkpoint: the writable layer snapshotted with the tree (if running)
+    /// frozen for the snapshot alone, the volume synced before if the sandbox has much
+    /// unwritten data.
     fn snapshot_files(
         &self,
         cg: &Cgroup,
@@ -319,13 +325,18 @@ impl Daemon {
         running: bool,
         phases: &mut BTreeMap<String, u64>,
     ) -> Result<(), ApiError> {
-        // Write dirty data out before freezing, so the snapshot (which must flush
-        // what is still dirty) keeps the frozen window short.
-        let t = Instant::now();
-        if let Ok(f) = std::fs::File::open(upper) {
-            let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f));
+        // The snapshot writes out what the sandbox left dirty in its layer, inside the
+        // frozen window. A sandbox with much unwritten data has the volume synced
+        // first, while it still runs, so that the window stays short. Not otherwise: a
+        // sync of the volume writes what every sandbox on it has dirtied, a cost that
+        // grows with the number alive (docs/DESIGN.md, "Many sandboxes").
+        if running && cg.unwritten_bytes().is_none_or(|b| b > PRESYNC_ABOVE_BYTES) {
+            let t = Instant::now();
+            if let Ok(f) = std::fs::File::open(upper) {
+                let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f));
+            }
+            record_phase(phases, CHECKPOINT, "sync", t.elapsed());
         }
-        record_phase(phases, CHECKPOINT, "sync", t.elapsed());
         let t = Instant::now();
         if running {
             cg.set_frozen(true, Duration::from_secs(10))
