@@ -129,6 +129,39 @@ fn sandboxes_and_branches_bind_one_sysfs() {
     assert!(count.trim().parse::<u64>().is_ok(), "{count:?}");
 }
 
+#[test]
+fn a_filesystem_checkpoint_syncs_the_volume_only_for_much_unwritten_data() {
+    let name = "a_filesystem_checkpoint_syncs_the_volume_only_for_much_unwritten_data";
+    if !can_run(name) {
+        return;
+    }
+    // A sync of the volume writes what every sandbox on it dirtied; the snapshot writes
+    // out the sandbox's own. Either way the checkpoint holds what was written just before.
+    let d = TestDaemon::start("density-sync");
+    let src = d.busybox();
+    // New files each time: btrfs starts writing out a file truncated and written again
+    // as soon as it is closed.
+    let cases = [
+        ("echo small >", false),
+        // 16 MiB, well past the 4 MiB above which the volume is synced first.
+        ("head -c 16777216 /dev/urandom >", true),
+    ];
+    for (i, (write, synced)) in cases.into_iter().enumerate() {
+        let file = format!("/tmp/f{i}");
+        let (code, sum, err) = d.sh(&src.id, &format!("{write} {file}; md5sum {file}"));
+        assert_eq!(code, 0, "{err}");
+        let c = d.checkpoint(&src.id, false);
+        assert_eq!(
+            c.phases_us.contains_key("sync"),
+            synced,
+            "{write}: {:?}",
+            c.phases_us
+        );
+        let b = d.fork(&c.id, 1, false).branches.remove(0);
+        assert_eq!(d.sh(&b.id, &format!("md5sum {file}")).1, sum, "{write}");
+    }
+}
+
 /// How many times the CRIU of a branch's restore moved a mount namespace's root (its
 /// debug log names each `pivot_root`).
 fn root_moves(d: &TestDaemon, id: &str) -> usize {
