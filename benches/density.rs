@@ -5,7 +5,9 @@
 //! checkpoint of a busybox shell loop that ticks every 10 s without forking (`read -t`
 //! on a FIFO: a loop that forks `sleep` every second makes thousands of processes a
 //! second at this size, and measures the machine's CPU, not forkd). Branches are forked
-//! 100 a request until N are alive; at each N: single forks, creates, execs, filesystem
+//! 100 a request until N are alive; at each N, once the host has settled after the last
+//! batch (`FORKD_DENSITY_SETTLE_SECS`, default 10: the batch's first ticks and the
+//! kernel's work on its branches are not what one more costs): single forks, creates, execs, filesystem
 //! checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 10, p50/p90), the
 //! list and inspect requests, the whole `forkd ps` process, host memory per branch
 //! (MemAvailable drop / N) and the daemon's RSS; a sample of branches must answer an exec.
@@ -170,7 +172,11 @@ fn branches(
     debian_n: usize,
     report: &mut Report,
 ) -> Result<()> {
-    eprintln!("[1] busybox branches alive at N = {ns:?}");
+    let settle = Duration::from_secs(common::env_usize("FORKD_DENSITY_SETTLE_SECS", 10)? as u64);
+    eprintln!(
+        "[1] busybox branches alive at N = {ns:?}, sampled {} s after each batch",
+        settle.as_secs()
+    );
     let source = d.create_with(&json!({ "image": "busybox", "command": { "shell": LOOP } }))?;
     let ck = d.checkpoint(&source.id, true, false)?;
     let base_avail = common::mem_available_kib()?;
@@ -208,6 +214,7 @@ fn branches(
         } else {
             0
         };
+        std::thread::sleep(settle);
         let mut row = |what: &str, v: Vec<u64>| report.row(&format!("N={n}: {what}"), v);
         let mut forks = Vec::new();
         for _ in 0..samples {
@@ -339,7 +346,10 @@ fn branches(
         d.remove_checkpoint(&c)?;
     }
     report.tables.push(common::Table::new(
-        "Busybox branches alive (p50; memory = MemAvailable drop / alive)",
+        &format!(
+            "Busybox branches alive (p50, sampled {} s after each batch; memory = MemAvailable drop / alive)",
+            settle.as_secs()
+        ),
         &[
             "alive",
             "fork, per branch in batches of 100",
