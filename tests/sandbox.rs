@@ -354,6 +354,51 @@ fn limits_stop_fork_bombs_and_memory_hogs() {
     }
     let slow = d.create(serde_json::json!({ "image": "busybox", "limits": { "cpu_millis": 10 } }));
     assert_eq!(d.sh(&slow.id, "echo alive").1, "alive\n");
+    // Limits too small for the sandbox to start (its set-up is OOM-killed, or cannot fork
+    // its init): a 400 naming the field, not a 500 (found by tests/fuzz.rs), and nothing
+    // of the sandbox left: not listed, no cgroup, no directory.
+    let listed = || {
+        d.client
+            .call::<Vec<SandboxInfo>>("GET", "/v1/sandboxes", None)
+            .unwrap()
+            .len()
+    };
+    let before = listed();
+    for (limits, field) in [
+        (serde_json::json!({ "memory_bytes": 65536 }), "memory_bytes"),
+        (serde_json::json!({ "pids": 1 }), "pids"),
+    ] {
+        let e = d
+            .client
+            .call::<SandboxInfo>(
+                "POST",
+                "/v1/sandboxes",
+                Some(&serde_json::json!({ "image": "busybox", "limits": limits })),
+            )
+            .unwrap_err();
+        let a = match e {
+            forkd::client::ClientError::Api(a) => a,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(a.kind, forkd::api::ErrorKind::BadRequest, "{a:?}");
+        assert!(a.message.contains(&format!("limits.{field}")), "{a:?}");
+        // The message names the sandbox that was being made; none of it is left.
+        let id = a
+            .message
+            .split("sandbox ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no sandbox named: {a:?}"));
+        assert_eq!(listed(), before, "{limits}");
+        assert!(!d.data().join("sandboxes").join(id).exists(), "{id}");
+        for c in ["pids", "memory"] {
+            let cg = std::path::Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join("forkd")
+                .join(id);
+            assert!(!cg.exists(), "{}", cg.display());
+        }
+    }
 }
 
 #[test]

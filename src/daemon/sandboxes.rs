@@ -327,6 +327,9 @@ impl Daemon {
                 super::write_json_atomic(dir, "state.json", &record, super::Survive::DaemonCrash)
             });
         if let Err(e) = res {
+            // A limit too small for the sandbox to start is the request's fault: the
+            // error names it (read before the cgroup goes).
+            let e = self.limit_hit(&record).map_or(e, ApiError::bad_request);
             self.teardown(&record.id, dir, &record.cgroup, record.init_pid);
             self.delete_sandbox_dir(dir);
             return Err(e);
@@ -335,6 +338,28 @@ impl Daemon {
         self.sandboxes.locked().insert(sb.id.clone(), sb.clone());
         self.watch(sb.clone());
         Ok(sb)
+    }
+
+    /// The limit a sandbox's processes ran into while it started, as an error naming the
+    /// field: the OOM killer fired in its cgroup, or a fork was refused at its task limit.
+    fn limit_hit(&self, record: &SandboxRecord) -> Option<String> {
+        let cg = Cgroup::new(&self.hierarchy, &record.cgroup);
+        let id = &record.id;
+        if let Some(m) = record.limits.memory_bytes {
+            if cg.oom_kills() > 0 {
+                return Some(format!(
+                    "limits.memory_bytes {m} is too small for sandbox {id} to start: the kernel's OOM killer ended it while it started"
+                ));
+            }
+        }
+        if let Some(p) = record.limits.pids {
+            if cg.pids_refusals() > 0 {
+                return Some(format!(
+                    "limits.pids {p} is too few for sandbox {id} to start: a process it needed to start was refused"
+                ));
+            }
+        }
+        None
     }
 
     /// Makes the sandbox directory, its writable layer (a btrfs subvolume, so that a

@@ -440,6 +440,18 @@ impl Cgroup {
             .unwrap_or(0)
     }
 
+    /// How many times a fork in this cgroup was refused at its task limit.
+    pub fn pids_refusals(&self) -> u64 {
+        let path = match &self.hierarchy {
+            Hierarchy::V1 { root, .. } => root.join("pids").join(&self.name).join("pids.events"),
+            Hierarchy::V2 { root, .. } => root.join(&self.name).join("pids.events"),
+        };
+        fs::read_to_string(path)
+            .ok()
+            .and_then(|t| stat_sum(&t, &["max"]))
+            .unwrap_or(0)
+    }
+
     /// Current memory use in bytes, if the memory controller reports it.
     pub fn memory_current(&self) -> Option<u64> {
         let path = match &self.hierarchy {
