@@ -533,8 +533,8 @@ impl Cgroup {
     }
 }
 
-/// The sum of the named `key value` lines of a `memory.stat` text; `None` if one is
-/// missing or not a number.
+/// The sum of the named `key value` lines of a cgroup file (`memory.stat`,
+/// `pids.events`); `None` if one is missing or not a number.
 fn stat_sum(text: &str, keys: &[&str]) -> Option<u64> {
     keys.iter()
         .map(|k| {

@@ -13,14 +13,14 @@ use crate::daemon::{Daemon, Lock, RwLockExt};
 use forkd_cgroups::Cgroup;
 use forkd_sandbox::CheckpointId;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Unwritten data (bytes) above which a filesystem checkpoint of a running sandbox
 /// syncs the volume before freezing it: writing out this much more inside the frozen
 /// window takes a few milliseconds.
 const PRESYNC_ABOVE_BYTES: u64 = 4 << 20;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// The sandbox whose tree a live checkpoint dumps, as the checkpoint found it.
 #[derive(Clone, Copy)]
