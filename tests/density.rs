@@ -193,14 +193,12 @@ fn a_restore_moves_the_root_once() {
     assert_eq!(d.sh(&b.id, "cat /tmp/mark").1, "kept\n");
     let n = d.read_number(&b.id, "/tmp/count");
     d.sh(&b.id, "echo > /tmp/tick");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while d.read_number(&b.id, "/tmp/count") <= n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the branch's loop stopped"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        wait_until(Duration::from_secs(10), || d
+            .read_number(&b.id, "/tmp/count")
+            > n),
+        "the branch's loop stopped"
+    );
     assert_eq!(mount_lines(&d, &b.id), mount_lines(&d, &a.id));
     // And a branch of that branch, restored the same way.
     let ck2 = d.checkpoint(&b.id, true);

@@ -431,12 +431,7 @@ impl Cgroup {
         };
         fs::read_to_string(path)
             .ok()
-            .and_then(|t| {
-                t.lines().find_map(|l| {
-                    l.strip_prefix("oom_kill ")
-                        .and_then(|v| v.trim().parse().ok())
-                })
-            })
+            .and_then(|t| stat_sum(&t, &["oom_kill"]))
             .unwrap_or(0)
     }
 
