@@ -95,8 +95,9 @@ fn exec_output_is_binary_safe_and_large() {
     assert_eq!(out.len(), 6_000_000);
     assert!(out.iter().all(|&b| b == 0xff));
     assert_eq!(decode(&r.stderr_b64), b"e\0rr");
-    // Binary stdin round trip.
-    let input: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    // Binary stdin round trip, of many pipes' worth: `cat` writes back while it is
+    // still being fed, and neither side may wait on the other.
+    let input: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 256) as u8).collect();
     let r = d
         .exec(
             &sb.id,

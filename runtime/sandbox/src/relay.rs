@@ -167,6 +167,11 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
     let mut client_open = true;
     let mut drain_until: Option<Instant> = None;
     let mut buf = vec![0u8; CHUNK];
+    // Stdin the command has not taken yet. It is written only when the command's end
+    // can take some without blocking, and no more is read from the client meanwhile:
+    // a blocking write could wait on a command that is itself waiting for this loop
+    // to read its output (`cat` of more than two pipes' worth).
+    let mut pending = Pending::default();
     conn.set_nonblocking(false).ok();
     loop {
         if status.is_some() && out.is_none() && err.is_none() {
@@ -188,11 +193,18 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
             .unwrap_or(PollTimeout::NONE);
         let mut fds = Vec::with_capacity(4);
         fds.push(PollFd::new(sigfd.as_fd(), PollFlags::POLLIN));
-        let conn_idx = if client_open && status.is_none() {
+        let conn_idx = if client_open && status.is_none() && pending.data.is_empty() {
             fds.push(PollFd::new(conn.as_fd(), PollFlags::POLLIN));
             Some(fds.len() - 1)
         } else {
             None
+        };
+        let stdin_idx = match &stdin {
+            Some(fd) if !pending.data.is_empty() => {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
+                Some(fds.len() - 1)
+            }
+            _ => None,
         };
         let out_idx = out.as_ref().map(|fd| {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
@@ -207,13 +219,19 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
             Err(e) => return Err(format!("poll: {e}")),
         }
         let ready = |i: Option<usize>| i.map(|i| fds[i].any().unwrap_or(false)).unwrap_or(false);
-        let (sig_ready, conn_ready, out_ready, err_ready) = (
+        let (sig_ready, conn_ready, out_ready, err_ready, stdin_ready) = (
             fds[0].any().unwrap_or(false),
             ready(conn_idx),
             ready(out_idx),
             ready(err_idx),
+            ready(stdin_idx),
         );
         drop(fds);
+        if stdin_ready && !pending.feed(&stdin) {
+            // The command closed its end: what it did not take is dropped.
+            stdin = None;
+            pending = Pending::default();
+        }
         if out_ready && !pump(&mut out, &mut buf, conn, Kind::Stdout)? {
             out = None;
         }
@@ -223,20 +241,13 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
         if conn_ready {
             match proto::read_frame(conn) {
                 Ok(Some((Kind::Stdin, data))) => {
-                    if let Some(fd) = &stdin {
-                        let _ = (&*fd).write_all(&data);
+                    if stdin.is_some() {
+                        pending.data = data;
+                        pending.at = 0;
                     }
                 }
-                Ok(Some((Kind::StdinEof, _))) => {
-                    if req.tty {
-                        // EOF on a terminal is the EOF character.
-                        if let Some(fd) = &stdin {
-                            let _ = (&*fd).write_all(&[4]);
-                        }
-                    } else {
-                        stdin = None;
-                    }
-                }
+                // (Read only once nothing is pending: the end comes after all of it.)
+                Ok(Some((Kind::StdinEof, _))) => end_stdin(&mut stdin, req.tty),
                 Ok(Some((Kind::Resize, data))) if data.len() == 4 => {
                     if let Some(m) = &pty_master {
                         let rows = u16::from_be_bytes([data[0], data[1]]);
@@ -360,6 +371,50 @@ fn pump(
         Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => Ok(false),
         // EIO is how a pty reports that its last writer has gone.
         Err(_) => Ok(false),
+    }
+}
+
+/// Stdin received from the client and not yet written to the command.
+#[derive(Default)]
+struct Pending {
+    data: Vec<u8>,
+    /// How much of `data` is written.
+    at: usize,
+}
+
+impl Pending {
+    /// Writes what one ready descriptor takes without blocking: at most `PIPE_BUF`
+    /// bytes, which a pipe with room for anything takes whole. False once the command's
+    /// end is closed.
+    fn feed(&mut self, stdin: &Option<File>) -> bool {
+        let Some(fd) = stdin else {
+            return false;
+        };
+        let end = (self.at + libc::PIPE_BUF).min(self.data.len());
+        match nix::unistd::write(fd, &self.data[self.at..end]) {
+            Ok(n) => {
+                self.at += n;
+                if self.at == self.data.len() {
+                    self.data = Vec::new();
+                    self.at = 0;
+                }
+                true
+            }
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => true,
+            Err(_) => false,
+        }
+    }
+}
+
+/// The end of the client's stdin: the end of the pipe, or on a terminal the EOF
+/// character.
+fn end_stdin(stdin: &mut Option<File>, tty: bool) {
+    if tty {
+        if let Some(fd) = stdin {
+            let _ = (&*fd).write_all(&[4]);
+        }
+    } else {
+        *stdin = None;
     }
 }
 
