@@ -433,6 +433,11 @@ impl Daemon {
         if running || self.volume.loop_image().is_none() {
             return;
         }
+        // The roots of sandboxes that stopped a moment ago may still be held, each
+        // unmounted (and the volume synced) on the exit watcher's releasing thread.
+        if !self.exits.wait_released(std::time::Duration::from_secs(60)) {
+            log::warn("sandbox roots still held after 60 s: the volume may stay mounted");
+        }
         if let Err(e) = self.volume.clone().unmount() {
             log::warn(&format!("unmount {}: {e}", self.data.display()));
         }

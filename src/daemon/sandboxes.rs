@@ -539,12 +539,12 @@ impl Daemon {
                 if forkd_sys::process_start_time(pid) == start && !grace.is_zero() {
                     let _ =
                         forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGTERM);
-                    // A grace of centuries is a wait until the processes exit.
-                    let deadline = Instant::now()
-                        .checked_add(grace)
-                        .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 32));
-                    while forkd_sys::process_alive(pid) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(5));
+                    // Over the moment the init exits, which the kernel lets happen only
+                    // once every other process of its pid namespace is gone (a grace of
+                    // centuries is a wait until then).
+                    let fd = std::os::fd::AsFd::as_fd(&fd);
+                    if let Err(e) = forkd_sys::pidfd_wait_exit(fd, grace) {
+                        log::warn(&format!("sandbox {}: wait for init {pid}: {e}", sb.id));
                     }
                 }
             }
@@ -572,6 +572,12 @@ impl Daemon {
     }
 
     /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
+    ///
+    /// The watcher also holds the sandbox's root until the init has exited. The last
+    /// reference to an overlay mount unmounts it, and that syncs the filesystem under
+    /// it: the shared volume, with whatever every sandbox has written since its last
+    /// commit. Held here, that happens on the watcher's releasing thread after the exit
+    /// is seen, not inside the init's exit, which a stop waits for.
     pub(super) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
         let Some(pid) = sb.record.locked().init_pid else {
             return;
@@ -579,9 +585,12 @@ impl Daemon {
         let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
             return;
         };
+        let root = hold_root(pid)
+            .map_err(|e| log::warn(&format!("sandbox {}: hold its root: {e}", sb.id)))
+            .ok();
         let daemon = self.clone();
         let runtime = self.runtime.clone();
-        let watched = self.exits.watch(pidfd, move || {
+        let watched = self.exits.watch_keeping(pidfd, root, move || {
             // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
             let _ = runtime.spawn_blocking(move || loop {
                 // A checkpoint in progress settles first; a stop or removal in progress
@@ -729,6 +738,16 @@ fn reap(pid: i32) {
 }
 
 use super::log;
+
+/// A reference to the root mount of the init `pid` (an `O_PATH` descriptor of its `/`).
+fn hold_root(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let root = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(init_root(pid))?;
+    Ok(root.into())
+}
 
 /// The root of the sandbox whose init is `pid`, as the host reaches it.
 pub(super) fn init_root(pid: i32) -> PathBuf {

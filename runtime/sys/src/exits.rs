@@ -13,12 +13,20 @@
 //! else than in the rest of the process (an async runtime's wake-up eventfd, say, is not
 //! open there at all). The watcher's thread passes the number of each exited process on
 //! a channel to a second thread, in the process's table, which runs its callback.
+//!
+//! A watched process may come with a descriptor to keep past its exit
+//! ([`ExitWatcher::watch_keeping`]): a sandbox's root, whose last close unmounts an
+//! overlay and so syncs the filesystem under it. A third thread, sharing the watcher's
+//! table, closes each such descriptor after the callback of its process has been queued,
+//! so that what the close costs is never on the path of the exit's callback;
+//! [`ExitWatcher::wait_released`] waits until they are all closed.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 type Callback = Box<dyn FnOnce() + Send>;
 
@@ -31,6 +39,25 @@ struct Shared {
     next: AtomicU64,
     /// What to run when the process handed over under that number exits.
     callbacks: Mutex<HashMap<u64, Callback>>,
+    /// Descriptors kept past an exit and not closed yet.
+    kept: Arc<Kept>,
+}
+
+/// How many kept descriptors are still open, and a signal for each one closed.
+#[derive(Default)]
+struct Kept {
+    open: Mutex<usize>,
+    closed: Condvar,
+}
+
+impl Kept {
+    fn add(&self, n: isize) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        *open = open.saturating_add_signed(n);
+        if n < 0 {
+            self.closed.notify_all();
+        }
+    }
 }
 
 /// A watcher of process exits (see the module). Cloning shares the watcher.
@@ -55,17 +82,19 @@ impl ExitWatcher {
         } as libc::c_long)?;
         // SAFETY: the kernel just returned these descriptors; nobody else owns them.
         let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let kept = Arc::new(Kept::default());
         let shared = Arc::new(Shared {
             tx,
             next: AtomicU64::new(0),
             callbacks: Mutex::new(HashMap::new()),
+            kept: kept.clone(),
         });
         let (exited_tx, exited_rx) = std::sync::mpsc::channel::<u64>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let rx_raw = rx.as_raw_fd();
         std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || match Thread::start(rx_raw) {
+            .spawn(move || match Thread::start(rx_raw, kept) {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok(()));
                     t.run(&exited_tx)
@@ -106,21 +135,69 @@ impl ExitWatcher {
     /// exited; at once if it already has. The pidfd is handed to the watcher's thread and
     /// the caller's descriptor closed.
     pub fn watch(&self, pidfd: OwnedFd, on_exit: impl FnOnce() + Send + 'static) -> io::Result<()> {
+        self.watch_keeping(pidfd, None, on_exit)
+    }
+
+    /// [`ExitWatcher::watch`], and `keep` (if any) is held, out of the process's
+    /// table, until the process has exited and its callback has been queued; it is then
+    /// closed on a thread of its own.
+    pub fn watch_keeping(
+        &self,
+        pidfd: OwnedFd,
+        keep: Option<OwnedFd>,
+        on_exit: impl FnOnce() + Send + 'static,
+    ) -> io::Result<()> {
         let key = self.shared.next.fetch_add(1, Ordering::Relaxed);
         self.shared
             .callbacks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, Box::new(on_exit));
-        if let Err(e) = send_fd(&self.shared.tx, key, &pidfd) {
+        if keep.is_some() {
+            self.shared.kept.add(1);
+        }
+        if let Err(e) = send_fds(&self.shared.tx, key, &pidfd, keep.as_ref()) {
             self.shared
                 .callbacks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&key);
+            if keep.is_some() {
+                self.shared.kept.add(-1);
+            }
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Waits up to `timeout` until every descriptor kept past an exit is closed, counting
+    /// those of processes still running; true if none is left open.
+    pub fn wait_released(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let kept = &self.shared.kept;
+        let mut open = kept.open.lock().unwrap_or_else(|e| e.into_inner());
+        while *open > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            open = kept
+                .closed
+                .wait_timeout(open, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// How many kept descriptors are open (of processes running or just exited).
+    pub fn kept(&self) -> usize {
+        *self
+            .shared
+            .kept
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// How many processes are watched.
@@ -138,17 +215,20 @@ impl ExitWatcher {
 }
 
 /// The watcher's thread: its own descriptor table holds the epoll set, the receiving end
-/// of the hand-over socket and the pidfds.
+/// of the hand-over socket, the pidfds and what is kept with them.
 struct Thread {
     epoll: OwnedFd,
     rx: OwnedFd,
-    pidfds: HashMap<u64, OwnedFd>,
+    pidfds: HashMap<u64, (OwnedFd, Option<OwnedFd>)>,
+    /// To the thread that closes kept descriptors (it shares this thread's table).
+    release: std::sync::mpsc::Sender<OwnedFd>,
+    kept: Arc<Kept>,
 }
 
 impl Thread {
     /// Gives this thread a table of its own holding only stdio and `rx`, then makes the
-    /// epoll set there.
-    fn start(rx: RawFd) -> io::Result<Thread> {
+    /// epoll set there and starts the releasing thread, which shares that table.
+    fn start(rx: RawFd, kept: Arc<Kept>) -> io::Result<Thread> {
         // SAFETY: unshare takes flags only; it affects this thread alone.
         super::check(unsafe { libc::unshare(libc::CLONE_FILES) } as libc::c_long)?;
         // Close this table's copies of everything else the process had open when it was
@@ -164,10 +244,25 @@ impl Thread {
         let fd = super::check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) } as libc::c_long)?;
         // SAFETY: the kernel just returned this descriptor; nobody else owns it.
         let epoll = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let (release, released) = std::sync::mpsc::channel::<OwnedFd>();
+        let name = std::thread::current()
+            .name()
+            .map_or_else(|| "exits-release".to_string(), |n| format!("{n}-rel"));
+        // Made from this thread, so it shares this thread's table (a thread shares the
+        // table of the thread that makes it). Ends when `release` is dropped.
+        let counted = kept.clone();
+        std::thread::Builder::new().name(name).spawn(move || {
+            while let Ok(fd) = released.recv() {
+                drop(fd);
+                counted.add(-1);
+            }
+        })?;
         let t = Thread {
             epoll,
             rx,
             pidfds: HashMap::new(),
+            release,
+            kept,
         };
         t.add(t.rx.as_raw_fd(), HANDOVER, libc::EPOLLIN as u32)?;
         Ok(t)
@@ -212,11 +307,22 @@ impl Thread {
                     continue;
                 }
                 // One-shot: the registration is spent; closing the pidfd removes it.
-                drop(self.pidfds.remove(&key));
+                let kept = self.pidfds.remove(&key).and_then(|(_, keep)| keep);
                 if exited.send(key).is_err() {
                     return;
                 }
+                if let Some(fd) = kept {
+                    self.release_later(fd);
+                }
             }
+        }
+    }
+
+    /// Hands a kept descriptor to the releasing thread; closes it here if that is gone.
+    fn release_later(&self, fd: OwnedFd) {
+        if let Err(unsent) = self.release.send(fd) {
+            drop(unsent.0);
+            self.kept.add(-1);
         }
     }
 
@@ -224,14 +330,19 @@ impl Thread {
     /// sender is gone (the watcher was dropped).
     fn receive(&mut self, exited: &std::sync::mpsc::Sender<u64>) -> bool {
         loop {
-            match recv_fd(&self.rx) {
-                Ok(Some((key, pidfd))) => {
+            match recv_fds(&self.rx) {
+                Ok(Some((key, pidfd, keep))) => {
                     let events = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
                     if self.add(pidfd.as_raw_fd(), key, events).is_ok() {
-                        self.pidfds.insert(key, pidfd);
-                    } else if exited.send(key).is_err() {
-                        // (Cannot be watched: reported as gone, which the callback checks.)
+                        self.pidfds.insert(key, (pidfd, keep));
+                        continue;
+                    }
+                    // Cannot be watched: reported as gone, which the callback checks.
+                    if exited.send(key).is_err() {
                         return false;
+                    }
+                    if let Some(fd) = keep {
+                        self.release_later(fd);
                     }
                 }
                 Ok(None) => return true,
@@ -257,25 +368,34 @@ fn header(iov: &mut libc::iovec, control: &mut [u64; 4]) -> libc::msghdr {
     msg
 }
 
-/// One message: the key as 8 bytes, the descriptor as `SCM_RIGHTS`.
-fn send_fd(sock: &OwnedFd, key: u64, fd: &OwnedFd) -> io::Result<()> {
+/// One message: the key as 8 bytes, the pidfd and the kept descriptor (if any) as
+/// `SCM_RIGHTS`, in that order.
+fn send_fds(sock: &OwnedFd, key: u64, pidfd: &OwnedFd, keep: Option<&OwnedFd>) -> io::Result<()> {
     let data = key.to_le_bytes();
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
+    let fds: Vec<RawFd> = std::iter::once(pidfd.as_raw_fd())
+        .chain(keep.map(AsRawFd::as_raw_fd))
+        .collect();
+    let payload = std::mem::size_of_val(fds.as_slice()) as u32;
     let mut control = [0u64; 4];
     let mut msg = header(&mut iov, &mut control);
     // SAFETY: CMSG_SPACE only computes a size.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    // SAFETY: the control buffer (32 bytes, aligned) holds one cmsg with one descriptor;
-    // CMSG_FIRSTHDR points into it and CMSG_DATA at its payload.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
+    // SAFETY: the control buffer (32 bytes, aligned) holds one cmsg with up to two
+    // descriptors (CMSG_SPACE(8) is 24); CMSG_FIRSTHDR points into it and CMSG_DATA at
+    // its payload.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd.as_raw_fd());
+        (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+        let data = libc::CMSG_DATA(cmsg) as *mut RawFd;
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(i), *fd);
+        }
     }
     loop {
         // SAFETY: `msg` points at live buffers for the duration of the call.
@@ -290,8 +410,11 @@ fn send_fd(sock: &OwnedFd, key: u64, fd: &OwnedFd) -> io::Result<()> {
     }
 }
 
+/// A received message: the key, the pidfd, the kept descriptor if one came.
+type Received = (u64, OwnedFd, Option<OwnedFd>);
+
 /// The next message, if one is waiting.
-fn recv_fd(sock: &OwnedFd) -> io::Result<Option<(u64, OwnedFd)>> {
+fn recv_fds(sock: &OwnedFd) -> io::Result<Option<Received>> {
     let mut data = [0u8; 8];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr() as *mut libc::c_void,
@@ -319,8 +442,9 @@ fn recv_fd(sock: &OwnedFd) -> io::Result<Option<(u64, OwnedFd)>> {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
     }
     // SAFETY: the kernel filled `msg`; CMSG_FIRSTHDR is null or points at a complete
-    // header inside `control`, whose SCM_RIGHTS payload is one descriptor it installed.
-    let fd = unsafe {
+    // header inside `control`, whose SCM_RIGHTS payload holds the descriptors it
+    // installed (their number follows from the header's length).
+    let mut fds = unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         if cmsg.is_null()
             || (*cmsg).cmsg_level != libc::SOL_SOCKET
@@ -328,11 +452,17 @@ fn recv_fd(sock: &OwnedFd) -> io::Result<Option<(u64, OwnedFd)>> {
         {
             return Err(io::Error::other("a hand-over without a descriptor"));
         }
-        OwnedFd::from_raw_fd(std::ptr::read_unaligned(
-            libc::CMSG_DATA(cmsg) as *const RawFd
-        ))
+        let n = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+        let data = libc::CMSG_DATA(cmsg) as *const RawFd;
+        (0..n.min(2))
+            .map(|i| OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))))
+            .collect::<Vec<_>>()
+            .into_iter()
     };
-    Ok(Some((u64::from_le_bytes(data), fd)))
+    let Some(pidfd) = fds.next() else {
+        return Err(io::Error::other("a hand-over without a descriptor"));
+    };
+    Ok(Some((u64::from_le_bytes(data), pidfd, fds.next())))
 }
 
 #[cfg(test)]
@@ -397,6 +527,48 @@ mod tests {
         use std::io::Read;
         reader.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"x");
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn kept_descriptors_are_held_until_the_exit_then_closed() {
+        let w = ExitWatcher::start("exit-watcher-keep").unwrap();
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: `fds` has room for the two descriptors the kernel writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: just returned by the kernel, owned here.
+        let (r, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+        let (tx, rx) = mpsc::channel();
+        w.watch_keeping(pidfd, Some(wr), move || tx.send(()).unwrap())
+            .unwrap();
+        assert_eq!(w.kept(), 1);
+        // The write end is held by the watcher alone: while the process runs, the pipe
+        // has a writer (a read would block), and the process's table has no copy.
+        let mut p = libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        assert_eq!(
+            unsafe { libc::poll(&mut p, 1, 100) },
+            0,
+            "writer closed early"
+        );
+        assert!(!w.wait_released(Duration::from_millis(50)));
+        child.kill().unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(w.wait_released(Duration::from_secs(10)));
+        assert_eq!(w.kept(), 0);
+        // The last writer is gone: the read end sees the end of the pipe.
+        let mut b = [0u8; 1];
+        use std::io::Read;
+        assert_eq!(std::fs::File::from(r).read(&mut b).unwrap(), 0);
         child.wait().unwrap();
     }
 

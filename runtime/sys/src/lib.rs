@@ -52,6 +52,38 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Resu
     Ok(())
 }
 
+/// Waits up to `timeout` for the process behind `pidfd` to exit (a pidfd turns readable
+/// then); true if it has. Returns as soon as it exits, not at the next tick of a poll.
+pub fn pidfd_wait_exit(pidfd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Result<bool> {
+    let deadline = std::time::Instant::now().checked_add(timeout);
+    loop {
+        let left = deadline.map_or(-1, |d| {
+            let ms = d
+                .saturating_duration_since(std::time::Instant::now())
+                .as_micros();
+            // Rounded up, so that a wait never ends a little before its deadline.
+            ms.div_ceil(1000).min(libc::c_int::MAX as u128) as libc::c_int
+        });
+        let mut p = libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd the kernel reads and fills.
+        let n = unsafe { libc::poll(&mut p, 1, left) };
+        if n > 0 {
+            return Ok(true);
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Marks every descriptor numbered `first` and above close-on-exec.
 pub fn cloexec_fds_from(first: libc::c_uint) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
