@@ -164,6 +164,59 @@ fn a_filesystem_checkpoint_syncs_the_volume_only_for_much_unwritten_data() {
     }
 }
 
+#[test]
+fn a_small_layer_is_copied_into_its_checkpoint_and_a_large_one_snapshotted() {
+    let name = "a_small_layer_is_copied_into_its_checkpoint_and_a_large_one_snapshotted";
+    if !can_run_criu(name) {
+        return;
+    }
+    // A snapshot commits the whole shared volume; a copy of a small layer commits
+    // nothing. The branch of either sees the same files.
+    let d = TestDaemon::start("density-copy");
+    let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let (code, _, err) = d.sh(
+        &a.id,
+        "echo one > /tmp/one && ln /tmp/one /tmp/two && ln -s ../tmp/one /etc/link \
+         && chmod 4750 /tmp/one && rm /bin/ed && mkfifo /tmp/pipe && mkdir -p /srv/a/b \
+         && echo deep > /srv/a/b/c",
+    );
+    assert_eq!(code, 0, "{err}");
+    let look = "cat /tmp/one; stat -c '%h %a' /tmp/two; readlink /etc/link; \
+                test -e /bin/ed || echo ed-gone; test -p /tmp/pipe && echo fifo; \
+                cat /srv/a/b/c; test -S /.forkd/run/init.sock && echo socket";
+    let want = "one\n2 4750\n../tmp/one\ned-gone\nfifo\ndeep\nsocket\n";
+    assert_eq!(d.sh(&a.id, look).1, want);
+    for live in [false, true] {
+        let c = d.checkpoint(&a.id, live);
+        assert!(
+            c.phases_us.contains_key("copy") && !c.phases_us.contains_key("snapshot"),
+            "live {live}: {:?}",
+            c.phases_us
+        );
+        let b = d.fork(&c.id, 1, false).branches.remove(0);
+        assert_eq!(d.sh(&b.id, look).1, want, "live {live}");
+        // The branch writes its own layer, not the checkpoint's copy.
+        d.sh(&b.id, "echo other > /tmp/one");
+        let again = d.fork(&c.id, 1, false).branches.remove(0);
+        assert_eq!(d.sh(&again.id, "cat /tmp/one").1, "one\n", "live {live}");
+    }
+    // Past 4 MiB of files, the layer is snapshotted.
+    let (code, sum, err) = d.sh(
+        &a.id,
+        "head -c 5000000 /dev/urandom > /tmp/big; md5sum /tmp/big",
+    );
+    assert_eq!(code, 0, "{err}");
+    let c = d.checkpoint(&a.id, false);
+    assert!(
+        c.phases_us.contains_key("snapshot") && !c.phases_us.contains_key("copy"),
+        "{:?}",
+        c.phases_us
+    );
+    let b = d.fork(&c.id, 1, false).branches.remove(0);
+    assert_eq!(d.sh(&b.id, "md5sum /tmp/big").1, sum);
+    assert_eq!(d.sh(&b.id, look).1, want);
+}
+
 /// How many times the CRIU of a branch's restore moved a mount namespace's root (its
 /// debug log names each `pivot_root`).
 fn root_moves(d: &TestDaemon, id: &str) -> usize {

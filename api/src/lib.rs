@@ -662,7 +662,7 @@ impl std::fmt::Display for ForkMode {
 
 /// The phases a checkpoint reports in `CheckpointInfo.phases_us`.
 pub const CHECKPOINT_PHASES: &[&str] = &[
-    "relays", "freeze", "dump", "snapshot", "sync", "squash", "total",
+    "relays", "freeze", "dump", "snapshot", "copy", "sync", "squash", "total",
 ];
 
 /// The phases a branch reports in `BranchInfo.phases_us`.

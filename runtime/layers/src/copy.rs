@@ -48,6 +48,9 @@ struct Copier<'a, 'p> {
     /// attributes (origin file handles, impurity marks) describe the old stack and
     /// are dropped.
     upper: bool,
+    /// An exact copy of an upper directory: every extended attribute is kept, and
+    /// sockets and device nodes are made again as they are rather than left out.
+    exact: bool,
     /// Names left out at the top of the tree.
     skip_top: &'a [&'a str],
 }
@@ -59,7 +62,7 @@ pub(crate) fn copy_tree(
     dst: &Path,
     progress: &mut Counter<'_>,
 ) -> Result<Copied, LayerError> {
-    copy_with(src, dst, progress, false, &[])
+    copy_with(src, dst, progress, CopyMode::Tree, &[])
 }
 
 /// Like [`copy_tree`], for an overlayfs upper directory (see [`Copier::upper`]),
@@ -70,14 +73,101 @@ pub(crate) fn copy_upper(
     skip_top: &[&str],
     progress: &mut Counter<'_>,
 ) -> Result<Copied, LayerError> {
-    copy_with(src, dst, progress, true, skip_top)
+    copy_with(src, dst, progress, CopyMode::Upper, skip_top)
+}
+
+/// How small a tree [`copy_upper_exactly`] copies.
+#[derive(Debug, Clone, Copy)]
+pub struct Small {
+    /// Entries of every type, the root excluded.
+    pub entries: u64,
+    /// Bytes of the regular files, as allocated: a file's extents, which a reflink
+    /// copies one by one, are at most one for every 4 KiB of it.
+    pub bytes: u64,
+}
+
+/// Copies a small overlayfs upper directory exactly (every extended attribute, every
+/// whiteout) into the existing, empty directory `dst`, file contents shared with the
+/// source where the filesystem can (`copy_file_range` reflinks on btrfs), if it is
+/// within `small`. `Ok(false)`, with nothing copied, if it is larger; `Ok(false)`, with
+/// `dst` partly filled, if it holds a file of a type it does not know. Sockets and
+/// device nodes are made again as they are (which needs `CAP_MKNOD` for devices). A
+/// checkpoint of a small layer is such a copy, which unlike a btrfs snapshot does not
+/// commit the whole volume.
+pub fn copy_upper_exactly(src: &Path, dst: &Path, small: Small) -> Result<bool, LayerError> {
+    let src_fd =
+        fsx::open_dir_path(src).map_err(|e| LayerError::io("opening directory", src, e))?;
+    if !within(src_fd.as_fd(), src, small)? {
+        return Ok(false);
+    }
+    let mut nothing = |_| {};
+    let mut counter = Counter::new(&mut nothing);
+    match copy_with(src, dst, &mut counter, CopyMode::Exact, &[]) {
+        Ok(_) => Ok(true),
+        Err(LayerError::UnsupportedFile { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Is the tree under `dir` within `small`? Stops counting as soon as it is not.
+fn within(dir: BorrowedFd<'_>, path: &Path, small: Small) -> Result<bool, LayerError> {
+    fn walk(
+        dir: BorrowedFd<'_>,
+        path: &Path,
+        left: &mut Small,
+        depth: usize,
+    ) -> Result<bool, LayerError> {
+        if depth > MAX_DEPTH {
+            return Ok(false);
+        }
+        let names = fsx::read_names(dir)
+            .map_err(|e| LayerError::io("reading directory", path, e.into()))?;
+        for name in names {
+            let Some(entries) = left.entries.checked_sub(1) else {
+                return Ok(false);
+            };
+            left.entries = entries;
+            let st = fsx::lstat_at(dir, &name)
+                .map_err(|e| LayerError::io("reading metadata of", path, e.into()))?;
+            match fsx::file_type(&st) {
+                FileType::Directory => {
+                    let sub = fsx::open_dir_at(dir, &name)
+                        .map_err(|e| LayerError::io("opening directory", path, e.into()))?;
+                    if !walk(sub.as_fd(), path, left, depth + 1)? {
+                        return Ok(false);
+                    }
+                }
+                FileType::RegularFile => {
+                    let Some(bytes) = left.bytes.checked_sub(st.st_blocks as u64 * 512) else {
+                        return Ok(false);
+                    };
+                    left.bytes = bytes;
+                }
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+    let mut left = small;
+    walk(dir, path, &mut left, 0)
+}
+
+/// What kind of copy [`copy_with`] makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyMode {
+    /// A tree: device nodes only the standard ones under `dev/`, sockets left out.
+    Tree,
+    /// An upper directory sealed as a layer (see [`Copier::upper`]).
+    Upper,
+    /// An upper directory as it is (see [`Copier::exact`]).
+    Exact,
 }
 
 fn copy_with(
     src: &Path,
     dst: &Path,
     progress: &mut Counter<'_>,
-    upper: bool,
+    mode: CopyMode,
     skip_top: &[&str],
 ) -> Result<Copied, LayerError> {
     let src_fd =
@@ -91,7 +181,8 @@ fn copy_with(
         links: HashMap::new(),
         summary: Copied::default(),
         progress,
-        upper,
+        upper: mode != CopyMode::Tree,
+        exact: mode == CopyMode::Exact,
         skip_top,
     };
     c.dir(src_fd.as_fd(), dst_fd.as_fd(), &mut Vec::new(), 0)?;
@@ -251,6 +342,16 @@ impl Copier<'_, '_> {
                 self.meta_at(dst, name, &st, rel, true)?;
                 self.progress.entry(0);
             }
+            kind @ (FileType::CharacterDevice | FileType::BlockDevice | FileType::Socket)
+                if self.exact =>
+            {
+                // As they are: a socket's node (what binding it left on disk), a device
+                // node with its numbers, as a snapshot would hold them.
+                rfs::mknodat(dst, name, kind, Mode::from_raw_mode(0o600), st.st_rdev)
+                    .map_err(|e| self.dst_err("creating node", rel, e))?;
+                self.meta_at(dst, name, &st, rel, true)?;
+                self.progress.entry(0);
+            }
             FileType::CharacterDevice
                 if devices::is_standard(rel, rfs::major(st.st_rdev), rfs::minor(st.st_rdev)) =>
             {
@@ -303,17 +404,18 @@ impl Copier<'_, '_> {
         .map_err(|e| self.dst_err("changing owner of", rel, e))?;
         rfs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777))
             .map_err(|e| self.dst_err("setting mode of", rel, e))?;
-        let upper = self.upper;
+        let (upper, exact) = (self.upper, self.exact);
         let xattrs = fsx::read_xattrs(XattrOf::Fd(src), |n| {
-            !upper || !n.starts_with(b"trusted.overlay.") || n == b"trusted.overlay.opaque"
+            exact || !upper || !n.starts_with(b"trusted.overlay.") || n == b"trusted.overlay.opaque"
         })
         .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
         for (name, value) in xattrs {
             if let Err(e) = fsx::write_xattr(XattrOf::Fd(dst), &name, &value) {
                 // Attributes that do not change what the layer means (an
                 // SELinux label from another host, say) may be refused by
-                // this filesystem; the hashed ones must survive.
-                if fsx::is_significant_xattr(&name) || name.starts_with(b"user.") {
+                // this filesystem; the hashed ones must survive, and every one
+                // in an exact copy.
+                if self.exact || fsx::is_significant_xattr(&name) || name.starts_with(b"user.") {
                     return Err(self.dst_err("setting extended attribute of", rel, e));
                 }
                 self.summary.dropped_xattrs += 1;

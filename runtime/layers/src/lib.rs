@@ -15,7 +15,7 @@
 
 #![forbid(unsafe_code)]
 
-mod copy;
+pub mod copy;
 pub mod devices;
 pub mod error;
 pub mod export;

@@ -1,6 +1,7 @@
-//! Checkpointing a sandbox (`POST /v1/sandboxes/{id}/checkpoint`): its filesystem as a
-//! read-only btrfs snapshot taken while the tree is frozen, and with `live` its process
-//! tree dumped by CRIU, the snapshot taken in CRIU's post-dump hook. Assembled in a
+//! Checkpointing a sandbox (`POST /v1/sandboxes/{id}/checkpoint`): its filesystem
+//! captured while the tree is frozen (a small layer copied, file contents shared; any
+//! other a read-only btrfs snapshot: see [`capture_layer`]), and with `live` its process
+//! tree dumped by CRIU, the filesystem captured in CRIU's post-dump hook. Assembled in a
 //! stage directory and renamed into place, so a failed checkpoint leaves nothing.
 
 use super::tree::{freeze_outside_vfork, stopped_tasks, traced_tasks, wait_for_exiting_relays};
@@ -21,6 +22,72 @@ use std::time::{Duration, Instant};
 /// syncs the volume before freezing it: writing out this much more inside the frozen
 /// window takes a few milliseconds.
 const PRESYNC_ABOVE_BYTES: u64 = 4 << 20;
+
+/// A layer this small is copied into its checkpoint rather than snapshotted: at most
+/// a few milliseconds of copying (a reflink is per extent, an extent at least 4 KiB),
+/// below what a snapshot's commit of the shared volume costs with thousands of
+/// sandboxes writing.
+const COPIED_UP_TO: forkd_layers::copy::Small = forkd_layers::copy::Small {
+    entries: 128,
+    bytes: 4 << 20,
+};
+
+/// How a checkpoint took the filesystem (the name of its phase).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Captured {
+    Copy,
+    Snapshot,
+}
+
+impl Captured {
+    fn phase(self) -> &'static str {
+        match self {
+            Captured::Copy => "copy",
+            Captured::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// Captures a sandbox's writable layer (`upper/` and `work/`) as a checkpoint's `fs`,
+/// its tree frozen meanwhile. A btrfs snapshot costs the same whatever the layer holds,
+/// but it commits the volume's transaction: it writes out what every sandbox on the
+/// volume has changed since the last commit, so it grows with the number writing (and
+/// waits out a commit already running). A small layer is copied instead (file contents
+/// reflinked; every attribute and whiteout kept), which commits nothing and costs what
+/// the layer holds. A layer the copy cannot reproduce exactly (a socket in it, say) is
+/// snapshotted. A copy reaches the disk with the volume's next commit (`commit=5`).
+pub(crate) fn capture_layer(
+    volume: &forkd_volume::Volume,
+    layer: &Path,
+    fs: &Path,
+) -> Result<Captured, String> {
+    let copied = std::fs::create_dir(fs)
+        .and_then(|()| std::fs::create_dir(fs.join("upper")))
+        .and_then(|()| std::fs::create_dir(fs.join("work")))
+        .map_err(|e| format!("create {}: {e}", fs.display()))
+        .and_then(|()| {
+            forkd_layers::copy::copy_upper_exactly(
+                &layer.join("upper"),
+                &fs.join("upper"),
+                COPIED_UP_TO,
+            )
+            .map_err(|e| format!("copy {}: {e}", layer.display()))
+        });
+    match copied {
+        Ok(true) => return Ok(Captured::Copy),
+        Ok(false) => {}
+        Err(e) => crate::daemon::log::warn(&format!("{e}; snapshotting it instead")),
+    }
+    if let Err(e) = std::fs::remove_dir_all(fs) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(format!("remove {}: {e}", fs.display()));
+        }
+    }
+    volume
+        .snapshot_readonly(layer, fs)
+        .map_err(|e| format!("snapshot {}: {e}", layer.display()))?;
+    Ok(Captured::Snapshot)
+}
 
 /// The sandbox whose tree a live checkpoint dumps, as the checkpoint found it.
 #[derive(Clone, Copy)]
@@ -159,11 +226,18 @@ impl Daemon {
             lease: rec.lease.clone(),
         };
         let dir = self.data.join("checkpoints").join(id.as_str());
+        // Not fsynced: the checkpoint is on disk with the volume's next commit (every
+        // 5 s), its record, its files and the rename into place in one transaction or in
+        // order. A host crash before that loses it whole (recovery removes a stage), and
+        // an fsync alone would not save it: the rename that follows is what makes it a
+        // checkpoint. An fsync here also turned into a commit of the whole volume
+        // whenever btrfs could not log the change alone (a removal in the same
+        // transaction, say).
         if let Err(e) = crate::daemon::write_json_atomic(
             stage,
             "meta.json",
             &record,
-            crate::daemon::Survive::HostCrash,
+            crate::daemon::Survive::DaemonCrash,
         )
         .and_then(|()| {
             std::fs::rename(stage, &dir).map_err(|e| {
@@ -204,6 +278,7 @@ impl Daemon {
         std::fs::create_dir_all(&images)
             .map_err(|e| ApiError::internal(format!("create {}: {e}", images.display())))?;
         let volume = &self.volume;
+        let captured = std::cell::Cell::new(None);
         // The daemon freezes the tree itself: CRIU polls a freezing cgroup only
         // every 100 ms, and a cgroup v1 freezer is never frozen by its first look,
         // so that cost every dump 100 ms. Given a frozen cgroup CRIU seizes the
@@ -290,9 +365,8 @@ impl Daemon {
                     .collect(),
             },
             &mut || {
-                volume
-                    .snapshot_readonly(upper, fs)
-                    .map_err(|e| format!("snapshot {}: {e}", upper.display()))
+                captured.set(Some(capture_layer(volume, upper, fs)?));
+                Ok(())
             },
         );
         let thawed = if freezer {
@@ -310,7 +384,8 @@ impl Daemon {
         })?;
         thawed.map_err(|e| ApiError::from_chain(&format!("thaw sandbox {}", sb.id), &e))?;
         record_phase(phases, CHECKPOINT, "dump", report.duration);
-        record_phase(phases, CHECKPOINT, "snapshot", report.hook);
+        let captured = captured.get().unwrap_or(Captured::Snapshot);
+        record_phase(phases, CHECKPOINT, captured.phase(), report.hook);
         Ok(())
     }
 
@@ -344,13 +419,15 @@ impl Daemon {
             record_phase(phases, CHECKPOINT, "freeze", t.elapsed());
         }
         let t = Instant::now();
-        let snap = self.volume.snapshot_readonly(upper, fs);
-        record_phase(phases, CHECKPOINT, "snapshot", t.elapsed());
+        let captured = capture_layer(&self.volume, upper, fs);
+        if let Ok(c) = captured {
+            record_phase(phases, CHECKPOINT, c.phase(), t.elapsed());
+        }
         if running {
             cg.set_frozen(false, Duration::from_secs(10))
                 .map_err(|e| ApiError::from_chain("thaw sandbox", &e))?;
         }
-        snap.map_err(|e| ApiError::from_chain(&format!("snapshot {}", upper.display()), &e))?;
+        captured.map_err(ApiError::internal)?;
         Ok(())
     }
 }

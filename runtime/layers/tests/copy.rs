@@ -1,0 +1,206 @@
+//! The exact copy of a small overlayfs upper directory that a checkpoint of a small
+//! layer is made of (`forkd_layers::copy::copy_upper_exactly`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{chown, symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::*;
+use forkd_layers::copy::{copy_upper_exactly, Small};
+use rustix::fs::{mknodat, FileType, Mode, CWD};
+
+const ROOMY: Small = Small {
+    entries: 128,
+    bytes: 4 << 20,
+};
+
+/// An upper directory with every kind of entry a sandbox's writes leave.
+fn sample_upper(root: &Path) {
+    fs::create_dir_all(root.join("etc/opaque")).unwrap();
+    fs::create_dir_all(root.join("run/app")).unwrap();
+    fs::write(root.join("etc/config"), b"changed\n").unwrap();
+    fs::set_permissions(root.join("etc/config"), fs::Permissions::from_mode(0o4751)).unwrap();
+    chown(root.join("etc/config"), Some(1000), Some(100)).unwrap();
+    fs::hard_link(root.join("etc/config"), root.join("etc/config-link")).unwrap();
+    fs::write(root.join("etc/opaque/only"), vec![7u8; 300_000]).unwrap();
+    symlink("../etc/config", root.join("run/link")).unwrap();
+    // Overlay's marks: an opaque directory, a copied-up file's origin, a whiteout.
+    lset(&root.join("etc/opaque"), "trusted.overlay.opaque", b"y");
+    lset(
+        &root.join("etc/config"),
+        "trusted.overlay.origin",
+        b"\x00\xfb\x21",
+    );
+    lset(&root.join("etc/config"), "user.note", b"kept");
+    mknodat(
+        CWD,
+        &root.join("etc/removed"),
+        FileType::CharacterDevice,
+        Mode::empty(),
+        0,
+    )
+    .unwrap();
+    mknodat(
+        CWD,
+        &root.join("run/fifo"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
+    // What a bound unix socket leaves on disk.
+    mknodat(
+        CWD,
+        &root.join("run/app/sock"),
+        FileType::Socket,
+        Mode::from_raw_mode(0o755),
+        0,
+    )
+    .unwrap();
+    let old = rustix::fs::Timespec {
+        tv_sec: 1_000_000_000,
+        tv_nsec: 5,
+    };
+    rustix::fs::utimensat(
+        CWD,
+        root.join("etc/opaque/only"),
+        &rustix::fs::Timestamps {
+            last_access: old,
+            last_modification: old,
+        },
+        rustix::fs::AtFlags::empty(),
+    )
+    .unwrap();
+}
+
+/// Everything about each entry that a copy must keep: type and mode, owner, size,
+/// modification time, device numbers, extended attributes, contents or target, and
+/// which names share an inode.
+fn describe(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>, inodes: &mut Vec<u64>) {
+        let mut names: Vec<_> = fs::read_dir(dir).unwrap().flatten().collect();
+        names.sort_by_key(|e| e.file_name());
+        for e in names {
+            let p = e.path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let ino = match inodes.iter().position(|i| *i == m.ino()) {
+                Some(k) => k,
+                None => {
+                    inodes.push(m.ino());
+                    inodes.len() - 1
+                }
+            };
+            let what = if m.file_type().is_symlink() {
+                fs::read_link(&p).unwrap().display().to_string()
+            } else if m.is_file() {
+                format!("{:x}", md5_like(&fs::read(&p).unwrap()))
+            } else {
+                String::new()
+            };
+            let mut xattrs: Vec<String> = xattr_names(&p)
+                .into_iter()
+                .map(|n| format!("{n}={:?}", lget(&p, &n)))
+                .collect();
+            xattrs.sort();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            out.insert(
+                rel,
+                format!(
+                    "mode {:o} owner {}:{} size {} mtime {}.{} rdev {} inode#{ino} {what} {xattrs:?}",
+                    m.mode(),
+                    m.uid(),
+                    m.gid(),
+                    if m.is_dir() { 0 } else { m.size() },
+                    m.mtime(),
+                    m.mtime_nsec(),
+                    m.rdev(),
+                ),
+            );
+            if m.is_dir() {
+                walk(root, &p, out, inodes);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out, &mut Vec::new());
+    out
+}
+
+/// A cheap content digest (FNV-1a): enough to tell two test files apart.
+fn md5_like(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn xattr_names(path: &Path) -> Vec<String> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::llistxattr(path, &mut buf).unwrap();
+    buf[..n]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
+}
+
+#[test]
+fn a_small_upper_is_copied_exactly() {
+    if !root_or_skip("a_small_upper_is_copied_exactly") {
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    sample_upper(src.path());
+    assert!(copy_upper_exactly(src.path(), dst.path(), ROOMY).unwrap());
+    let (want, got) = (describe(src.path()), describe(dst.path()));
+    assert_eq!(want.len(), 11, "{want:#?}");
+    for (name, what) in &want {
+        assert_eq!(got.get(name), Some(what), "{name}");
+    }
+    assert_eq!(want, got);
+    // The overlay attributes a sealed layer drops are all kept here.
+    assert!(got["etc/config"].contains("trusted.overlay.origin"));
+    assert!(got["etc/opaque"].contains("trusted.overlay.opaque"));
+}
+
+#[test]
+fn a_larger_upper_is_left_alone() {
+    if !root_or_skip("a_larger_upper_is_left_alone") {
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    sample_upper(src.path());
+    // One entry too many, and fewer bytes than the files take.
+    for small in [
+        Small {
+            entries: 10,
+            bytes: 4 << 20,
+        },
+        Small {
+            entries: 128,
+            bytes: 300_000 - 4096 * 2,
+        },
+    ] {
+        let dst = tempfile::tempdir().unwrap();
+        assert!(
+            !copy_upper_exactly(src.path(), dst.path(), small).unwrap(),
+            "{small:?}"
+        );
+        assert_eq!(fs::read_dir(dst.path()).unwrap().count(), 0, "{small:?}");
+    }
+    // Exactly at the limits (the files' allocated bytes, a hard link counted for each
+    // name), it is copied.
+    let dst = tempfile::tempdir().unwrap();
+    let blocks: u64 = ["etc/config", "etc/config-link", "etc/opaque/only"]
+        .iter()
+        .map(|f| fs::metadata(src.path().join(f)).unwrap().blocks() * 512)
+        .sum();
+    let exact = Small {
+        entries: 11,
+        bytes: blocks,
+    };
+    assert!(copy_upper_exactly(src.path(), dst.path(), exact).unwrap());
+}
