@@ -202,9 +202,17 @@ pub fn live_forks(
     phases.drain(..1.min(phases.len()));
     out.report.row(&ck_row, api);
     for k in ["dump", "snapshot"] {
-        let v: Vec<u64> = phases.iter().filter_map(|p| p.get(k).copied()).collect();
+        // The layer is a snapshot, or for a small one a copy: one phase or the other.
+        let v: Vec<u64> = phases
+            .iter()
+            .filter_map(|p| {
+                p.get(k)
+                    .or(if k == "snapshot" { p.get("copy") } else { None })
+            })
+            .copied()
+            .collect();
         let what = if k == "snapshot" {
-            "daemon snapshot (tree frozen)".to_string()
+            "daemon snapshot or copy (tree frozen)".to_string()
         } else {
             format!("daemon {k}")
         };
