@@ -252,8 +252,16 @@ fn branches(
         let ck_s = row("filesystem checkpoint", cks);
         let stop_s = row("stop", stops);
         let rm_s = row("remove", rms);
-        let (mut lists, mut inspects, mut ps) = (vec![], vec![], vec![]);
+        let (mut lists, mut bodies, mut inspects, mut ps) = (vec![], vec![], vec![], vec![]);
         for _ in 0..samples {
+            // The daemon's answer alone (received, not decoded), then as a typed client
+            // sees it (decoded into descriptions).
+            let t = Instant::now();
+            let body = d.client().raw("GET", "/v1/sandboxes", &[])?;
+            bodies.push(us(t));
+            if body.status != 200 {
+                bail!("list: HTTP {}", body.status);
+            }
             let t = Instant::now();
             let l: Vec<forkd::api::SandboxInfo> = d.client().call("GET", "/v1/sandboxes", None)?;
             lists.push(us(t));
@@ -285,6 +293,7 @@ fn branches(
         {
             series.points.push((x, s.p50 as f64 / 1000.0));
         }
+        row("list request, answer only (not decoded)", bodies);
         row("inspect request", inspects);
         row("forkd ps (whole process)", ps);
         // Every sampled branch still runs its loop and answers.

@@ -217,6 +217,74 @@ fn a_small_layer_is_copied_into_its_checkpoint_and_a_large_one_snapshotted() {
     assert_eq!(d.sh(&b.id, look).1, want);
 }
 
+#[test]
+fn a_list_shows_every_sandbox_as_it_is_after_each_change() {
+    let name = "a_list_shows_every_sandbox_as_it_is_after_each_change";
+    if !can_run_criu(name) {
+        return;
+    }
+    // A list answers from descriptions kept since each record last changed: after each
+    // step below it must say what an inspect (which describes afresh) says.
+    let d = TestDaemon::start("density-list");
+    let same = |step: &str| {
+        let list: Vec<forkd::api::SandboxInfo> =
+            d.client.call("GET", "/v1/sandboxes", None).unwrap();
+        for shown in &list {
+            let mut fresh: forkd::api::SandboxInfo = d
+                .client
+                .call("GET", &format!("/v1/sandboxes/{}", shown.id), None)
+                .unwrap();
+            // The counters are an inspect's alone.
+            fresh.memory_bytes = None;
+            fresh.oom_kills = None;
+            assert_eq!(
+                serde_json::to_value(shown).unwrap(),
+                serde_json::to_value(&fresh).unwrap(),
+                "{step}"
+            );
+        }
+        list.into_iter()
+            .map(|s| (s.id, s.status.to_string(), s.init_pid.is_some()))
+            .collect::<Vec<_>>()
+    };
+    let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let b = d.busybox();
+    let listed = same("created");
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|(_, st, pid)| st == "running" && *pid));
+    let _: forkd::api::SandboxInfo = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/stop", b.id),
+            Some(&serde_json::json!({ "grace_secs": 1 })),
+        )
+        .unwrap();
+    let listed = same("stopped");
+    assert!(
+        listed.contains(&(b.id.clone(), "stopped".into(), false)),
+        "{listed:?}"
+    );
+    let ck = d.checkpoint(&a.id, true);
+    let branch = d.fork(&ck.id, 1, false).branches.remove(0);
+    let listed = same("forked");
+    assert!(
+        listed.iter().any(|(id, _, _)| *id == branch.id),
+        "{listed:?}"
+    );
+    // A sandbox whose init exits on its own is stopped by the daemon, not a request.
+    // (The exec itself ends with the init: its answer is not awaited as a success.)
+    let _ = d.exec(&branch.id, serde_json::json!({ "shell": "kill -TERM 1" }));
+    assert!(wait_until(Duration::from_secs(10), || {
+        let l: Vec<forkd::api::SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+        l.iter().any(|s| s.id == branch.id && s.init_pid.is_none())
+    }));
+    same("exited");
+    d.remove(&b.id);
+    let listed = same("removed");
+    assert!(!listed.iter().any(|(id, _, _)| *id == b.id), "{listed:?}");
+}
+
 /// How many times the CRIU of a branch's restore moved a mount namespace's root (its
 /// debug log names each `pivot_root`).
 fn root_moves(d: &TestDaemon, id: &str) -> usize {

@@ -12,11 +12,10 @@
 //! and is counted (under the same lock) for as long as it lives, so that a live
 //! checkpoint, which needs none in flight, and an exec never both start.
 
+use super::record::RecordGuard;
 use super::sandboxes::{Sandbox, SandboxRecord};
-use super::Lock;
 use crate::api::{ApiError, SandboxStatus};
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
 
 /// What a request, or the daemon itself, wants to do to a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,10 +192,7 @@ impl Sandbox {
     pub fn wait_settled(&self) {
         let mut rec = self.record.locked();
         while !rec.status.is_settled() && rec.status != SandboxStatus::Removing {
-            rec = self
-                .changed
-                .wait(rec)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            rec = rec.wait(&self.changed);
         }
     }
 }
@@ -204,7 +200,7 @@ impl Sandbox {
 impl Held<'_> {
     /// The record, for reading what the operation needs (held briefly: never across the
     /// operation's slow steps).
-    pub fn record(&self) -> MutexGuard<'_, SandboxRecord> {
+    pub fn record(&self) -> RecordGuard<'_> {
         self.sb.record.locked()
     }
 

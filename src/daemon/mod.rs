@@ -20,6 +20,7 @@ mod images;
 mod lifecycle;
 mod metrics;
 mod network;
+mod record;
 mod routes;
 mod sandboxes;
 mod sharing;

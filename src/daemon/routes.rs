@@ -235,7 +235,10 @@ fn handle(
                     )))
                 }
             };
-            let list = d.list_sandboxes(stats);
+            if !stats {
+                return Ok(Reply::Json(d.list_sandboxes_body()));
+            }
+            let list = d.list_sandboxes_with_stats();
             // A description is some 400 bytes: sized once, the buffer of a list of
             // thousands is not copied over and over as it grows.
             let mut body = Vec::with_capacity(2 + list.len() * 512);

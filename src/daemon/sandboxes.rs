@@ -17,6 +17,7 @@
 
 use super::checkpoints::Lower;
 use super::lifecycle::{Begun, Held, Verb};
+use super::record::Record;
 use super::{Daemon, Lock};
 use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
 use forkd_cgroups::{Cgroup, Limits};
@@ -32,7 +33,7 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant, SystemTime};
 
 /// The version of `state.json`; a record of another version is not loaded.
@@ -91,7 +92,8 @@ pub struct Sandbox {
     /// Its paths as descriptions show them, made once (a list of thousands of sandboxes
     /// spent a tenth of its time joining and formatting them).
     shown: Shown,
-    pub record: Mutex<SandboxRecord>,
+    /// Its record, and the description a list shows of it (see [`super::record`]).
+    pub record: Record,
     /// Signalled whenever the state changes.
     pub changed: Condvar,
     /// Execs in flight (changed under the record's lock; see `begin_exec`).
@@ -108,7 +110,7 @@ impl Sandbox {
             id: record.id.clone(),
             shown,
             dir,
-            record: Mutex::new(record),
+            record: Record::new(record),
             changed: Condvar::new(),
             execs: AtomicUsize::new(0),
         }
@@ -154,9 +156,8 @@ impl Daemon {
         super::find_by_prefix(&self.sandboxes.locked(), id, "sandbox")
     }
 
-    /// Every sandbox, oldest first; with `stats`, each with its cgroup's counters (two
-    /// file reads a sandbox). The table lock is held only to copy the entries out.
-    pub fn list_sandboxes(&self, stats: bool) -> Vec<SandboxInfo> {
+    /// Every sandbox, oldest first. The table lock is held only to copy the entries out.
+    fn sandboxes_in_order(&self) -> Vec<Arc<Sandbox>> {
         // Sorted by (created, id) before they are described: sorting the descriptions
         // themselves moved thousands of large records (a fifth of a list of 5,000).
         let mut entries: Vec<(u64, Arc<Sandbox>)> = self
@@ -166,10 +167,41 @@ impl Daemon {
             .map(|sb| (sb.record.locked().created, sb.clone()))
             .collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.id.cmp(&b.1.id)));
-        entries
+        entries.into_iter().map(|(_, sb)| sb).collect()
+    }
+
+    /// Every sandbox, oldest first, each with its cgroup's counters (two file reads a
+    /// sandbox).
+    pub fn list_sandboxes_with_stats(&self) -> Vec<SandboxInfo> {
+        self.sandboxes_in_order()
             .iter()
-            .map(|(_, sb)| self.describe(sb, stats))
+            .map(|sb| self.describe(sb, true))
             .collect()
+    }
+
+    /// The body of a list of every sandbox, oldest first (a JSON array of
+    /// `SandboxInfo`): each description as kept since its record last changed, made
+    /// again only for records that did.
+    pub fn list_sandboxes_body(&self) -> Vec<u8> {
+        let shown: Vec<Arc<[u8]>> = self
+            .sandboxes_in_order()
+            .iter()
+            .map(|sb| {
+                sb.record.locked().shown(|rec| {
+                    serde_json::to_vec(&self.describe_record(sb, rec)).expect("answers serialise")
+                })
+            })
+            .collect();
+        let mut body = Vec::with_capacity(2 + shown.iter().map(|s| s.len() + 1).sum::<usize>());
+        body.push(b'[');
+        for (i, s) in shown.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(s);
+        }
+        body.push(b']');
+        body
     }
 
     /// A sandbox's description, with its cgroup's counters.
@@ -180,38 +212,40 @@ impl Daemon {
     fn describe(&self, sb: &Sandbox, stats: bool) -> SandboxInfo {
         // Only the fields shown are copied, under the record's lock; the cgroup is read
         // after it is released.
-        let mut info = {
-            let rec = sb.record.locked();
-            SandboxInfo {
-                id: rec.id.to_string(),
-                image: rec.image.clone(),
-                status: rec.status,
-                created: rec.created,
-                hostname: rec.hostname.clone(),
-                init_pid: rec.init_pid,
-                limits: rec.limits.clone(),
-                labels: rec.labels.clone(),
-                rootfs: match rec.init_pid {
-                    Some(pid) => init_root_shown(pid),
-                    None => sb.shown.rootfs.clone(),
-                },
-                upper: sb.shown.upper.clone(),
-                memory_bytes: None,
-                oom_kills: None,
-                cgroup: rec.cgroup.clone(),
-                create_us: rec.create_us,
-                network: rec
-                    .lease
-                    .as_ref()
-                    .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
-            }
-        };
+        let mut info = self.describe_record(sb, &sb.record.locked());
         if stats {
             let cg = Cgroup::new(&self.hierarchy, &info.cgroup);
             info.memory_bytes = cg.memory_current();
             info.oom_kills = Some(cg.oom_kills());
         }
         info
+    }
+
+    /// A sandbox's description without its cgroup's counters, from its record.
+    fn describe_record(&self, sb: &Sandbox, rec: &SandboxRecord) -> SandboxInfo {
+        SandboxInfo {
+            id: rec.id.to_string(),
+            image: rec.image.clone(),
+            status: rec.status,
+            created: rec.created,
+            hostname: rec.hostname.clone(),
+            init_pid: rec.init_pid,
+            limits: rec.limits.clone(),
+            labels: rec.labels.clone(),
+            rootfs: match rec.init_pid {
+                Some(pid) => init_root_shown(pid),
+                None => sb.shown.rootfs.clone(),
+            },
+            upper: sb.shown.upper.clone(),
+            memory_bytes: None,
+            oom_kills: None,
+            cgroup: rec.cgroup.clone(),
+            create_us: rec.create_us,
+            network: rec
+                .lease
+                .as_ref()
+                .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
+        }
     }
 
     /// Creates and starts a sandbox from an image.
