@@ -650,6 +650,15 @@ fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
     // The archive to import, made first (its checkpoint then goes).
     let (archive, _) = big_archive(&d, 120_000_000);
     let _: serde_json::Value = d.client.call("POST", "/v1/gc", None).unwrap();
+    // The space of what was removed comes back in the background (btrfs cleans a
+    // deleted subvolume once its last user lets go of it): waited for here, so that the
+    // fill below leaves the volume full, not nearly full.
+    let cleaned = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(d.data())
+        .status()
+        .expect("run btrfs subvolume sync");
+    assert!(cleaned.success());
 
     let sb = d.create(serde_json::json!({
         "image": "busybox",
