@@ -385,11 +385,9 @@ impl Cgroup {
             (Hierarchy::V2 { .. }, true) => ("cgroup.freeze", "1", "cgroup.events"),
             (Hierarchy::V2 { .. }, false) => ("cgroup.freeze", "0", "cgroup.events"),
         };
-        write(
-            &dir.join(file),
-            value,
-            if frozen { "freeze" } else { "thaw" },
-        )?;
+        let step = if frozen { "freeze" } else { "thaw" };
+        write(&dir.join(file), value, step)?;
+        let mut asked = Instant::now();
         loop {
             let state = fs::read_to_string(dir.join(check_file))
                 .map_err(io_err(&dir, "read freezer state"))?;
@@ -408,6 +406,14 @@ impl Cgroup {
                     step: "wait for freezer",
                     source: io::Error::new(io::ErrorKind::TimedOut, format!("still not {value}")),
                 });
+            }
+            // The v1 freezer tries each task once per request: a task that went to
+            // sleep after that try (a `vfork` parent starting to wait for its child,
+            // which the first try caught before its `exec`) would keep the cgroup
+            // FREEZING for good. Asking again tries every task again.
+            if frozen && asked.elapsed() > Duration::from_millis(5) {
+                write(&dir.join(file), value, step)?;
+                asked = Instant::now();
             }
             std::thread::sleep(Duration::from_micros(200));
         }
