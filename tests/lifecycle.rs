@@ -206,6 +206,18 @@ fn gc_keeps_the_layers_of_checkpoints_whose_records_do_not_load() {
     assert_eq!(squashed.len(), 1, "one squashed layer: {:?}", ck.layers);
     let layer_dir = d.data().join("layers").join(&squashed[0]);
     assert!(layer_dir.exists(), "{} missing", layer_dir.display());
+    // The record is written again once the checkpoint's hash is computed in the
+    // background: that is waited for, so the damage below is the record's last change.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let c: CheckpointInfo = d
+                .client
+                .call("GET", &format!("/v1/checkpoints/{}", ck.id), None)
+                .unwrap();
+            c.tree_hash.is_some()
+        }),
+        "the checkpoint's hash never came"
+    );
     // A damaged record: cut in the middle, so it no longer parses.
     let meta = d.data().join("checkpoints").join(&ck.id).join("meta.json");
     let text = std::fs::read(&meta).unwrap();
