@@ -175,7 +175,7 @@ impl Daemon {
     pub fn list_sandboxes_with_stats(&self) -> Vec<SandboxInfo> {
         self.sandboxes_in_order()
             .iter()
-            .map(|sb| self.describe(sb, true))
+            .map(|sb| self.info(sb))
             .collect()
     }
 
@@ -206,18 +206,12 @@ impl Daemon {
 
     /// A sandbox's description, with its cgroup's counters.
     pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
-        self.describe(sb, true)
-    }
-
-    fn describe(&self, sb: &Sandbox, stats: bool) -> SandboxInfo {
         // Only the fields shown are copied, under the record's lock; the cgroup is read
         // after it is released.
         let mut info = self.describe_record(sb, &sb.record.locked());
-        if stats {
-            let cg = Cgroup::new(&self.hierarchy, &info.cgroup);
-            info.memory_bytes = cg.memory_current();
-            info.oom_kills = Some(cg.oom_kills());
-        }
+        let cg = Cgroup::new(&self.hierarchy, &info.cgroup);
+        info.memory_bytes = cg.memory_current();
+        info.oom_kills = Some(cg.oom_kills());
         info
     }
 

@@ -33,8 +33,8 @@ const COPIED_UP_TO: forkd_layers::copy::Small = forkd_layers::copy::Small {
 };
 
 /// How a checkpoint took the filesystem (the name of its phase).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Captured {
+#[derive(Clone, Copy)]
+enum Captured {
     Copy,
     Snapshot,
 }
@@ -56,7 +56,7 @@ impl Captured {
 /// reflinked; every attribute and whiteout kept), which commits nothing and costs what
 /// the layer holds. A layer the copy cannot reproduce exactly (a socket in it, say) is
 /// snapshotted. A copy reaches the disk with the volume's next commit (`commit=5`).
-pub(crate) fn capture_layer(
+fn capture_layer(
     volume: &forkd_volume::Volume,
     layer: &Path,
     fs: &Path,
@@ -83,9 +83,10 @@ pub(crate) fn capture_layer(
             return Err(format!("remove {}: {e}", fs.display()));
         }
     }
-    volume
-        .snapshot_readonly(layer, fs)
-        .map_err(|e| format!("snapshot {}: {e}", layer.display()))?;
+    volume.snapshot_readonly(layer, fs).map_err(|e| {
+        // With its causes (the volume's error names the step, its source the errno).
+        ApiError::from_chain(&format!("snapshot {}", layer.display()), &e).message
+    })?;
     Ok(Captured::Snapshot)
 }
 
