@@ -8,14 +8,7 @@ use forkd_layers::{Image, ImageError, Progress};
 
 impl Daemon {
     pub(super) fn users_of(&self, name: &str) -> Vec<String> {
-        let table = self.sandboxes.locked();
-        let mut ids: Vec<String> = table
-            .values()
-            .filter(|sb| sb.record.locked().image == name)
-            .map(|sb| sb.id.to_string())
-            .collect();
-        ids.sort();
-        ids
+        self.sandboxes.locked().of_image(name)
     }
 
     pub(super) fn image_to_info(&self, img: Image) -> ImageInfo {

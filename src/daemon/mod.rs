@@ -24,6 +24,7 @@ mod record;
 mod routes;
 mod sandboxes;
 mod sharing;
+mod table;
 
 use forkd_cgroups::Hierarchy;
 use forkd_layers::{ImageStore, LayerId, LayerStore};
@@ -65,7 +66,7 @@ pub struct Daemon {
     /// The layer holding `/.forkd/init`, on top of every sandbox's stack.
     pub runtime_layer: LayerId,
     pub hierarchy: Hierarchy,
-    pub sandboxes: Mutex<HashMap<forkd_sandbox::SandboxId, Arc<Sandbox>>>,
+    pub sandboxes: Mutex<table::SandboxTable>,
     pub metrics: metrics::Metrics,
     /// Image builds in progress.
     pub builds: build::Builds,
@@ -342,7 +343,7 @@ impl Daemon {
             images,
             runtime_layer,
             hierarchy,
-            sandboxes: Mutex::new(HashMap::new()),
+            sandboxes: Mutex::new(table::SandboxTable::default()),
             metrics: metrics::Metrics::default(),
             builds: build::Builds::default(),
             egress,

@@ -153,7 +153,7 @@ impl Daemon {
 
     /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
-        super::find_by_prefix(&self.sandboxes.locked(), id, "sandbox")
+        super::find_by_prefix(self.sandboxes.locked().by_id(), id, "sandbox")
     }
 
     /// Every sandbox, oldest first. The table lock is held only to copy the entries out.
@@ -363,7 +363,7 @@ impl Daemon {
             return Err(e);
         }
         let sb = Arc::new(Sandbox::new(dir.to_path_buf(), record));
-        self.sandboxes.locked().insert(sb.id.clone(), sb.clone());
+        self.sandboxes.locked().insert(sb.clone());
         self.watch(sb.clone());
         Ok(sb)
     }
@@ -700,7 +700,7 @@ impl Daemon {
                     alive_leases.push((id.clone(), l.clone()));
                 }
             }
-            self.sandboxes.locked().insert(id, sb.clone());
+            self.sandboxes.locked().insert(sb.clone());
             if alive {
                 to_watch.push(sb);
             }

@@ -236,20 +236,7 @@ impl Daemon {
 
     /// Sandboxes whose layer stack uses checkpoint `id`.
     fn branches_of(&self, id: &CheckpointId) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .sandboxes
-            .locked()
-            .values()
-            .filter(|sb| {
-                sb.record
-                    .locked()
-                    .lowers
-                    .contains(&Lower::Checkpoint(id.clone()))
-            })
-            .map(|sb| sb.id.to_string())
-            .collect();
-        out.sort();
-        out
+        self.sandboxes.locked().over_checkpoint(id)
     }
 
     /// Checkpoints stacked on checkpoint `id`.
