@@ -478,3 +478,82 @@ while :; do sleep 0.2; done\n";
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("term-b"), "{out}");
 }
+
+/// A sandbox's memory cgroup directory on cgroup v1, if the machine has v1.
+fn memcg_dir(id: &str) -> Option<std::path::PathBuf> {
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists();
+    v1.then(|| format!("/sys/fs/cgroup/memory/forkd/{id}").into())
+}
+
+#[test]
+fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
+    let name = "a_removed_sandboxs_cgroup_serves_the_next_sandbox";
+    if !can_run(name) {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let d = TestDaemon::start("density-cgroup-pool");
+    let a = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": LOOP },
+        "limits": { "memory_bytes": 67108864, "pids": 64 }
+    }));
+    let first = memcg_dir(&a.id).map(|dir| std::fs::metadata(dir).unwrap().ino());
+    d.remove(&a.id);
+    assert!(!cgroup_exists(&a.id), "the removed sandbox's name stays");
+    let b = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let Some(dir) = memcg_dir(&b.id) else {
+        // cgroup v2 cannot rename a cgroup: the pool keeps none there.
+        let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/forkd")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("free-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        return;
+    };
+    // The same kernel cgroup, renamed: nothing was made and nothing removed.
+    assert_eq!(std::fs::metadata(&dir).unwrap().ino(), first.unwrap());
+    // With the limits of its new sandbox (none), not those of the old one.
+    let limit: u64 = std::fs::read_to_string(dir.join("memory.limit_in_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        limit > 1 << 50,
+        "memory limit {limit} kept from the first sandbox"
+    );
+    let pids =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/pids/forkd/{}/pids.max", b.id)).unwrap();
+    assert_eq!(pids.trim(), "max");
+    // The new sandbox's processes are in it, and it works.
+    let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", b.init_pid.unwrap())).unwrap();
+    assert!(
+        cgroups
+            .lines()
+            .any(|l| l.ends_with(&format!(":memory:/forkd/{}", b.id))),
+        "{cgroups}"
+    );
+    let (code, out, _) = d.sh(
+        &b.id,
+        "echo ok; cat /tmp/count > /dev/null && echo counting",
+    );
+    assert_eq!((code, out.as_str()), (0, "ok\ncounting\n"));
+    let info: forkd::api::SandboxInfo = d
+        .client
+        .call("GET", &format!("/v1/sandboxes/{}", b.id), None)
+        .unwrap();
+    assert_eq!(info.oom_kills, Some(0));
+    // Removed in turn, its cgroup is kept again, under a name of the pool's.
+    let ino = std::fs::metadata(&dir).unwrap().ino();
+    d.remove(&b.id);
+    let kept: Vec<String> = std::fs::read_dir("/sys/fs/cgroup/memory/forkd")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.metadata().is_ok_and(|m| m.ino() == ino))
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].starts_with("free-"), "{kept:?}");
+}

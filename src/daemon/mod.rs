@@ -66,6 +66,9 @@ pub struct Daemon {
     /// The layer holding `/.forkd/init`, on top of every sandbox's stack.
     pub runtime_layer: LayerId,
     pub hierarchy: Hierarchy,
+    /// Sandboxes' cgroups, kept for the next sandbox rather than removed (cgroup v1;
+    /// `FORKD_CGROUP_POOL`, default 32, `0` for none).
+    pub cgroups: forkd_cgroups::Pool,
     pub sandboxes: Mutex<table::SandboxTable>,
     pub metrics: metrics::Metrics,
     /// Image builds in progress.
@@ -317,6 +320,13 @@ impl Daemon {
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>()
         };
+        let cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, cgroup_pool()?);
+        let swept = cgroups.sweep();
+        if swept > 0 {
+            log::info(&format!(
+                "cgroup: removed {swept} free cgroups an earlier daemon kept"
+            ));
+        }
         let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
         let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);
         let sharing = match sharing::Settings::from_env()? {
@@ -342,6 +352,7 @@ impl Daemon {
             layers,
             images,
             runtime_layer,
+            cgroups,
             hierarchy,
             sandboxes: Mutex::new(table::SandboxTable::default()),
             metrics: metrics::Metrics::default(),
@@ -566,6 +577,8 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         }
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);
+        // Free cgroups are not kept across a restart (the next start would sweep them).
+        daemon.cgroups.sweep();
         daemon.release_volume_if_idle();
         if let Some(s) = &daemon.sharing {
             s.stop();
@@ -577,4 +590,14 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     // live on in the sandboxes.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+/// How many free cgroups the daemon keeps for the next sandboxes (`FORKD_CGROUP_POOL`).
+fn cgroup_pool() -> anyhow::Result<usize> {
+    match std::env::var("FORKD_CGROUP_POOL") {
+        Err(_) => Ok(32),
+        Ok(v) => v.trim().parse().map_err(|_| {
+            anyhow::anyhow!("FORKD_CGROUP_POOL={v:?} is not a number of cgroups (0 keeps none)")
+        }),
+    }
 }

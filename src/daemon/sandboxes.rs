@@ -414,8 +414,8 @@ impl Daemon {
                 ApiError::internal(format!("{}: {e}", ctx(&format!("create {}", d.display()))))
             })?;
         }
-        let cg = Cgroup::new(&self.hierarchy, &record.cgroup);
-        cg.create(&record.limits)
+        self.cgroups
+            .take(&record.cgroup, &record.limits)
             .map_err(|e| ApiError::from_chain(&ctx("create cgroup"), &e))?;
         Ok(())
     }
@@ -499,7 +499,8 @@ impl Daemon {
         Ok(())
     }
 
-    /// Kills what runs, unmounts, removes the cgroup and gives back the network lease.
+    /// Kills what runs, unmounts, hands the cgroup to the pool (which keeps or removes
+    /// it) and gives back the network lease.
     /// Idempotent; failures are logged.
     pub(super) fn teardown(&self, id: &SandboxId, dir: &Path, cgroup: &str, pid: Option<i32>) {
         let cg = Cgroup::new(&self.hierarchy, cgroup);
@@ -520,7 +521,7 @@ impl Daemon {
         if let Err(e) = host::unmount(&rootfs) {
             log::warn(&format!("unmount {}: {e}", rootfs.display()));
         }
-        if let Err(e) = cg.remove() {
+        if let Err(e) = self.cgroups.give_back(&cg) {
             log::warn(&format!("remove cgroup {cgroup}: {e}"));
         }
         self.disconnect(id);

@@ -1,0 +1,190 @@
+//! Cgroups kept for the next sandbox instead of being removed.
+//!
+//! Removing a memory cgroup is not cheap on a host with many sandboxes. The kernel
+//! offlines it in a worker that goes through every memcg-aware list of every superblock
+//! on the host (a sandbox brings four superblocks, each with two such lists) to hand the
+//! cgroup's entries to its parent, under a mutex that mounting a new superblock takes
+//! too. With 5,000 sandboxes alive that is about 4 ms of a kernel worker for a cgroup
+//! that never charged a file-system object and up to ~29 ms for one that did, on every
+//! removal, and a create beside it waits for the mutex. Making a memory cgroup allocates
+//! its records for every shrinker on the host as well.
+//!
+//! A sandbox that ends without running into a limit leaves a cgroup that can serve the
+//! next one. cgroup v1 can rename a cgroup within its parent, so the pool keeps such
+//! cgroups under names of its own (`<parent>/free-<tag>-<n>`, which no sandbox id can
+//! be; the tag is the daemon's) and renames one to the next sandbox's name, its limits set afresh
+//! ([`super::Cgroup::reset`]). Nothing is offlined, and nothing is made while the pool
+//! holds a cgroup. A cgroup is kept only when it is empty and thawed, its OOM-kill and
+//! task-refusal counters (which the kernel never clears, and which a sandbox's
+//! description reports) are zero, and it still charges at most [`KEEP_BYTES`]: pages of
+//! files its processes read that are still cached, and file-system objects. Those stay
+//! charged to the cgroup, so to its next sandbox, as a page stays charged to the first
+//! cgroup that touched it. A cgroup that charges more is removed, as before.
+//!
+//! cgroup v2 cannot rename a cgroup: there the pool keeps nothing and every cgroup is
+//! made and removed with its sandbox.
+//!
+//! Free cgroups outlive a daemon that stops; [`Pool::sweep`] removes those with its tag
+//! when the next daemon of the same state root starts. A [`Pool::take`] that finds a
+//! free cgroup gone (someone removed it) makes what is missing.
+
+use super::{io_err, Cgroup, CgroupError, Hierarchy, Limits};
+use std::fs;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// The most a kept cgroup may still charge: 8 MiB.
+pub const KEEP_BYTES: u64 = 8 << 20;
+
+const FREE_PREFIX: &str = "free-";
+
+pub struct Pool {
+    hierarchy: Hierarchy,
+    parent: String,
+    capacity: usize,
+    /// `free-<tag>-`: the start of the names of this pool's free cgroups.
+    prefix: String,
+    free: Mutex<Vec<String>>,
+    named: AtomicU64,
+}
+
+impl Pool {
+    /// A pool of at most `capacity` free cgroups under `parent` (such as `forkd`), named
+    /// with `tag` (its owner's, so that owners sharing a parent keep apart); none on
+    /// cgroup v2.
+    pub fn new(hierarchy: &Hierarchy, parent: &str, tag: &str, capacity: usize) -> Pool {
+        let capacity = match hierarchy {
+            Hierarchy::V1 { .. } => capacity,
+            Hierarchy::V2 { .. } => 0,
+        };
+        Pool {
+            hierarchy: hierarchy.clone(),
+            parent: parent.trim_end_matches('/').to_string(),
+            capacity,
+            prefix: format!("{FREE_PREFIX}{tag}-"),
+            free: Mutex::new(Vec::new()),
+            named: AtomicU64::new(0),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// How many free cgroups the pool holds now.
+    pub fn len(&self) -> usize {
+        self.free_list().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn free_list(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The cgroup `name` with `limits`: a free one renamed, or a new one.
+    pub fn take(&self, name: &str, limits: &Limits) -> Result<Cgroup, CgroupError> {
+        let cg = Cgroup::new(&self.hierarchy, name);
+        let free = self.free_list().pop();
+        if let Some(free) = free {
+            match self.rename(&free, name) {
+                Ok(()) => {
+                    cg.reset(limits)?;
+                    return Ok(cg);
+                }
+                // Whatever was not renamed goes; what was is completed below.
+                Err(_) => {
+                    let _ = Cgroup::new(&self.hierarchy, &free).remove();
+                    cg.create(limits)?;
+                    cg.reset(limits)?;
+                    return Ok(cg);
+                }
+            }
+        }
+        cg.create(limits)?;
+        Ok(cg)
+    }
+
+    /// Takes back the cgroup of a sandbox whose processes are all gone: kept for the
+    /// next sandbox when it qualifies (see the module header) and the pool has room,
+    /// removed otherwise.
+    pub fn give_back(&self, cg: &Cgroup) -> Result<(), CgroupError> {
+        if self.keeps(cg) {
+            let n = self.named.fetch_add(1, Ordering::Relaxed);
+            let free = format!("{}/{}{n}", self.parent, self.prefix);
+            match self.rename(cg.name(), &free) {
+                Ok(()) => {
+                    let mut list = self.free_list();
+                    if list.len() < self.capacity {
+                        list.push(free);
+                        return Ok(());
+                    }
+                    drop(list);
+                    return Cgroup::new(&self.hierarchy, &free).remove();
+                }
+                Err(_) => {
+                    let _ = Cgroup::new(&self.hierarchy, &free).remove();
+                }
+            }
+        }
+        cg.remove()
+    }
+
+    fn keeps(&self, cg: &Cgroup) -> bool {
+        self.free_list().len() < self.capacity
+            && cg.pids().is_ok_and(|p| p.is_empty())
+            && cg.thawed()
+            && cg.oom_kills() == 0
+            && cg.pids_refusals() == 0
+            && cg.memory_current().is_some_and(|b| b <= KEEP_BYTES)
+    }
+
+    /// Renames cgroup `from` to `to` in every hierarchy; a directory of `from` that is
+    /// missing is made as `to`. An error leaves the renamed part under `to`.
+    fn rename(&self, from: &str, to: &str) -> Result<(), CgroupError> {
+        let froms = self.hierarchy.dirs(from);
+        let tos = self.hierarchy.dirs(to);
+        for ((_, a), (_, b)) in froms.iter().zip(&tos) {
+            match fs::rename(a, b) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir(b).map_err(io_err(b, "create"))?
+                }
+                Err(e) => return Err(io_err(a, "rename")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes every free cgroup with this pool's tag under the parent, also those an
+    /// earlier owner with the same tag left when it stopped; returns how many went.
+    pub fn sweep(&self) -> usize {
+        self.free_list().clear();
+        let mut names = std::collections::BTreeSet::new();
+        for (_, dir) in self.hierarchy.dirs(&self.parent) {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with(&self.prefix) && e.path().is_dir() {
+                    names.insert(name);
+                }
+            }
+        }
+        let mut gone = 0;
+        for name in names {
+            let cg = Cgroup::new(&self.hierarchy, &format!("{}/{name}", self.parent));
+            // A free cgroup has no processes; one that does is not the pool's to end.
+            if cg.pids().is_ok_and(|p| p.is_empty()) && cg.remove().is_ok() {
+                gone += 1;
+            }
+        }
+        gone
+    }
+}

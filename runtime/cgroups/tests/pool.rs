@@ -1,0 +1,245 @@
+//! The cgroup pool against the machine's real cgroup hierarchy (root only): a cgroup
+//! given back is renamed for the next sandbox with that sandbox's limits; one that ran
+//! into a limit, or one over the pool's capacity, is removed.
+
+use forkd_cgroups::{Cgroup, Hierarchy, Limits, Pool};
+use forkd_sys::testing::skip;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// The hierarchy, or why the test cannot run.
+fn v1() -> Result<Hierarchy, &'static str> {
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        return Err("needs root");
+    }
+    match Hierarchy::detect() {
+        Ok(h @ Hierarchy::V1 { .. }) => Ok(h),
+        Ok(Hierarchy::V2 { .. }) => Err("cgroup v2 renames nothing: the pool keeps nothing there"),
+        Err(_) => Err("no usable cgroup hierarchy"),
+    }
+}
+
+/// A parent of the test's own, removed (with what is left in it) when dropped.
+struct Parent {
+    h: Hierarchy,
+    name: String,
+}
+
+impl Parent {
+    fn new(h: &Hierarchy, tag: &str) -> Parent {
+        Parent {
+            h: h.clone(),
+            name: format!("forkd-test-pool-{tag}-{}", std::process::id()),
+        }
+    }
+    fn child(&self, name: &str) -> String {
+        format!("{}/{name}", self.name)
+    }
+    /// The names of its sub-cgroups in the memory hierarchy.
+    fn children(&self) -> Vec<String> {
+        let mut out: Vec<String> = std::fs::read_dir(self.dir("memory"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
+        out.sort();
+        out
+    }
+    fn dir(&self, controller: &str) -> PathBuf {
+        match &self.h {
+            Hierarchy::V1 { root, .. } => root.join(controller).join(&self.name),
+            Hierarchy::V2 { root, .. } => root.join(&self.name),
+        }
+    }
+}
+
+impl Drop for Parent {
+    fn drop(&mut self) {
+        for c in self.children() {
+            let cg = Cgroup::new(&self.h, &self.child(&c));
+            let _ = cg.kill_all(Duration::from_secs(5));
+            let _ = cg.remove();
+        }
+        let _ = Cgroup::new(&self.h, &self.name).remove();
+    }
+}
+
+fn read(cg: &Cgroup, controller: &str, file: &str) -> String {
+    let Hierarchy::V1 { root, .. } = cg.hierarchy() else {
+        unreachable!()
+    };
+    std::fs::read_to_string(root.join(controller).join(cg.name()).join(file))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Runs `sh -c script` inside `cg` and waits for it.
+fn run_in(cg: &Cgroup, script: &str) -> Child {
+    // The shell waits on stdin until it is in the cgroup.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("read go; {script}"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    cg.add_pid(child.id() as i32).unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    child
+}
+
+#[test]
+fn a_cgroup_given_back_serves_the_next_sandbox_with_its_limits() {
+    let name = "a_cgroup_given_back_serves_the_next_sandbox_with_its_limits";
+    let h = match v1() {
+        Ok(h) => h,
+        Err(why) => return skip(name, why),
+    };
+    let parent = Parent::new(&h, "reuse");
+    let pool = Pool::new(&h, &parent.name, "t1", 4);
+    assert_eq!(pool.capacity(), 4);
+    let first = Limits {
+        memory_bytes: Some(64 << 20),
+        pids: Some(50),
+        cpu_millis: Some(500),
+    };
+    let a = pool.take(&parent.child("a"), &first).unwrap();
+    assert!(a.exists());
+    assert_eq!(
+        read(&a, "memory", "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    // Something ran in it and charged memory (a 12 MiB buffer), then ended.
+    let mut p = run_in(
+        &a,
+        "dd if=/dev/zero of=/dev/null bs=12M count=1 2>/dev/null",
+    );
+    assert!(p.wait().unwrap().success());
+    a.kill_all(Duration::from_secs(5)).unwrap();
+    let peak: u64 = read(&a, "memory", "memory.max_usage_in_bytes")
+        .parse()
+        .unwrap();
+    assert!(peak >= 12 << 20, "peak {peak}");
+
+    pool.give_back(&a).unwrap();
+    assert!(!a.exists(), "the sandbox's name is gone");
+    assert_eq!(pool.len(), 1);
+    let kept = parent.children();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].starts_with("free-"), "{kept:?}");
+
+    // The next sandbox gets that cgroup under its own name, with its own limits: a
+    // limit it does not set is unlimited again, the peak is cleared.
+    let second = Limits {
+        memory_bytes: None,
+        pids: Some(7),
+        cpu_millis: None,
+    };
+    let b = pool.take(&parent.child("b"), &second).unwrap();
+    assert_eq!(pool.len(), 0);
+    assert_eq!(
+        parent.children(),
+        vec!["b".to_string()],
+        "renamed, not made"
+    );
+    let unlimited = read(&b, "memory", "memory.limit_in_bytes");
+    assert!(unlimited.parse::<u64>().unwrap() > 1 << 50, "{unlimited}");
+    let peak: u64 = read(&b, "memory", "memory.max_usage_in_bytes")
+        .parse()
+        .unwrap();
+    assert!(
+        peak <= forkd_cgroups::pool::KEEP_BYTES,
+        "peak {peak} kept from the first sandbox"
+    );
+    assert_eq!(read(&b, "pids", "pids.max"), "7");
+    if let Hierarchy::V1 { controllers, .. } = &h {
+        if controllers.iter().any(|c| c == "cpu") {
+            assert_eq!(read(&b, "cpu", "cpu.cfs_quota_us"), "-1");
+        }
+    }
+    // And it works as a cgroup: a process runs in it.
+    let mut p = run_in(&b, "exit 3");
+    assert_eq!(p.wait().unwrap().code(), Some(3));
+    b.kill_all(Duration::from_secs(5)).unwrap();
+
+    // With the pool empty, a take makes a new one.
+    let c = pool.take(&parent.child("c"), &Limits::default()).unwrap();
+    assert!(c.exists());
+    assert_eq!(parent.children(), vec!["b".to_string(), "c".to_string()]);
+}
+
+#[test]
+fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
+    let name = "a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed";
+    let h = match v1() {
+        Ok(h) => h,
+        Err(why) => return skip(name, why),
+    };
+    let parent = Parent::new(&h, "limits");
+    let pool = Pool::new(&h, &parent.name, "t1", 1);
+
+    // The kernel's OOM killer ended a process in it: its counter would follow the
+    // cgroup to the next sandbox, so it goes.
+    let oom = pool
+        .take(
+            &parent.child("oom"),
+            &Limits {
+                memory_bytes: Some(16 << 20),
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+    // `tail` keeps a line it never finishes: it grows until it is killed.
+    let mut p = run_in(&oom, "exec tail /dev/zero");
+    assert!(!p.wait().unwrap().success());
+    assert!(oom.oom_kills() > 0, "the OOM killer did not fire");
+    oom.kill_all(Duration::from_secs(5)).unwrap();
+    pool.give_back(&oom).unwrap();
+    assert!(!oom.exists());
+    assert_eq!(pool.len(), 0);
+    assert!(parent.children().is_empty(), "{:?}", parent.children());
+
+    // A fork was refused at its task limit.
+    let pids = pool
+        .take(
+            &parent.child("pids"),
+            &Limits {
+                pids: Some(1),
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+    let mut p = run_in(&pids, "/bin/true");
+    let _ = p.wait();
+    assert!(pids.pids_refusals() > 0, "no fork was refused");
+    pids.kill_all(Duration::from_secs(5)).unwrap();
+    pool.give_back(&pids).unwrap();
+    assert!(parent.children().is_empty(), "{:?}", parent.children());
+
+    // Two clean ones, room for one.
+    let x = pool.take(&parent.child("x"), &Limits::default()).unwrap();
+    let y = pool.take(&parent.child("y"), &Limits::default()).unwrap();
+    pool.give_back(&x).unwrap();
+    pool.give_back(&y).unwrap();
+    assert_eq!(pool.len(), 1);
+    let left = parent.children();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].starts_with("free-"));
+
+    // Another owner's sweep leaves them alone; the start of the next owner with the
+    // same tag removes them.
+    let other = Pool::new(&h, &parent.name, "t2", 1);
+    assert_eq!(other.sweep(), 0);
+    assert_eq!(parent.children(), left);
+    let next = Pool::new(&h, &parent.name, "t1", 1);
+    assert_eq!(next.sweep(), 1);
+    assert!(parent.children().is_empty());
+    // The first pool's free cgroup is gone under it: its next take makes one.
+    let z = pool.take(&parent.child("z"), &Limits::default()).unwrap();
+    assert!(z.exists());
+    assert_eq!(parent.children(), vec!["z".to_string()]);
+}
