@@ -50,7 +50,8 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
     }
 }
 
-/// Starts the sandbox's init by running `exe __setup`; returns the init's host pid.
+/// Starts the sandbox's init by running `exe __setup`; returns the init's host pid once the
+/// init listens on its control socket.
 ///
 /// `root`, when given, is the sandbox's root as a detached mount
 /// ([`forkd_sys::mount::overlay`]): the set-up attaches it at `spec.rootfs` inside the

@@ -33,6 +33,27 @@ use std::os::unix::net::UnixListener;
 const SOCKET: &str = "/.forkd/run/init.sock";
 
 /// Entry point of `/.forkd/init __init`. Never returns.
+/// The environment variable naming the descriptor on which a fresh init tells its set-up
+/// that it listens (one byte, then the descriptor is closed).
+pub const READY_FD_ENV: &str = "FORKD_READY_FD";
+
+/// Tells the set-up that the control socket listens, if it asked (a fresh init; a
+/// restored one has no such descriptor), and forgets the descriptor's number, so that
+/// nothing this init starts inherits either.
+fn say_listening() {
+    let Some(fd) = std::env::var(READY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return;
+    };
+    std::env::remove_var(READY_FD_ENV);
+    if fd > 2 && nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_ok() {
+        let f = forkd_sys::own_fd(fd);
+        let _ = nix::unistd::write(&f, b"1");
+    }
+}
+
 pub fn init_main() -> ! {
     match serve() {
         Ok(()) => std::process::exit(0),
@@ -59,6 +80,7 @@ fn serve() -> std::io::Result<()> {
     let listener = UnixListener::bind(SOCKET)?;
     std::fs::set_permissions(SOCKET, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
+    say_listening();
     let (handover_rx, handover_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
     let mut detached = Handovers {

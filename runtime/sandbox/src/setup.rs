@@ -28,8 +28,9 @@ use nix::unistd::{chdir, pivot_root, sethostname, setsid};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where forkd's own files live inside every sandbox.
 pub const FORKD_DIR: &str = "/.forkd";
@@ -165,11 +166,18 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
         "create pipe",
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC),
     )?;
+    // The init says on this pipe that it listens on its control socket: the daemon can
+    // then use the sandbox at once, without trying to connect until it can.
+    let (ready_rd, ready_wr) = step(
+        "create pipe",
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC),
+    )?;
     // This process is a fresh exec of forkd that started no threads.
     let pid = step("fork init", forkd_sys::fork_single_threaded())?;
     if pid == 0 {
         drop(rd);
-        let err = match child(spec) {
+        drop(ready_rd);
+        let err = match child(spec, ready_wr.as_raw_fd()) {
             Ok(never) => match never {},
             Err((s, m)) => format!("{s}: {m}"),
         };
@@ -178,14 +186,57 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
         forkd_sys::exit_immediately(1)
     }
     drop(wr);
+    drop(ready_wr);
     let mut msg = String::new();
     let mut f = std::fs::File::from(rd);
     let _ = f.read_to_string(&mut msg);
-    if msg.is_empty() {
-        Ok(pid)
-    } else {
+    if !msg.is_empty() {
         // The child's message starts with its own step name.
-        Err(("prepare init", msg))
+        return Err(("prepare init", msg));
+    }
+    wait_listening(ready_rd, INIT_READY_WITHIN)?;
+    Ok(pid)
+}
+
+/// How long an init that has started may take to listen on its control socket.
+const INIT_READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Waits for the init's byte on the ready pipe (see [`crate::init`]).
+fn wait_listening(ready: OwnedFd, within: Duration) -> StepResult<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
+        // Rounded up, so that the wait is never cut short by a fraction of a millisecond.
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(0) if std::time::Instant::now() < deadline => continue,
+            Ok(0) => {
+                return Err((
+                    "wait for init",
+                    format!(
+                        "{INIT_PATH} did not listen on its control socket within {} s",
+                        within.as_secs_f64()
+                    ),
+                ))
+            }
+            Ok(_) => break,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(("wait for init", format!("poll: {e}"))),
+        }
+    }
+    let mut byte = [0u8; 1];
+    match nix::unistd::read(ready.as_raw_fd(), &mut byte) {
+        Ok(1) => Ok(()),
+        Ok(_) => Err((
+            "wait for init",
+            format!("{INIT_PATH} exited before it listened on its control socket (its log: /.forkd/logs/init.log)"),
+        )),
+        Err(e) => Err(("wait for init", format!("read: {e}"))),
     }
 }
 
@@ -246,7 +297,7 @@ fn bind_name_files() -> StepResult<()> {
 }
 
 /// Runs as PID 1 of the new namespaces; only returns on error.
-fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
+fn child(spec: &SetupSpec, ready: RawFd) -> StepResult<std::convert::Infallible> {
     let root = &spec.rootfs;
     mount(
         None::<&str>,
@@ -365,6 +416,12 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
     // Everything else the set-up process had open disappears at exec; the error pipe
     // is close-on-exec too, which is how the parent learns that exec succeeded.
     forkd_sys::cloexec_fds_from(3).map_err(|e| ("stdio", format!("close descriptors: {e}")))?;
+    // Except the ready pipe, which the init writes to and closes once it listens.
+    nix::fcntl::fcntl(
+        ready,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .map_err(|e| ("stdio", format!("keep the ready pipe: {e}")))?;
 
     drop_capabilities()?;
     nix::sys::prctl::set_no_new_privs()
@@ -378,6 +435,7 @@ fn child(spec: &SetupSpec) -> StepResult<std::convert::Infallible> {
     let env = [
         CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").unwrap(),
         CString::new(format!("FORKD_SANDBOX_ID={}", spec.id)).unwrap(),
+        CString::new(format!("{}={ready}", crate::init::READY_FD_ENV)).unwrap(),
     ];
     let e = nix::unistd::execve(&path, &argv, &env).unwrap_err();
     Err(("exec init", format!("{INIT_PATH}: {e}")))
@@ -636,5 +694,27 @@ mod tests {
 
         let left: Vec<_> = std::fs::read_dir(&outside).unwrap().collect();
         assert!(left.is_empty(), "wrote outside the root: {left:?}");
+    }
+
+    #[test]
+    fn the_setup_answers_once_the_init_says_it_listens() {
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        // The byte: ready.
+        let (rd, wr) = pipe();
+        nix::unistd::write(&wr, b"1").unwrap();
+        drop(wr);
+        assert!(wait_listening(rd, Duration::from_secs(5)).is_ok());
+        // Closed without it: the init exited first.
+        let (rd, wr) = pipe();
+        drop(wr);
+        let (step, msg) = wait_listening(rd, Duration::from_secs(5)).unwrap_err();
+        assert_eq!(step, "wait for init");
+        assert!(msg.contains("exited before it listened"), "{msg}");
+        // Neither within the time: it hangs.
+        let (rd, _wr) = pipe();
+        let t = std::time::Instant::now();
+        let (_, msg) = wait_listening(rd, Duration::from_millis(50)).unwrap_err();
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        assert!(msg.contains("did not listen"), "{msg}");
     }
 }
