@@ -92,19 +92,14 @@ impl Pool {
         let cg = Cgroup::new(&self.hierarchy, name);
         let free = self.free_list().pop();
         if let Some(free) = free {
-            match self.rename(&free, name) {
-                Ok(()) => {
-                    cg.reset(limits)?;
-                    return Ok(cg);
-                }
-                // Whatever was not renamed goes; what was is completed below.
-                Err(_) => {
-                    let _ = Cgroup::new(&self.hierarchy, &free).remove();
-                    cg.create(limits)?;
-                    cg.reset(limits)?;
-                    return Ok(cg);
-                }
+            // A limit below what the free cgroup still charges makes the kernel reclaim
+            // it first; if it cannot (`EBUSY`), or the rename fails, the free cgroup is
+            // not used: whatever is left of it, under either name, goes.
+            if self.rename(&free, name).is_ok() && cg.reset(limits).is_ok() {
+                return Ok(cg);
             }
+            let _ = Cgroup::new(&self.hierarchy, &free).remove();
+            let _ = cg.remove();
         }
         cg.create(limits)?;
         Ok(cg)

@@ -243,3 +243,56 @@ fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
     assert!(z.exists());
     assert_eq!(parent.children(), vec!["z".to_string()]);
 }
+
+#[test]
+fn a_limit_below_what_a_kept_cgroup_charges_is_still_set() {
+    let name = "a_limit_below_what_a_kept_cgroup_charges_is_still_set";
+    let h = match v1() {
+        Ok(h) => h,
+        Err(why) => return skip(name, why),
+    };
+    let parent = Parent::new(&h, "below");
+    let pool = Pool::new(&h, &parent.name, "t1", 4);
+    let a = pool.take(&parent.child("a"), &Limits::default()).unwrap();
+    // 6 MiB of a file's pages, cached and charged to the cgroup after its process ends.
+    let file = std::env::temp_dir().join(format!("forkd-pool-below-{}", std::process::id()));
+    let mut p = run_in(
+        &a,
+        &format!(
+            "dd if=/dev/zero of={} bs=1M count=6 2>/dev/null",
+            file.display()
+        ),
+    );
+    assert!(p.wait().unwrap().success());
+    a.kill_all(Duration::from_secs(5)).unwrap();
+    let charged = a.memory_current().unwrap();
+    assert!(charged >= 6 << 20, "charged {charged}");
+    pool.give_back(&a).unwrap();
+    assert_eq!(
+        pool.len(),
+        1,
+        "a cgroup charging {charged} bytes was not kept"
+    );
+
+    // The next sandbox asks for 2 MiB: it gets them, from the kept cgroup once the
+    // kernel reclaimed the cached pages, or from a new one.
+    let b = pool
+        .take(
+            &parent.child("b"),
+            &Limits {
+                memory_bytes: Some(2 << 20),
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        read(&b, "memory", "memory.limit_in_bytes"),
+        (2u64 << 20).to_string()
+    );
+    assert!(b.memory_current().unwrap() <= 2 << 20);
+    assert_eq!(pool.len(), 0);
+    assert_eq!(parent.children(), vec!["b".to_string()]);
+    let mut p = run_in(&b, "exit 0");
+    assert!(p.wait().unwrap().success());
+    let _ = std::fs::remove_file(&file);
+}
