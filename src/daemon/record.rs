@@ -65,28 +65,40 @@ impl DerefMut for RecordGuard<'_> {
     }
 }
 
+/// A running sandbox's record for unit tests: `id`, `image`, its stack `lowers`
+/// (`layer:<hex>` / `checkpoint:<id>`) and its init's pid.
+#[cfg(test)]
+pub(crate) fn test_record(
+    id: &str,
+    image: &str,
+    lowers: &[String],
+    init_pid: Option<i32>,
+) -> SandboxRecord {
+    serde_json::from_value(serde_json::json!({
+        "version": super::sandboxes::RECORD_VERSION,
+        "id": id,
+        "image": image,
+        "lowers": lowers,
+        "created": 1,
+        "hostname": "h",
+        "limits": {},
+        "labels": {},
+        "parent": null,
+        "status": "running",
+        "init_pid": init_pid,
+        "init_start": init_pid.map(|_| 1),
+        "cgroup": format!("forkd/{id}"),
+        "create_us": 0
+    }))
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn record() -> SandboxRecord {
-        serde_json::from_value(serde_json::json!({
-            "version": super::super::sandboxes::RECORD_VERSION,
-            "id": "0123456789abcdef",
-            "image": "busybox",
-            "lowers": [],
-            "created": 1,
-            "hostname": "h",
-            "limits": {},
-            "labels": {},
-            "parent": null,
-            "status": "running",
-            "init_pid": 7,
-            "init_start": 1,
-            "cgroup": "forkd/0123456789abcdef",
-            "create_us": 0
-        }))
-        .unwrap()
+        test_record("0123456789abcdef", "busybox", &[], Some(7))
     }
 
     #[test]

@@ -110,7 +110,6 @@ fn names(set: Option<&BTreeSet<SandboxId>>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::sandboxes::SandboxRecord;
 
     fn sandbox(id: &str, image: &str, checkpoints: &[&str]) -> Arc<Sandbox> {
         let lowers: Vec<String> = checkpoints
@@ -118,23 +117,7 @@ mod tests {
             .map(|c| format!("checkpoint:{c}"))
             .chain(std::iter::once(format!("layer:{}", "ab".repeat(32))))
             .collect();
-        let rec: SandboxRecord = serde_json::from_value(serde_json::json!({
-            "version": crate::daemon::sandboxes::RECORD_VERSION,
-            "id": id,
-            "image": image,
-            "lowers": lowers,
-            "created": 1,
-            "hostname": "h",
-            "limits": {},
-            "labels": {},
-            "parent": null,
-            "status": "running",
-            "init_pid": null,
-            "init_start": null,
-            "cgroup": format!("forkd/{id}"),
-            "create_us": 0
-        }))
-        .unwrap();
+        let rec = crate::daemon::record::test_record(id, image, &lowers, None);
         Arc::new(Sandbox::new(format!("/nonexistent/{id}").into(), rec))
     }
 
