@@ -32,7 +32,6 @@ use std::os::unix::net::UnixListener;
 
 const SOCKET: &str = "/.forkd/run/init.sock";
 
-/// Entry point of `/.forkd/init __init`. Never returns.
 /// The environment variable naming the descriptor on which a fresh init tells its set-up
 /// that it listens (one byte, then the descriptor is closed).
 pub const READY_FD_ENV: &str = "FORKD_READY_FD";
@@ -54,6 +53,7 @@ fn say_listening() {
     }
 }
 
+/// Entry point of `/.forkd/init __init`. Never returns.
 pub fn init_main() -> ! {
     match serve() {
         Ok(()) => std::process::exit(0),
