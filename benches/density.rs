@@ -7,9 +7,10 @@
 //! second at this size, and measures the machine's CPU, not forkd). Branches are forked
 //! 100 a request until N are alive; at each N, once the host has settled after the last
 //! batch (`FORKD_DENSITY_SETTLE_SECS`, default 10: the batch's first ticks and the
-//! kernel's work on its branches are not what one more costs): single forks, creates, execs, filesystem
-//! checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 10, p50/p90), the
-//! list and inspect requests, the whole `forkd ps` process, host memory per branch
+//! kernel's work on its branches are not what one more costs): single forks, creates,
+//! execs, filesystem checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 25,
+//! p50/p90: with fewer, one busy moment of the host moves a p50), the list and inspect
+//! requests, the whole `forkd ps` process, host memory per branch
 //! (MemAvailable drop / N) and the daemon's RSS; a sample of branches must answer an exec.
 //! Then, with all of them still alive, `FORKD_DENSITY_DEBIAN` (default 1000; 0 skips)
 //! Debian branches of a live checkpoint of a python3 loop (the same 10-s tick) are forked
@@ -81,7 +82,7 @@ fn run() -> Result<()> {
         return Ok(());
     };
     let parts = std::env::var("FORKD_DENSITY_PARTS").unwrap_or_else(|_| "branches,qemu".into());
-    let samples = common::env_usize("FORKD_DENSITY_SAMPLES", 10)?;
+    let samples = common::env_usize("FORKD_DENSITY_SAMPLES", 25)?;
     let date = common::utc_now();
     let load_start = common::load_average();
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_forkd"));
