@@ -266,60 +266,9 @@ impl Cgroup {
         self.set_limits(limits)
     }
 
-    /// Applies `limits` to an existing cgroup.
+    /// Applies `limits` to an existing cgroup; an absent limit is not written.
     pub fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
-        match &self.hierarchy {
-            Hierarchy::V1 { root, controllers } => {
-                let has = |c: &str| controllers.iter().any(|h| h == c);
-                let dir = |c: &str| root.join(c).join(&self.name);
-                if let Some(bytes) = limits.memory_bytes {
-                    write(
-                        &dir("memory").join("memory.limit_in_bytes"),
-                        &bytes.to_string(),
-                        "set memory limit",
-                    )?;
-                }
-                if let Some(n) = limits.pids {
-                    write(
-                        &dir("pids").join("pids.max"),
-                        &n.to_string(),
-                        "set pids limit",
-                    )?;
-                }
-                if let (Some(m), true) = (limits.cpu_millis, has("cpu")) {
-                    let d = dir("cpu");
-                    write(&d.join("cpu.cfs_period_us"), "100000", "set cpu period")?;
-                    write(
-                        &d.join("cpu.cfs_quota_us"),
-                        &(m * 100).to_string(),
-                        "set cpu quota",
-                    )?;
-                }
-            }
-            Hierarchy::V2 { root, .. } => {
-                let d = root.join(&self.name);
-                if let Some(bytes) = limits.memory_bytes {
-                    write(
-                        &d.join("memory.max"),
-                        &bytes.to_string(),
-                        "set memory limit",
-                    )?;
-                    // Without swap off, a hog would page out instead of being killed.
-                    let _ = fs::write(d.join("memory.swap.max"), "0");
-                }
-                if let Some(n) = limits.pids {
-                    write(&d.join("pids.max"), &n.to_string(), "set pids limit")?;
-                }
-                if let Some(m) = limits.cpu_millis {
-                    write(
-                        &d.join("cpu.max"),
-                        &format!("{} 100000", m * 100),
-                        "set cpu quota",
-                    )?;
-                }
-            }
-        }
-        Ok(())
+        self.write_limits(limits, false)
     }
 
     /// Sets every limit to what `limits` says, an absent one to unlimited, and clears
@@ -327,37 +276,48 @@ impl Cgroup {
     /// failure count): what a cgroup taken over from an earlier sandbox needs
     /// ([`Pool`]).
     pub fn reset(&self, limits: &Limits) -> Result<(), CgroupError> {
+        self.write_limits(limits, true)
+    }
+
+    /// Writes `limits`; an absent one is written as unlimited when `reset`, along with
+    /// the clearing of v1's memory counters, and left as it is otherwise.
+    fn write_limits(&self, limits: &Limits, reset: bool) -> Result<(), CgroupError> {
+        // The value to write for a limit, if any: the limit, or unlimited on a reset.
+        let value = |limit: Option<String>, unlimited: &str| match limit {
+            Some(v) => Some(v),
+            None if reset => Some(unlimited.to_string()),
+            None => None,
+        };
+        let memory = limits.memory_bytes.map(|b| b.to_string());
+        let pids = limits.pids.map(|n| n.to_string());
+        let quota = limits.cpu_millis.map(|m| (m * 100).to_string());
         match &self.hierarchy {
             Hierarchy::V1 { root, controllers } => {
-                let mem = root.join("memory").join(&self.name);
-                let bytes = limits.memory_bytes.map_or("-1".into(), |b| b.to_string());
-                write(
-                    &mem.join("memory.limit_in_bytes"),
-                    &bytes,
-                    "set memory limit",
-                )?;
-                write(
-                    &mem.join("memory.max_usage_in_bytes"),
-                    "0",
-                    "clear memory peak",
-                )?;
-                write(&mem.join("memory.failcnt"), "0", "clear memory failures")?;
-                let pids = limits.pids.map_or("max".into(), |n| n.to_string());
-                write(
-                    &root.join("pids").join(&self.name).join("pids.max"),
-                    &pids,
-                    "set pids limit",
-                )?;
-                if controllers.iter().any(|c| c == "cpu") {
+                let dir = |c: &str| root.join(c).join(&self.name);
+                let mem = dir("memory");
+                if let Some(v) = value(memory, "-1") {
+                    write(&mem.join("memory.limit_in_bytes"), &v, "set memory limit")?;
+                }
+                if reset {
+                    write(
+                        &mem.join("memory.max_usage_in_bytes"),
+                        "0",
+                        "clear memory peak",
+                    )?;
+                    write(&mem.join("memory.failcnt"), "0", "clear memory failures")?;
+                }
+                if let Some(v) = value(pids, "max") {
+                    write(&dir("pids").join("pids.max"), &v, "set pids limit")?;
+                }
+                if let (Some(v), true) =
+                    (value(quota, "-1"), controllers.iter().any(|c| c == "cpu"))
+                {
                     // Each write of the CPU bandwidth takes the kernel ~2 ms (measured
                     // here), so only a value that differs is written.
-                    let d = root.join("cpu").join(&self.name);
-                    let quota = limits
-                        .cpu_millis
-                        .map_or("-1".into(), |m| (m * 100).to_string());
+                    let d = dir("cpu");
                     for (file, value, step) in [
                         ("cpu.cfs_period_us", "100000", "set cpu period"),
-                        ("cpu.cfs_quota_us", quota.as_str(), "set cpu quota"),
+                        ("cpu.cfs_quota_us", v.as_str(), "set cpu quota"),
                     ] {
                         let path = d.join(file);
                         if fs::read_to_string(&path).map_or(true, |now| now.trim() != value) {
@@ -368,22 +328,18 @@ impl Cgroup {
             }
             Hierarchy::V2 { root, .. } => {
                 let d = root.join(&self.name);
-                let (max, swap) = match limits.memory_bytes {
-                    Some(b) => (b.to_string(), "0"),
-                    None => ("max".into(), "max"),
-                };
-                write(&d.join("memory.max"), &max, "set memory limit")?;
-                let _ = fs::write(d.join("memory.swap.max"), swap);
-                let pids = limits.pids.map_or("max".into(), |n| n.to_string());
-                write(&d.join("pids.max"), &pids, "set pids limit")?;
-                let quota = limits
-                    .cpu_millis
-                    .map_or("max".into(), |m| (m * 100).to_string());
-                write(
-                    &d.join("cpu.max"),
-                    &format!("{quota} 100000"),
-                    "set cpu quota",
-                )?;
+                let limited = memory.is_some();
+                if let Some(v) = value(memory, "max") {
+                    write(&d.join("memory.max"), &v, "set memory limit")?;
+                    // Without swap off, a hog would page out instead of being killed.
+                    let _ = fs::write(d.join("memory.swap.max"), if limited { "0" } else { "max" });
+                }
+                if let Some(v) = value(pids, "max") {
+                    write(&d.join("pids.max"), &v, "set pids limit")?;
+                }
+                if let Some(v) = value(quota, "max") {
+                    write(&d.join("cpu.max"), &format!("{v} 100000"), "set cpu quota")?;
+                }
             }
         }
         Ok(())

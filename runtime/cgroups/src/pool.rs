@@ -12,8 +12,8 @@
 //! A sandbox that ends without running into a limit leaves a cgroup that can serve the
 //! next one. cgroup v1 can rename a cgroup within its parent, so the pool keeps such
 //! cgroups under names of its own (`<parent>/free-<tag>-<n>`, which no sandbox id can
-//! be; the tag is the daemon's) and renames one to the next sandbox's name, its limits set afresh
-//! ([`super::Cgroup::reset`]). Nothing is offlined, and nothing is made while the pool
+//! be; the tag is the daemon's) and renames one to the next sandbox's name, its limits
+//! set afresh ([`super::Cgroup::reset`]). Nothing is offlined, and nothing is made while the pool
 //! holds a cgroup. A cgroup is kept only when it is empty and thawed, its OOM-kill and
 //! task-refusal counters (which the kernel never clears, and which a sandbox's
 //! description reports) are zero, and it still charges at most [`KEEP_BYTES`]: pages of
