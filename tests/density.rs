@@ -557,3 +557,94 @@ fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert!(kept[0].starts_with("free-"), "{kept:?}");
 }
+
+/// The cgroup path of process `pid` in `controller`'s hierarchy.
+fn cgroup_of(pid: i32, controller: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    text.lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            let named = ctrls.split(',').any(|c| c == controller);
+            // cgroup v2: one line, `0::<path>`.
+            (named || ctrls.is_empty()).then(|| path.to_string())
+        })
+        .unwrap_or_else(|| panic!("no {controller} line in {text}"))
+}
+
+#[test]
+fn sandboxes_without_a_memory_limit_share_a_memory_cgroup_when_asked() {
+    let name = "sandboxes_without_a_memory_limit_share_a_memory_cgroup_when_asked";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start_with_env("density-memcg", &[("FORKD_MEMCG", "limited")]);
+    let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let b = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": LOOP },
+        "limits": { "memory_bytes": 67108864 }
+    }));
+    let a_pid = a.init_pid.unwrap();
+    if memcg_dir(&a.id).is_none() {
+        // cgroup v2 has no per-controller directories: every sandbox keeps its own.
+        assert_eq!(cgroup_of(a_pid, "memory"), format!("/forkd/{}", a.id));
+        assert!(d.log().contains("FORKD_MEMCG=limited needs cgroup v1"));
+        return;
+    }
+    // The unlimited sandbox's memory is the shared cgroup; its other controllers its own.
+    let shared = cgroup_of(a_pid, "memory");
+    assert!(shared.starts_with("/forkd/shared-"), "{shared}");
+    assert!(!memcg_dir(&a.id).unwrap().exists());
+    assert_eq!(cgroup_of(a_pid, "pids"), format!("/forkd/{}", a.id));
+    assert_eq!(cgroup_of(a_pid, "freezer"), format!("/forkd/{}", a.id));
+    // The limited one has its own, with its limit.
+    let b_pid = b.init_pid.unwrap();
+    assert_eq!(cgroup_of(b_pid, "memory"), format!("/forkd/{}", b.id));
+    let limit =
+        std::fs::read_to_string(memcg_dir(&b.id).unwrap().join("memory.limit_in_bytes")).unwrap();
+    assert_eq!(limit.trim(), "67108864");
+    // A description shows no memory figures it could not tell apart from others'.
+    let info = |id: &str| -> forkd::api::SandboxInfo {
+        d.client
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .unwrap()
+    };
+    let ia = info(&a.id);
+    assert_eq!((ia.memory_bytes, ia.oom_kills), (None, None));
+    let ib = info(&b.id);
+    assert!(ib.memory_bytes.is_some());
+    assert_eq!(ib.oom_kills, Some(0));
+
+    // Branches of a live checkpoint of the unlimited sandbox land in the shared cgroup,
+    // keep counting, and are frozen and restored like any other.
+    let ck = d.checkpoint(&a.id, true);
+    let br = d.fork(&ck.id, 2, false).branches;
+    for s in &br {
+        let pid = s.init_pid.unwrap();
+        assert_eq!(cgroup_of(pid, "memory"), shared, "branch {}", s.id);
+        assert_eq!(cgroup_of(pid, "pids"), format!("/forkd/{}", s.id));
+        let before = d.read_number(&s.id, "/tmp/count");
+        d.sh(&s.id, "echo > /tmp/tick");
+        assert!(
+            wait_until(Duration::from_secs(5), || d
+                .read_number(&s.id, "/tmp/count")
+                > before),
+            "branch {} does not count",
+            s.id
+        );
+    }
+    // A branch's checkpoint and its own branch too.
+    let ck2 = d.checkpoint(&br[0].id, true);
+    let again = d.fork(&ck2.id, 1, false).branches.remove(0);
+    assert_eq!(cgroup_of(again.init_pid.unwrap(), "memory"), shared);
+
+    // Removing them leaves the shared cgroup to the sandboxes still in it.
+    for id in [&a.id, &br[0].id, &br[1].id, &again.id] {
+        d.remove(id);
+        assert!(!cgroup_exists(id), "sandbox {id}'s cgroup stays");
+    }
+    let shared_dir = format!("/sys/fs/cgroup/memory{shared}");
+    assert!(std::path::Path::new(&shared_dir).exists());
+    d.remove(&b.id);
+}

@@ -320,7 +320,18 @@ impl Daemon {
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>()
         };
-        let cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, cgroup_pool()?);
+        let mut cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, cgroup_pool()?);
+        if share_memory_cgroups()? {
+            cgroups = cgroups.sharing_memory();
+            match cgroups.shared_memory_for(&forkd_cgroups::Limits::default()) {
+                Some(shared) => log::info(&format!(
+                    "cgroup: sandboxes without a memory limit share the memory cgroup {shared}"
+                )),
+                None => log::warn(
+                    "cgroup: FORKD_MEMCG=limited needs cgroup v1; every sandbox has a memory cgroup of its own",
+                ),
+            }
+        }
         let swept = cgroups.sweep();
         if swept > 0 {
             log::info(&format!(
@@ -590,6 +601,18 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     // live on in the sandboxes.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+/// Whether sandboxes without a memory limit share one memory cgroup (`FORKD_MEMCG`:
+/// `each`, the default, gives every sandbox its own; `limited` only those with a limit).
+fn share_memory_cgroups() -> anyhow::Result<bool> {
+    match std::env::var("FORKD_MEMCG").as_deref() {
+        Err(_) | Ok("each") => Ok(false),
+        Ok("limited") => Ok(true),
+        Ok(v) => anyhow::bail!(
+            "FORKD_MEMCG={v:?} is not a choice: `each` (a memory cgroup for every sandbox) or `limited` (only for sandboxes with a memory limit)"
+        ),
+    }
 }
 
 /// How many free cgroups the daemon keeps for the next sandboxes (`FORKD_CGROUP_POOL`).

@@ -59,6 +59,11 @@ pub struct SandboxRecord {
     /// Start time of the init (clock ticks since boot), to tell it from a reused pid.
     pub init_start: Option<u64>,
     pub cgroup: String,
+    /// The memory cgroup its processes share with other sandboxes (cgroup v1, a daemon
+    /// with `FORKD_MEMCG=limited`, no memory limit); without one it has its own, at
+    /// `cgroup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cgroup: Option<String>,
     pub create_us: u64,
     /// The image's run configuration: defaults (env, working directory, user) for
     /// every exec the API runs in this sandbox.
@@ -70,6 +75,13 @@ pub struct SandboxRecord {
     /// Its lease while it runs with egress.
     #[serde(default)]
     pub lease: Option<forkd_net::Lease>,
+}
+
+impl SandboxRecord {
+    /// Its cgroup in `hierarchy`.
+    pub fn cgroup_in(&self, hierarchy: &forkd_cgroups::Hierarchy) -> Cgroup {
+        Cgroup::new(hierarchy, &self.cgroup).sharing_memory(self.memory_cgroup.as_deref())
+    }
 }
 
 /// Below a sandbox's directory: where its root is attached, and its overlay's upper
@@ -208,10 +220,16 @@ impl Daemon {
     pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
         // Only the fields shown are copied, under the record's lock; the cgroup is read
         // after it is released.
-        let mut info = self.describe_record(sb, &sb.record.locked());
-        let cg = Cgroup::new(&self.hierarchy, &info.cgroup);
+        let (mut info, cg) = {
+            let rec = sb.record.locked();
+            (
+                self.describe_record(sb, &rec),
+                rec.cgroup_in(&self.hierarchy),
+            )
+        };
+        // Both are unknown for a sandbox whose memory cgroup is shared.
         info.memory_bytes = cg.memory_current();
-        info.oom_kills = Some(cg.oom_kills());
+        info.oom_kills = info.memory_bytes.and(cg.oom_kills());
         info
     }
 
@@ -297,6 +315,7 @@ impl Daemon {
             init_pid: None,
             init_start: None,
             cgroup: format!("forkd/{id}"),
+            memory_cgroup: self.cgroups.shared_memory_for(&req.limits),
             create_us: 0,
             config: image.config.clone(),
             network: req.network.clone(),
@@ -358,7 +377,8 @@ impl Daemon {
             // A limit too small for the sandbox to start is the request's fault: the
             // error names it (read before the cgroup goes).
             let e = self.limit_hit(&record).map_or(e, ApiError::bad_request);
-            self.teardown(&record.id, dir, &record.cgroup, record.init_pid);
+            let cg = record.cgroup_in(&self.hierarchy);
+            self.teardown(&record.id, dir, &cg, record.init_pid);
             self.delete_sandbox_dir(dir);
             return Err(e);
         }
@@ -371,10 +391,10 @@ impl Daemon {
     /// The limit a sandbox's processes ran into while it started, as an error naming the
     /// field: the OOM killer fired in its cgroup, or a fork was refused at its task limit.
     fn limit_hit(&self, record: &SandboxRecord) -> Option<String> {
-        let cg = Cgroup::new(&self.hierarchy, &record.cgroup);
+        let cg = record.cgroup_in(&self.hierarchy);
         let id = &record.id;
         if let Some(m) = record.limits.memory_bytes {
-            if cg.oom_kills() > 0 {
+            if cg.oom_kills().is_some_and(|n| n > 0) {
                 return Some(format!(
                     "limits.memory_bytes {m} is too small for sandbox {id} to start: the kernel's OOM killer ended it while it started"
                 ));
@@ -415,7 +435,11 @@ impl Daemon {
             })?;
         }
         self.cgroups
-            .take(&record.cgroup, &record.limits)
+            .take(
+                &record.cgroup,
+                record.memory_cgroup.as_deref(),
+                &record.limits,
+            )
             .map_err(|e| ApiError::from_chain(&ctx("create cgroup"), &e))?;
         Ok(())
     }
@@ -477,7 +501,7 @@ impl Daemon {
             id: id.clone(),
             rootfs,
             hostname: record.hostname.clone(),
-            cgroup: Some((self.hierarchy.clone(), record.cgroup.clone())),
+            cgroup: Some(record.cgroup_in(&self.hierarchy)),
             name_files: connected.is_some(),
             netns_fd: None,
             root_fd: None,
@@ -501,8 +525,8 @@ impl Daemon {
     /// Kills what runs, unmounts, hands the cgroup to the pool (which keeps or removes
     /// it) and gives back the network lease.
     /// Idempotent; failures are logged.
-    pub(super) fn teardown(&self, id: &SandboxId, dir: &Path, cgroup: &str, pid: Option<i32>) {
-        let cg = Cgroup::new(&self.hierarchy, cgroup);
+    pub(super) fn teardown(&self, id: &SandboxId, dir: &Path, cg: &Cgroup, pid: Option<i32>) {
+        let cgroup = cg.name();
         if let Some(pid) = pid {
             if let Ok(fd) = forkd_sys::pidfd_open(pid) {
                 let _ = forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGKILL);
@@ -520,7 +544,7 @@ impl Daemon {
         if let Err(e) = host::unmount(&rootfs) {
             log::warn(&format!("unmount {}: {e}", rootfs.display()));
         }
-        if let Err(e) = self.cgroups.give_back(&cg) {
+        if let Err(e) = self.cgroups.give_back(cg) {
             log::warn(&format!("remove cgroup {cgroup}: {e}"));
         }
         self.disconnect(id);
@@ -557,7 +581,7 @@ impl Daemon {
     fn end_processes(&self, sb: &Sandbox, held: &Held<'_>, grace: Duration) {
         let (pid, start, cgroup) = {
             let rec = held.record();
-            (rec.init_pid, rec.init_start, rec.cgroup.clone())
+            (rec.init_pid, rec.init_start, rec.cgroup_in(&self.hierarchy))
         };
         if held.prior() != SandboxStatus::Running {
             return;
@@ -667,7 +691,8 @@ impl Daemon {
                 .filter(|r| r.id == id && r.version == RECORD_VERSION);
             let Some(mut rec) = rec else {
                 log::info(&format!("removing half-made sandbox {id}"));
-                self.teardown(&id, &path, &format!("forkd/{id}"), None);
+                let cg = Cgroup::new(&self.hierarchy, &format!("forkd/{id}"));
+                self.teardown(&id, &path, &cg, None);
                 self.delete_sandbox_dir(&path);
                 continue;
             };
@@ -678,7 +703,7 @@ impl Daemon {
                 });
             if alive {
                 // A daemon killed in the middle of a checkpoint left the tree frozen.
-                let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+                let cg = rec.cgroup_in(&self.hierarchy);
                 if cg.freezer_dir().is_some() {
                     if let Err(e) = cg.set_frozen(false, Duration::from_secs(10)) {
                         log::warn(&format!("sandbox {id}: thaw after restart: {e}"));
@@ -687,7 +712,7 @@ impl Daemon {
             }
             if rec.status == SandboxStatus::Running && !alive {
                 log::info(&format!("sandbox {id}: init is gone; cleaning up"));
-                self.teardown(&id, &path, &rec.cgroup, None);
+                self.teardown(&id, &path, &rec.cgroup_in(&self.hierarchy), None);
                 gone.extend(rec.lease.take());
                 rec.status = SandboxStatus::Stopped;
                 rec.init_pid = None;

@@ -9,6 +9,12 @@
 //! Limits: memory (hard limit, no swap on v2), number of tasks, and CPU as a quota in
 //! thousandths of a CPU. A memory hog is killed by the kernel's OOM killer inside its own
 //! cgroup; a fork bomb stops at `pids.max`.
+//!
+//! On v1 a cgroup without a memory limit may share its memory controller's directory
+//! with other sandboxes ([`Cgroup::sharing_memory`]): every memory cgroup costs the
+//! kernel a record per superblock on the host, so one each makes a sandbox's memory grow
+//! with the number of sandboxes (see [`Pool`]). Such a cgroup reports no memory use and
+//! no OOM kills of its own, and is never given a memory limit.
 
 #![forbid(unsafe_code)]
 
@@ -208,10 +214,13 @@ pub fn favor_dynamic_changes() -> Result<Option<(PathBuf, bool)>, CgroupError> {
 }
 
 /// One sandbox's cgroup.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cgroup {
     hierarchy: Hierarchy,
     name: String,
+    /// The memory cgroup it shares with other sandboxes instead of its own (v1 only).
+    #[serde(default)]
+    shared_memory: Option<String>,
 }
 
 fn write(path: &Path, value: &str, step: &'static str) -> Result<(), CgroupError> {
@@ -224,11 +233,54 @@ impl Cgroup {
         Cgroup {
             hierarchy: hierarchy.clone(),
             name: name.to_string(),
+            shared_memory: None,
         }
+    }
+
+    /// The same cgroup, with its memory controller's directory replaced by the memory
+    /// cgroup `shared` (a name such as `forkd/shared-<tag>`) that other sandboxes use
+    /// too. Only cgroup v1 has controllers in separate directories: on v2 `shared` is
+    /// ignored and the cgroup has memory of its own.
+    pub fn sharing_memory(mut self, shared: Option<&str>) -> Self {
+        self.shared_memory = match self.hierarchy {
+            Hierarchy::V1 { .. } => shared.map(str::to_string),
+            Hierarchy::V2 { .. } => None,
+        };
+        self
+    }
+
+    /// The memory cgroup this cgroup shares, if it has none of its own.
+    pub fn shared_memory(&self) -> Option<&str> {
+        self.shared_memory.as_deref()
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// This cgroup's directories, with whether each is its own (not a shared one).
+    fn dirs(&self) -> Vec<(Option<String>, PathBuf, bool)> {
+        self.hierarchy
+            .dirs(&self.name)
+            .into_iter()
+            .map(
+                |(c, dir)| match (&self.shared_memory, c.as_deref(), &self.hierarchy) {
+                    (Some(shared), Some("memory"), Hierarchy::V1 { root, .. }) => {
+                        (c, root.join("memory").join(shared), false)
+                    }
+                    _ => (c, dir, true),
+                },
+            )
+            .collect()
+    }
+
+    /// The directory of its memory controller, when it is its own.
+    fn own_memory_dir(&self) -> Option<PathBuf> {
+        match &self.hierarchy {
+            _ if self.shared_memory.is_some() => None,
+            Hierarchy::V1 { root, .. } => Some(root.join("memory").join(&self.name)),
+            Hierarchy::V2 { root, .. } => Some(root.join(&self.name)),
+        }
     }
 
     pub fn hierarchy(&self) -> &Hierarchy {
@@ -260,7 +312,8 @@ impl Cgroup {
             let line: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
             write(&control, &line.join(" "), "enable controllers")?;
         }
-        for (_, dir) in self.hierarchy.dirs(&self.name) {
+        // A shared memory cgroup is made by the first sandbox that needs it.
+        for (_, dir, _) in self.dirs() {
             fs::create_dir_all(&dir).map_err(io_err(&dir, "create"))?;
         }
         self.set_limits(limits)
@@ -294,17 +347,35 @@ impl Cgroup {
         match &self.hierarchy {
             Hierarchy::V1 { root, controllers } => {
                 let dir = |c: &str| root.join(c).join(&self.name);
-                let mem = dir("memory");
-                if let Some(v) = value(memory, "-1") {
-                    write(&mem.join("memory.limit_in_bytes"), &v, "set memory limit")?;
-                }
-                if reset {
-                    write(
-                        &mem.join("memory.max_usage_in_bytes"),
-                        "0",
-                        "clear memory peak",
-                    )?;
-                    write(&mem.join("memory.failcnt"), "0", "clear memory failures")?;
+                match self.own_memory_dir() {
+                    Some(mem) => {
+                        if let Some(v) = value(memory, "-1") {
+                            write(&mem.join("memory.limit_in_bytes"), &v, "set memory limit")?;
+                        }
+                        if reset {
+                            write(
+                                &mem.join("memory.max_usage_in_bytes"),
+                                "0",
+                                "clear memory peak",
+                            )?;
+                            write(&mem.join("memory.failcnt"), "0", "clear memory failures")?;
+                        }
+                    }
+                    // Other sandboxes' limit is not this one's to set.
+                    None if memory.is_some() => {
+                        return Err(CgroupError::Io {
+                            path: dir("memory"),
+                            step: "set memory limit",
+                            source: io::Error::new(
+                                io::ErrorKind::InvalidInput,
+                                format!(
+                                    "its memory cgroup {} is shared with other sandboxes",
+                                    self.shared_memory.as_deref().unwrap_or_default()
+                                ),
+                            ),
+                        })
+                    }
+                    None => {}
                 }
                 if let Some(v) = value(pids, "max") {
                     write(&dir("pids").join("pids.max"), &v, "set pids limit")?;
@@ -359,7 +430,7 @@ impl Cgroup {
 
     /// Moves process `pid` into the cgroup (all controllers).
     pub fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
-        for (_, dir) in self.hierarchy.dirs(&self.name) {
+        for (_, dir, _) in self.dirs() {
             write(&dir.join("cgroup.procs"), &pid.to_string(), "add process")?;
         }
         Ok(())
@@ -382,20 +453,24 @@ impl Cgroup {
     /// The `cgroup.procs` file of every directory of this cgroup: writing a pid to all
     /// of them moves that process in.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.hierarchy
-            .dirs(&self.name)
+        self.dirs()
             .into_iter()
-            .map(|(_, d)| d.join("cgroup.procs"))
+            .map(|(_, d, _)| d.join("cgroup.procs"))
             .collect()
     }
 
     /// (controller, path from the hierarchy's root) of each directory of this cgroup; the
     /// controller is empty on cgroup v2.
     pub fn roots(&self) -> Vec<(String, String)> {
-        self.hierarchy
-            .dirs(&self.name)
+        self.dirs()
             .into_iter()
-            .map(|(c, _)| (c.unwrap_or_default(), format!("/{}", self.name)))
+            .map(|(c, _, own)| {
+                let name = match (&self.shared_memory, own) {
+                    (Some(shared), false) => shared,
+                    _ => &self.name,
+                };
+                (c.unwrap_or_default(), format!("/{name}"))
+            })
             .collect()
     }
 
@@ -457,26 +532,19 @@ impl Cgroup {
         }
     }
 
+    /// Whether any of its own directories exists.
     pub fn exists(&self) -> bool {
-        self.hierarchy
-            .dirs(&self.name)
-            .iter()
-            .any(|(_, d)| d.exists())
+        self.dirs().iter().any(|(_, d, own)| *own && d.exists())
     }
 
-    /// How many times the OOM killer fired inside this cgroup.
-    pub fn oom_kills(&self) -> u64 {
+    /// How many times the OOM killer fired inside this cgroup; `None` when its memory
+    /// cgroup is shared (a kill there may have been another sandbox's) or unreadable.
+    pub fn oom_kills(&self) -> Option<u64> {
         let path = match &self.hierarchy {
-            Hierarchy::V1 { root, .. } => root
-                .join("memory")
-                .join(&self.name)
-                .join("memory.oom_control"),
+            Hierarchy::V1 { .. } => self.own_memory_dir()?.join("memory.oom_control"),
             Hierarchy::V2 { root, .. } => root.join(&self.name).join("memory.events"),
         };
-        fs::read_to_string(path)
-            .ok()
-            .and_then(|t| stat_sum(&t, &["oom_kill"]))
-            .unwrap_or(0)
+        stat_sum(&fs::read_to_string(path).ok()?, &["oom_kill"])
     }
 
     /// How many times a fork in this cgroup was refused at its task limit.
@@ -491,30 +559,29 @@ impl Cgroup {
             .unwrap_or(0)
     }
 
-    /// Current memory use in bytes, if the memory controller reports it.
+    /// Current memory use in bytes, if the memory controller reports it for this cgroup
+    /// alone (not when its memory cgroup is shared).
     pub fn memory_current(&self) -> Option<u64> {
+        let dir = self.own_memory_dir()?;
         let path = match &self.hierarchy {
-            Hierarchy::V1 { root, .. } => root
-                .join("memory")
-                .join(&self.name)
-                .join("memory.usage_in_bytes"),
-            Hierarchy::V2 { root, .. } => root.join(&self.name).join("memory.current"),
+            Hierarchy::V1 { .. } => dir.join("memory.usage_in_bytes"),
+            Hierarchy::V2 { .. } => dir.join("memory.current"),
         };
         fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
     /// Bytes of file data the cgroup's processes dirtied that are not yet on disk (dirty
-    /// or under writeback), if the memory controller reports them.
+    /// or under writeback), if the memory controller reports them. When its memory
+    /// cgroup is shared, those of every sandbox in it: at least this one's.
     pub fn unwritten_bytes(&self) -> Option<u64> {
-        let (path, keys) = match &self.hierarchy {
-            Hierarchy::V1 { root, .. } => (
-                root.join("memory").join(&self.name).join("memory.stat"),
-                ["dirty", "writeback"],
-            ),
-            Hierarchy::V2 { root, .. } => (
-                root.join(&self.name).join("memory.stat"),
-                ["file_dirty", "file_writeback"],
-            ),
+        let dir = match (&self.shared_memory, &self.hierarchy) {
+            (Some(shared), Hierarchy::V1 { root, .. }) => root.join("memory").join(shared),
+            _ => self.own_memory_dir()?,
+        };
+        let path = dir.join("memory.stat");
+        let keys = match &self.hierarchy {
+            Hierarchy::V1 { .. } => ["dirty", "writeback"],
+            Hierarchy::V2 { .. } => ["file_dirty", "file_writeback"],
         };
         stat_sum(&fs::read_to_string(path).ok()?, &keys)
     }
@@ -546,10 +613,10 @@ impl Cgroup {
         }
     }
 
-    /// Removes the cgroup; it must be empty. Missing directories are not an error, so
-    /// removal is idempotent.
+    /// Removes the cgroup (its own directories, not a shared one); it must be empty.
+    /// Missing directories are not an error, so removal is idempotent.
     pub fn remove(&self) -> Result<(), CgroupError> {
-        for (_, dir) in self.hierarchy.dirs(&self.name) {
+        for (_, dir, _) in self.dirs().into_iter().filter(|(_, _, own)| *own) {
             // About a second in all, in pauses from 200 us up to 10 ms.
             let deadline = Instant::now() + Duration::from_secs(1);
             let mut pause = Duration::from_micros(200);

@@ -24,6 +24,15 @@
 //! cgroup v2 cannot rename a cgroup: there the pool keeps nothing and every cgroup is
 //! made and removed with its sandbox.
 //!
+//! The same per-superblock records make every memory cgroup cost more the more
+//! sandboxes are alive: one 520-byte record (a `kmalloc-1k` object) per 64 shrinker ids,
+//! and every superblock holds one, so with N sandboxes of four superblocks each a memory
+//! cgroup takes ~N/16 KiB, about as much as all the rest of a small sandbox at N = 5,000.
+//! A pool made [`Pool::sharing_memory`] (cgroup v1 only) gives every sandbox without a
+//! memory limit the one memory cgroup `<parent>/shared-<tag>` instead of its own
+//! ([`Pool::shared_memory_for`]); its other controllers stay its own. Such cgroups are
+//! not kept: without a memory cgroup, nothing costly is made or removed.
+//!
 //! Free cgroups outlive a daemon that stops; [`Pool::sweep`] removes those with its tag
 //! when the next daemon of the same state root starts. A [`Pool::take`] that finds a
 //! free cgroup gone (someone removed it) makes what is missing.
@@ -38,6 +47,7 @@ use std::sync::Mutex;
 pub const KEEP_BYTES: u64 = 8 << 20;
 
 const FREE_PREFIX: &str = "free-";
+const SHARED_PREFIX: &str = "shared-";
 
 pub struct Pool {
     hierarchy: Hierarchy,
@@ -47,6 +57,9 @@ pub struct Pool {
     prefix: String,
     free: Mutex<Vec<String>>,
     named: AtomicU64,
+    /// `<parent>/shared-<tag>`, when sandboxes without a memory limit share it.
+    shared_memory: Option<String>,
+    tag: String,
 }
 
 impl Pool {
@@ -65,6 +78,25 @@ impl Pool {
             prefix: format!("{FREE_PREFIX}{tag}-"),
             free: Mutex::new(Vec::new()),
             named: AtomicU64::new(0),
+            shared_memory: None,
+            tag: tag.to_string(),
+        }
+    }
+
+    /// The same pool, giving every sandbox without a memory limit the one memory cgroup
+    /// `<parent>/shared-<tag>` (cgroup v1; on v2 every sandbox keeps its own).
+    pub fn sharing_memory(mut self) -> Pool {
+        if let Hierarchy::V1 { .. } = self.hierarchy {
+            self.shared_memory = Some(format!("{}/{SHARED_PREFIX}{}", self.parent, self.tag));
+        }
+        self
+    }
+
+    /// The memory cgroup a sandbox with `limits` shares, if it gets none of its own.
+    pub fn shared_memory_for(&self, limits: &Limits) -> Option<String> {
+        match limits.memory_bytes {
+            Some(_) => None,
+            None => self.shared_memory.clone(),
         }
     }
 
@@ -87,9 +119,20 @@ impl Pool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The cgroup `name` with `limits`: a free one renamed, or a new one.
-    pub fn take(&self, name: &str, limits: &Limits) -> Result<Cgroup, CgroupError> {
-        let cg = Cgroup::new(&self.hierarchy, name);
+    /// The cgroup `name` with `limits`: a free one renamed, or a new one. With
+    /// `shared_memory` (from [`Pool::shared_memory_for`]) it is always a new one whose
+    /// memory controller is that shared cgroup, made if missing.
+    pub fn take(
+        &self,
+        name: &str,
+        shared_memory: Option<&str>,
+        limits: &Limits,
+    ) -> Result<Cgroup, CgroupError> {
+        let cg = Cgroup::new(&self.hierarchy, name).sharing_memory(shared_memory);
+        if cg.shared_memory().is_some() {
+            cg.create(limits)?;
+            return Ok(cg);
+        }
         let free = self.free_list().pop();
         if let Some(free) = free {
             // A limit below what the free cgroup still charges makes the kernel reclaim
@@ -132,9 +175,10 @@ impl Pool {
 
     fn keeps(&self, cg: &Cgroup) -> bool {
         self.free_list().len() < self.capacity
+            && cg.shared_memory().is_none()
             && cg.pids().is_ok_and(|p| p.is_empty())
             && cg.thawed()
-            && cg.oom_kills() == 0
+            && cg.oom_kills() == Some(0)
             && cg.pids_refusals() == 0
             && cg.memory_current().is_some_and(|b| b <= KEEP_BYTES)
     }
@@ -157,8 +201,21 @@ impl Pool {
     }
 
     /// Removes every free cgroup with this pool's tag under the parent, also those an
-    /// earlier owner with the same tag left when it stopped; returns how many went.
+    /// earlier owner with the same tag left when it stopped, and the shared memory
+    /// cgroup of that tag when no process is in it; returns how many free ones went.
     pub fn sweep(&self) -> usize {
+        if let Hierarchy::V1 { root, .. } = &self.hierarchy {
+            let shared = root
+                .join("memory")
+                .join(&self.parent)
+                .join(format!("{SHARED_PREFIX}{}", self.tag));
+            let empty =
+                fs::read_to_string(shared.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+            // Left if a process is in it; one that enters meanwhile makes rmdir fail.
+            if empty {
+                let _ = fs::remove_dir(&shared);
+            }
+        }
         self.free_list().clear();
         let mut names = std::collections::BTreeSet::new();
         for (_, dir) in self.hierarchy.dirs(&self.parent) {

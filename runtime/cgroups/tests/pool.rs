@@ -39,7 +39,10 @@ impl Parent {
     }
     /// The names of its sub-cgroups in the memory hierarchy.
     fn children(&self) -> Vec<String> {
-        let mut out: Vec<String> = std::fs::read_dir(self.dir("memory"))
+        self.children_in("memory")
+    }
+    fn children_in(&self, controller: &str) -> Vec<String> {
+        let mut out: Vec<String> = std::fs::read_dir(self.dir(controller))
             .unwrap()
             .flatten()
             .filter(|e| e.path().is_dir())
@@ -58,7 +61,12 @@ impl Parent {
 
 impl Drop for Parent {
     fn drop(&mut self) {
-        for c in self.children() {
+        // A cgroup sharing memory has no directory of its own in the memory hierarchy.
+        let mut all = self.children();
+        all.extend(self.children_in("pids"));
+        all.sort();
+        all.dedup();
+        for c in all {
             let cg = Cgroup::new(&self.h, &self.child(&c));
             let _ = cg.kill_all(Duration::from_secs(5));
             let _ = cg.remove();
@@ -107,7 +115,7 @@ fn a_cgroup_given_back_serves_the_next_sandbox_with_its_limits() {
         pids: Some(50),
         cpu_millis: Some(500),
     };
-    let a = pool.take(&parent.child("a"), &first).unwrap();
+    let a = pool.take(&parent.child("a"), None, &first).unwrap();
     assert!(a.exists());
     assert_eq!(
         read(&a, "memory", "memory.limit_in_bytes"),
@@ -139,7 +147,7 @@ fn a_cgroup_given_back_serves_the_next_sandbox_with_its_limits() {
         pids: Some(7),
         cpu_millis: None,
     };
-    let b = pool.take(&parent.child("b"), &second).unwrap();
+    let b = pool.take(&parent.child("b"), None, &second).unwrap();
     assert_eq!(pool.len(), 0);
     assert_eq!(
         parent.children(),
@@ -167,7 +175,9 @@ fn a_cgroup_given_back_serves_the_next_sandbox_with_its_limits() {
     b.kill_all(Duration::from_secs(5)).unwrap();
 
     // With the pool empty, a take makes a new one.
-    let c = pool.take(&parent.child("c"), &Limits::default()).unwrap();
+    let c = pool
+        .take(&parent.child("c"), None, &Limits::default())
+        .unwrap();
     assert!(c.exists());
     assert_eq!(parent.children(), vec!["b".to_string(), "c".to_string()]);
 }
@@ -187,6 +197,7 @@ fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
     let oom = pool
         .take(
             &parent.child("oom"),
+            None,
             &Limits {
                 memory_bytes: Some(16 << 20),
                 ..Limits::default()
@@ -196,7 +207,7 @@ fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
     // `tail` keeps a line it never finishes: it grows until it is killed.
     let mut p = run_in(&oom, "exec tail /dev/zero");
     assert!(!p.wait().unwrap().success());
-    assert!(oom.oom_kills() > 0, "the OOM killer did not fire");
+    assert!(oom.oom_kills().unwrap() > 0, "the OOM killer did not fire");
     oom.kill_all(Duration::from_secs(5)).unwrap();
     pool.give_back(&oom).unwrap();
     assert!(!oom.exists());
@@ -207,6 +218,7 @@ fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
     let pids = pool
         .take(
             &parent.child("pids"),
+            None,
             &Limits {
                 pids: Some(1),
                 ..Limits::default()
@@ -221,8 +233,12 @@ fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
     assert!(parent.children().is_empty(), "{:?}", parent.children());
 
     // Two clean ones, room for one.
-    let x = pool.take(&parent.child("x"), &Limits::default()).unwrap();
-    let y = pool.take(&parent.child("y"), &Limits::default()).unwrap();
+    let x = pool
+        .take(&parent.child("x"), None, &Limits::default())
+        .unwrap();
+    let y = pool
+        .take(&parent.child("y"), None, &Limits::default())
+        .unwrap();
     pool.give_back(&x).unwrap();
     pool.give_back(&y).unwrap();
     assert_eq!(pool.len(), 1);
@@ -239,7 +255,9 @@ fn a_cgroup_that_hit_a_limit_or_finds_the_pool_full_is_removed() {
     assert_eq!(next.sweep(), 1);
     assert!(parent.children().is_empty());
     // The first pool's free cgroup is gone under it: its next take makes one.
-    let z = pool.take(&parent.child("z"), &Limits::default()).unwrap();
+    let z = pool
+        .take(&parent.child("z"), None, &Limits::default())
+        .unwrap();
     assert!(z.exists());
     assert_eq!(parent.children(), vec!["z".to_string()]);
 }
@@ -253,7 +271,9 @@ fn a_limit_below_what_a_kept_cgroup_charges_is_still_set() {
     };
     let parent = Parent::new(&h, "below");
     let pool = Pool::new(&h, &parent.name, "t1", 4);
-    let a = pool.take(&parent.child("a"), &Limits::default()).unwrap();
+    let a = pool
+        .take(&parent.child("a"), None, &Limits::default())
+        .unwrap();
     // 6 MiB of a file's pages, cached and charged to the cgroup after its process ends.
     let file = std::env::temp_dir().join(format!("forkd-pool-below-{}", std::process::id()));
     let mut p = run_in(
@@ -279,6 +299,7 @@ fn a_limit_below_what_a_kept_cgroup_charges_is_still_set() {
     let b = pool
         .take(
             &parent.child("b"),
+            None,
             &Limits {
                 memory_bytes: Some(2 << 20),
                 ..Limits::default()
@@ -295,4 +316,124 @@ fn a_limit_below_what_a_kept_cgroup_charges_is_still_set() {
     let mut p = run_in(&b, "exit 0");
     assert!(p.wait().unwrap().success());
     let _ = std::fs::remove_file(&file);
+}
+
+/// The line of `/proc/<pid>/cgroup` for `controller`: the cgroup's path.
+fn cgroup_of(pid: u32, controller: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            ctrls
+                .split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_string())
+        })
+        .unwrap()
+}
+
+#[test]
+fn sandboxes_without_a_memory_limit_share_one_memory_cgroup() {
+    let name = "sandboxes_without_a_memory_limit_share_one_memory_cgroup";
+    let h = match v1() {
+        Ok(h) => h,
+        Err(why) => return skip(name, why),
+    };
+    let parent = Parent::new(&h, "shared");
+    let pool = Pool::new(&h, &parent.name, "t1", 4).sharing_memory();
+    let limited = Limits {
+        memory_bytes: Some(64 << 20),
+        ..Limits::default()
+    };
+    assert_eq!(pool.shared_memory_for(&limited), None);
+    let shared = pool.shared_memory_for(&Limits::default()).unwrap();
+    assert_eq!(shared, parent.child("shared-t1"));
+    let unlimited = Limits {
+        pids: Some(20),
+        ..Limits::default()
+    };
+    let a = pool
+        .take(&parent.child("a"), Some(&shared), &unlimited)
+        .unwrap();
+    let b = pool
+        .take(&parent.child("b"), Some(&shared), &unlimited)
+        .unwrap();
+    let c = pool.take(&parent.child("c"), None, &limited).unwrap();
+    assert_eq!(a.shared_memory(), Some(shared.as_str()));
+    assert_eq!(c.shared_memory(), None);
+
+    let mut procs: Vec<Child> = [&a, &b, &c]
+        .iter()
+        .map(|cg| run_in(cg, "sleep 60"))
+        .collect();
+    for (p, cg) in procs.iter().zip([&a, &b]) {
+        assert_eq!(cgroup_of(p.id(), "memory"), format!("/{shared}"));
+        assert_eq!(cgroup_of(p.id(), "pids"), format!("/{}", cg.name()));
+    }
+    assert_eq!(cgroup_of(procs[2].id(), "memory"), format!("/{}", c.name()));
+    assert_eq!(read(&a, "pids", "pids.max"), "20");
+    assert_eq!(
+        read(&c, "memory", "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    // What the shared cgroup charges or suffers is no single sandbox's.
+    assert_eq!(a.memory_current(), None);
+    assert_eq!(a.oom_kills(), None);
+    // What it has not written yet is bounded by what all of them have not.
+    assert!(a.unwritten_bytes().is_some());
+    assert!(c.memory_current().is_some());
+    assert_eq!(c.oom_kills(), Some(0));
+    // A restore lands the tree in the shared memory cgroup and its own others.
+    let roots = a.roots();
+    assert!(
+        roots.contains(&("memory".into(), format!("/{shared}"))),
+        "{roots:?}"
+    );
+    assert!(
+        roots.contains(&("pids".into(), format!("/{}", a.name()))),
+        "{roots:?}"
+    );
+    // The other sandboxes' limit is not one sandbox's to set.
+    let e = a.set_limits(&limited).unwrap_err();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(
+        chain.contains("is shared") && chain.contains(&shared),
+        "{chain}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(parent.dir("memory").join("shared-t1/memory.limit_in_bytes"))
+            .unwrap()
+            .trim(),
+        read(
+            &Cgroup::new(&h, &parent.name),
+            "memory",
+            "memory.limit_in_bytes"
+        )
+    );
+
+    // Ending one leaves the shared cgroup to the other; it is not kept for reuse.
+    a.kill_all(Duration::from_secs(5)).unwrap();
+    pool.give_back(&a).unwrap();
+    assert!(!a.exists());
+    assert_eq!(pool.len(), 0);
+    assert!(b.exists());
+    assert!(parent.children().contains(&"shared-t1".to_string()));
+    // A sweep leaves a shared cgroup with processes in it, and removes it once empty.
+    pool.sweep();
+    assert!(parent.children().contains(&"shared-t1".to_string()));
+    for cg in [&b, &c] {
+        cg.kill_all(Duration::from_secs(5)).unwrap();
+        pool.give_back(cg).unwrap();
+    }
+    for p in &mut procs {
+        let _ = p.wait();
+    }
+    pool.sweep();
+    assert_eq!(
+        parent.children(),
+        Vec::<String>::new(),
+        "c was kept by the pool?"
+    );
 }

@@ -19,7 +19,7 @@
 //! mount. That is what lets CRIU checkpoint the whole tree later.
 
 use crate::id::SandboxId;
-use forkd_cgroups::{Cgroup, Hierarchy};
+use forkd_cgroups::Cgroup;
 use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
@@ -73,7 +73,7 @@ pub struct SetupSpec {
     pub rootfs: PathBuf,
     pub hostname: String,
     /// The sandbox's cgroup, created and limited by the caller.
-    pub cgroup: Option<(Hierarchy, String)>,
+    pub cgroup: Option<Cgroup>,
     /// Bind `/.forkd/net/{resolv.conf,hosts}` read-only over the same names in `/etc`
     /// (a sandbox with egress; the daemon wrote the files).
     #[serde(default)]
@@ -137,8 +137,7 @@ fn step<T, E: std::fmt::Display>(name: &'static str, r: Result<T, E>) -> StepRes
 }
 
 fn run(spec: &SetupSpec) -> StepResult<i32> {
-    if let Some((hierarchy, name)) = &spec.cgroup {
-        let cg = Cgroup::new(hierarchy, name);
+    if let Some(cg) = &spec.cgroup {
         step("join cgroup", cg.add_pid(std::process::id() as i32))?;
     }
     let mut flags = CloneFlags::CLONE_NEWNS

@@ -413,6 +413,7 @@ impl Daemon {
             init_pid: None,
             init_start: None,
             cgroup: format!("forkd/{id}"),
+            memory_cgroup: self.cgroups.shared_memory_for(limits),
             create_us: 0,
             config: config.clone(),
             network: forkd_net::Network::none(),

@@ -134,7 +134,7 @@ impl Daemon {
         let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
         let fs = stage.join("fs");
         let upper = sb.layer();
-        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+        let cg = rec.cgroup_in(&self.hierarchy);
         let mut phases = BTreeMap::new();
         let result = std::fs::create_dir_all(&stage)
             .map_err(|e| ApiError::internal(format!("create {}: {e}", stage.display())))

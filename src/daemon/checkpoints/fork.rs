@@ -10,7 +10,6 @@ use crate::api::{
 };
 use crate::daemon::sandboxes::{SandboxRecord, ROOTFS};
 use crate::daemon::{Daemon, Lock};
-use forkd_cgroups::Cgroup;
 use forkd_sandbox::{host, SandboxId};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -191,6 +190,7 @@ impl Daemon {
             init_pid: None,
             init_start: None,
             cgroup: format!("forkd/{id}"),
+            memory_cgroup: self.cgroups.shared_memory_for(&ck.limits),
             create_us: 0,
             config: ck.config.clone(),
             network: plan.network.clone(),
@@ -257,7 +257,7 @@ impl Daemon {
             );
         }
         let t = Instant::now();
-        let cg = Cgroup::new(&self.hierarchy, &rec.cgroup);
+        let cg = rec.cgroup_in(&self.hierarchy);
         let restored = criu.restore(&forkd_criu::RestoreOpts {
             images_dir: images,
             root: dir.join(ROOTFS),
