@@ -249,6 +249,14 @@ impl Cgroup {
         self
     }
 
+    /// The same kind of cgroup (sharing the same memory cgroup, if any) named `name`.
+    pub fn renamed(&self, name: &str) -> Cgroup {
+        Cgroup {
+            name: name.to_string(),
+            ..self.clone()
+        }
+    }
+
     /// The memory cgroup this cgroup shares, if it has none of its own.
     pub fn shared_memory(&self) -> Option<&str> {
         self.shared_memory.as_deref()

@@ -30,8 +30,8 @@
 //! cgroup takes ~N/16 KiB, about as much as all the rest of a small sandbox at N = 5,000.
 //! A pool made [`Pool::sharing_memory`] (cgroup v1 only) gives every sandbox without a
 //! memory limit the one memory cgroup `<parent>/shared-<tag>` instead of its own
-//! ([`Pool::shared_memory_for`]); its other controllers stay its own. Such cgroups are
-//! not kept: without a memory cgroup, nothing costly is made or removed.
+//! ([`Pool::shared_memory_for`]); its other controllers stay its own. Free cgroups of
+//! that kind are kept apart and serve only sandboxes that share memory too.
 //!
 //! Free cgroups outlive a daemon that stops; [`Pool::sweep`] removes those with its tag
 //! when the next daemon of the same state root starts. A [`Pool::take`] that finds a
@@ -55,11 +55,26 @@ pub struct Pool {
     capacity: usize,
     /// `free-<tag>-`: the start of the names of this pool's free cgroups.
     prefix: String,
-    free: Mutex<Vec<String>>,
+    /// Free cgroups with a memory cgroup of their own, and those sharing one.
+    free: Mutex<[Vec<String>; 2]>,
     named: AtomicU64,
     /// `<parent>/shared-<tag>`, when sandboxes without a memory limit share it.
     shared_memory: Option<String>,
     tag: String,
+}
+
+/// Which free list a cgroup of this kind goes to.
+fn kind(cg: &Cgroup) -> usize {
+    usize::from(cg.shared_memory().is_some())
+}
+
+/// Makes the memory cgroup `cg` shares if it is missing (a sweep removes it when empty);
+/// whether it is there.
+fn shared_memory_made(cg: &Cgroup) -> bool {
+    cg.dirs()
+        .into_iter()
+        .filter(|(_, _, own)| !own)
+        .all(|(_, d, _)| fs::create_dir_all(d).is_ok())
 }
 
 impl Pool {
@@ -76,7 +91,7 @@ impl Pool {
             parent: parent.trim_end_matches('/').to_string(),
             capacity,
             prefix: format!("{FREE_PREFIX}{tag}-"),
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new([Vec::new(), Vec::new()]),
             named: AtomicU64::new(0),
             shared_memory: None,
             tag: tag.to_string(),
@@ -106,22 +121,22 @@ impl Pool {
 
     /// How many free cgroups the pool holds now.
     pub fn len(&self) -> usize {
-        self.free_list().len()
+        self.free_list().iter().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn free_list(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+    fn free_list(&self) -> std::sync::MutexGuard<'_, [Vec<String>; 2]> {
         self.free
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The cgroup `name` with `limits`: a free one renamed, or a new one. With
-    /// `shared_memory` (from [`Pool::shared_memory_for`]) it is always a new one whose
-    /// memory controller is that shared cgroup, made if missing.
+    /// `shared_memory` (from [`Pool::shared_memory_for`]) its memory controller is that
+    /// shared cgroup, made if missing, and a free one is taken only among those sharing.
     pub fn take(
         &self,
         name: &str,
@@ -129,19 +144,19 @@ impl Pool {
         limits: &Limits,
     ) -> Result<Cgroup, CgroupError> {
         let cg = Cgroup::new(&self.hierarchy, name).sharing_memory(shared_memory);
-        if cg.shared_memory().is_some() {
-            cg.create(limits)?;
-            return Ok(cg);
-        }
-        let free = self.free_list().pop();
+        let free = self.free_list()[kind(&cg)].pop();
         if let Some(free) = free {
+            let free = cg.renamed(&free);
             // A limit below what the free cgroup still charges makes the kernel reclaim
             // it first; if it cannot (`EBUSY`), or the rename fails, the free cgroup is
             // not used: whatever is left of it, under either name, goes.
-            if self.rename(&free, name).is_ok() && cg.reset(limits).is_ok() {
+            if self.rename(&free, &cg).is_ok()
+                && shared_memory_made(&cg)
+                && cg.reset(limits).is_ok()
+            {
                 return Ok(cg);
             }
-            let _ = Cgroup::new(&self.hierarchy, &free).remove();
+            let _ = free.remove();
             let _ = cg.remove();
         }
         cg.create(limits)?;
@@ -154,19 +169,20 @@ impl Pool {
     pub fn give_back(&self, cg: &Cgroup) -> Result<(), CgroupError> {
         if self.keeps(cg) {
             let n = self.named.fetch_add(1, Ordering::Relaxed);
-            let free = format!("{}/{}{n}", self.parent, self.prefix);
-            match self.rename(cg.name(), &free) {
+            let free = cg.renamed(&format!("{}/{}{n}", self.parent, self.prefix));
+            match self.rename(cg, &free) {
                 Ok(()) => {
-                    let mut list = self.free_list();
+                    let mut lists = self.free_list();
+                    let list = &mut lists[kind(cg)];
                     if list.len() < self.capacity {
-                        list.push(free);
+                        list.push(free.name().to_string());
                         return Ok(());
                     }
-                    drop(list);
-                    return Cgroup::new(&self.hierarchy, &free).remove();
+                    drop(lists);
+                    return free.remove();
                 }
                 Err(_) => {
-                    let _ = Cgroup::new(&self.hierarchy, &free).remove();
+                    let _ = free.remove();
                 }
             }
         }
@@ -174,21 +190,29 @@ impl Pool {
     }
 
     fn keeps(&self, cg: &Cgroup) -> bool {
-        self.free_list().len() < self.capacity
-            && cg.shared_memory().is_none()
+        self.free_list()[kind(cg)].len() < self.capacity
             && cg.pids().is_ok_and(|p| p.is_empty())
             && cg.thawed()
-            && cg.oom_kills() == Some(0)
             && cg.pids_refusals() == 0
-            && cg.memory_current().is_some_and(|b| b <= KEEP_BYTES)
+            // What a shared memory cgroup charges stays there, whoever comes next.
+            && (cg.shared_memory().is_some()
+                || cg.oom_kills() == Some(0)
+                    && cg.memory_current().is_some_and(|b| b <= KEEP_BYTES))
     }
 
-    /// Renames cgroup `from` to `to` in every hierarchy; a directory of `from` that is
-    /// missing is made as `to`. An error leaves the renamed part under `to`.
-    fn rename(&self, from: &str, to: &str) -> Result<(), CgroupError> {
-        let froms = self.hierarchy.dirs(from);
-        let tos = self.hierarchy.dirs(to);
-        for ((_, a), (_, b)) in froms.iter().zip(&tos) {
+    /// Renames cgroup `from` to `to` (the same but for its name) in every hierarchy
+    /// where it has a directory of its own; a directory of `from` that is missing is
+    /// made as `to`. An error leaves the renamed part under `to`.
+    fn rename(&self, from: &Cgroup, to: &Cgroup) -> Result<(), CgroupError> {
+        let own = |cg: &Cgroup| -> Vec<std::path::PathBuf> {
+            cg.dirs()
+                .into_iter()
+                .filter(|(_, _, own)| *own)
+                .map(|(_, d, _)| d)
+                .collect()
+        };
+        let (froms, tos) = (own(from), own(to));
+        for (a, b) in froms.iter().zip(&tos) {
             match fs::rename(a, b) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -216,7 +240,9 @@ impl Pool {
                 let _ = fs::remove_dir(&shared);
             }
         }
-        self.free_list().clear();
+        for list in self.free_list().iter_mut() {
+            list.clear();
+        }
         let mut names = std::collections::BTreeSet::new();
         for (_, dir) in self.hierarchy.dirs(&self.parent) {
             let Ok(entries) = fs::read_dir(&dir) else {

@@ -318,6 +318,11 @@ fn a_limit_below_what_a_kept_cgroup_charges_is_still_set() {
     let _ = std::fs::remove_file(&file);
 }
 
+/// Whether `child` of `parent` has a memory cgroup of its own.
+fn memcg_exists(parent: &Parent, child: &str) -> bool {
+    parent.dir("memory").join(child).exists()
+}
+
 /// The line of `/proc/<pid>/cgroup` for `controller`: the cgroup's path.
 fn cgroup_of(pid: u32, controller: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
@@ -413,13 +418,43 @@ fn sandboxes_without_a_memory_limit_share_one_memory_cgroup() {
         )
     );
 
-    // Ending one leaves the shared cgroup to the other; it is not kept for reuse.
+    // Ending one leaves the shared cgroup to the other, and its own directories are
+    // kept for the next sandbox that shares it, not for one with a memory limit.
     a.kill_all(Duration::from_secs(5)).unwrap();
+    let pids_ino = |cg: &Cgroup| {
+        std::fs::metadata(
+            parent
+                .dir("pids")
+                .join(cg.name().rsplit('/').next().unwrap()),
+        )
+        .unwrap()
+        .ino()
+    };
+    let ino = pids_ino(&a);
     pool.give_back(&a).unwrap();
     assert!(!a.exists());
-    assert_eq!(pool.len(), 0);
+    assert_eq!(pool.len(), 1);
     assert!(b.exists());
     assert!(parent.children().contains(&"shared-t1".to_string()));
+    let own = pool.take(&parent.child("own"), None, &limited).unwrap();
+    assert_eq!(
+        pool.len(),
+        1,
+        "a sharing cgroup served one with a memory limit"
+    );
+    assert_eq!(
+        read(&own, "memory", "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    own.remove().unwrap();
+    let d = pool
+        .take(&parent.child("d"), Some(&shared), &Limits::default())
+        .unwrap();
+    assert_eq!(pool.len(), 0);
+    assert_eq!(pids_ino(&d), ino, "the free cgroup was not reused");
+    assert_eq!(read(&d, "pids", "pids.max"), "max", "a's limit stayed");
+    assert!(!memcg_exists(&parent, "d"));
+    d.remove().unwrap();
     // A sweep leaves a shared cgroup with processes in it, and removes it once empty.
     pool.sweep();
     assert!(parent.children().contains(&"shared-t1".to_string()));
