@@ -26,6 +26,8 @@
 //! branches' cgroup charge), the time until KSM's sharing settles and the CPU ksmd spent;
 //! every branch's guest counter must go on past the checkpoint's.
 //!
+//! The daemons take the environment's `FORKD_MEMCG` (`limited`: branches without a
+//! memory limit share one memory cgroup; the header records it).
 //! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
 
 #![forbid(unsafe_code)]
@@ -123,7 +125,12 @@ fn run() -> Result<()> {
     }
     let run = common::RunInfo::at_end(&date, &load_start);
     let header = run.header(
-        json!({ "samples": samples, "parts": parts }),
+        json!({
+            "samples": samples,
+            "parts": parts,
+            // Whether sandboxes without a memory limit share one memory cgroup.
+            "memcg": std::env::var("FORKD_MEMCG").unwrap_or_else(|_| "each".into()),
+        }),
         ("peers", json!({ "podman": podman.as_ref().map(|p| json!({"version": p.version, "runtime": p.runtime})) })),
     );
     let title = run.title("peer: podman container restore --import (runc, the same CRIU)");

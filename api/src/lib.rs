@@ -327,6 +327,8 @@ pub struct SandboxInfo {
     /// `stats=true` (a list of thousands of sandboxes otherwise reads no cgroup file).
     pub memory_bytes: Option<u64>,
     /// Processes killed for lack of memory in the cgroup; given when `memory_bytes` is.
+    /// Neither is given for a sandbox whose memory cgroup is shared with others (no
+    /// memory limit, a daemon with `FORKD_MEMCG=limited`).
     pub oom_kills: Option<u64>,
     /// Set-up latency, microseconds (create to ready for the first exec).
     pub create_us: u64,
