@@ -27,7 +27,8 @@
 //! every branch's guest counter must go on past the checkpoint's.
 //!
 //! The daemons take the environment's `FORKD_MEMCG` (`limited`: branches without a
-//! memory limit share one memory cgroup; the header records it).
+//! memory limit share one memory cgroup), and part 1's its `FORKD_KSM` (off unless set);
+//! the header records both.
 //! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
 
 #![forbid(unsafe_code)]
@@ -94,8 +95,10 @@ fn run() -> Result<()> {
     } else {
         None
     };
+    // The busybox and Debian branches' daemon takes `FORKD_KSM` from the environment (off
+    // unless set); the header records it.
+    let branch_ksm = std::env::var("FORKD_KSM").unwrap_or_else(|_| "off".into());
     if parts.contains("branches") {
-        std::env::remove_var("FORKD_KSM");
         let d = DaemonGuard::start(&bin)?;
         d.import(&common::fixture_image("busybox.tar"), "busybox")?;
         let debian_n = common::env_usize("FORKD_DENSITY_DEBIAN", 1000)?;
@@ -130,6 +133,7 @@ fn run() -> Result<()> {
             "parts": parts,
             // Whether sandboxes without a memory limit share one memory cgroup.
             "memcg": std::env::var("FORKD_MEMCG").unwrap_or_else(|_| "each".into()),
+            "branch_ksm": branch_ksm,
         }),
         ("peers", json!({ "podman": podman.as_ref().map(|p| json!({"version": p.version, "runtime": p.runtime})) })),
     );
