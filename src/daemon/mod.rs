@@ -89,6 +89,9 @@ pub struct Daemon {
     pub sysfs: Option<PathBuf>,
     /// The network namespace of that sysfs, kept so that its loopback stays listed.
     _sysfs_netns: Option<std::os::fd::OwnedFd>,
+    /// The mount namespace every new sandbox's is copied from: one empty read-only tmpfs
+    /// (`forkd_sys::mount::empty_namespace`).
+    pub empty_mntns: std::os::fd::OwnedFd,
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
     next_request: AtomicU64,
@@ -283,6 +286,15 @@ impl Daemon {
                 }
             }
         };
+        let empty_mntns = {
+            let dir = cfg.root.join("empty-root");
+            forkd_sys::mount::empty_namespace(&dir).with_context(|| {
+                format!(
+                    "make the empty mount namespace that sandboxes start from (on {})",
+                    dir.display()
+                )
+            })?
+        };
         let criu = forkd_criu::Criu::locate(None)
             .map(|mut c| {
                 // Without it CRIU works, just some 40 ms slower per call.
@@ -375,6 +387,7 @@ impl Daemon {
                 .context("start the watcher of init exits")?,
             sysfs,
             _sysfs_netns: sysfs_netns,
+            empty_mntns,
             _lock: lock,
             next_request: AtomicU64::new(1),
             favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),

@@ -504,7 +504,9 @@ impl Daemon {
             cgroup: Some(record.cgroup_in(&self.hierarchy)),
             name_files: connected.is_some(),
             netns_fd: None,
-            root_fd: None,
+            // Set by start_init, which installs the descriptors.
+            root_fd: -1,
+            mntns_fd: -1,
             sysfs: self.sysfs.clone(),
         };
         if let Some(c) = &connected {
@@ -513,7 +515,13 @@ impl Daemon {
         let netns = connected
             .as_ref()
             .map(|c| std::os::fd::AsFd::as_fd(&c.netns));
-        let pid = host::start_init(&self.exe, &spec, netns, Some(root.as_fd()))
+        let pid = host::start_init(
+            &self.exe,
+            &spec,
+            netns,
+            root.as_fd(),
+            self.empty_mntns.as_fd(),
+        )
             .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
         drop(root);
         record.init_pid = Some(pid);

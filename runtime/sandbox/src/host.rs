@@ -53,32 +53,32 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
 /// Starts the sandbox's init by running `exe __setup`; returns the init's host pid once the
 /// init listens on its control socket.
 ///
-/// `root`, when given, is the sandbox's root as a detached mount
-/// ([`forkd_sys::mount::overlay`]): the set-up attaches it at `spec.rootfs` inside the
-/// sandbox's mount namespace, so it never appears in the caller's.
+/// `root` is the sandbox's root as a detached mount ([`forkd_sys::mount::overlay`]) and
+/// `mntns` the empty mount namespace ([`forkd_sys::mount::empty_namespace`]): the set-up
+/// makes the sandbox's mount namespace a copy of `mntns` and stacks the root on it, so
+/// the root never appears in the caller's. `netns`, when given, is the network namespace
+/// the sandbox joins instead of a new one.
 pub fn start_init(
     exe: &Path,
     spec: &SetupSpec,
     netns: Option<std::os::fd::BorrowedFd<'_>>,
-    root: Option<std::os::fd::BorrowedFd<'_>>,
+    root: std::os::fd::BorrowedFd<'_>,
+    mntns: std::os::fd::BorrowedFd<'_>,
 ) -> Result<i32, HostError> {
     use std::os::fd::AsRawFd;
     const NETNS_FD: i32 = 3;
     const ROOT_FD: i32 = 4;
+    const MNTNS_FD: i32 = 5;
     let mut cmd = Command::new(exe);
     let mut spec = spec.clone();
-    let mut fds = Vec::new();
+    let mut fds = vec![(root.as_raw_fd(), ROOT_FD), (mntns.as_raw_fd(), MNTNS_FD)];
+    spec.root_fd = ROOT_FD;
+    spec.mntns_fd = MNTNS_FD;
     if let Some(ns) = netns {
         fds.push((ns.as_raw_fd(), NETNS_FD));
         spec.netns_fd = Some(NETNS_FD);
     }
-    if let Some(mnt) = root {
-        fds.push((mnt.as_raw_fd(), ROOT_FD));
-        spec.root_fd = Some(ROOT_FD);
-    }
-    if !fds.is_empty() {
-        forkd_sys::inherit_fds(&mut cmd, fds);
-    }
+    forkd_sys::inherit_fds(&mut cmd, fds);
     let spec = &spec;
     let mut child = cmd
         .arg("__setup")

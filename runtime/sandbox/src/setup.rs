@@ -3,14 +3,16 @@
 //! The daemon runs `forkd __setup` (a fresh, single-threaded process) with a
 //! [`SetupSpec`] on stdin. That process:
 //! 1. joins the sandbox's cgroup, so everything after it is accounted and limited;
-//! 2. unshares mount, UTS, IPC, network, cgroup and pid namespaces;
-//! 3. forks: the child is PID 1 of the new pid namespace. It makes every mount private,
-//!    mounts `/proc`, makes a minimal `/dev` in the root filesystem (the standard device
-//!    nodes, and a private devpts instance), a read-only `/sys`, pivots into the overlay
-//!    root and detaches the old root completely, sets the hostname, brings up
-//!    loopback, becomes a session leader, gives itself stdio inside the sandbox, closes
-//!    every other descriptor, shrinks the capability bounding set, sets no_new_privs,
-//!    and execs `/.forkd/init`;
+//! 2. enters a copy of an empty mount namespace (the daemon's: one read-only tmpfs and
+//!    nothing else, so nothing of the host is in it), and unshares UTS, IPC, network,
+//!    cgroup and pid namespaces;
+//! 3. forks: the child is PID 1 of the new pid namespace. It stacks the overlay root on
+//!    the empty tmpfs and `chroot`s into it (no `pivot_root`, which walks every task on
+//!    the host), mounts `/proc`, makes a minimal `/dev` in the root filesystem (the
+//!    standard device nodes, and a private devpts instance), a read-only `/sys`, sets
+//!    the hostname, brings up loopback, becomes a session leader, gives itself stdio
+//!    inside the sandbox, closes every other descriptor, shrinks the capability
+//!    bounding set, sets no_new_privs, and execs `/.forkd/init`;
 //! 4. reports the child's host pid on stdout (or the child's error, sent through a
 //!    close-on-exec pipe that exec closes) and exits. The daemon is a child subreaper,
 //!    so the init becomes the daemon's child.
@@ -21,10 +23,10 @@
 use crate::id::SandboxId;
 use forkd_cgroups::Cgroup;
 use nix::fcntl::OFlag;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{makedev, Mode, SFlag};
-use nix::unistd::{chdir, pivot_root, sethostname, setsid};
+use nix::unistd::{chdir, sethostname, setsid};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -82,11 +84,12 @@ pub struct SetupSpec {
     /// a sandbox with egress, whose namespace the daemon has already given a veth.
     #[serde(default)]
     pub netns_fd: Option<i32>,
-    /// The root as a detached mount (inherited at this descriptor), attached at `rootfs`
-    /// in the sandbox's own mount namespace only; without one, `rootfs` is already
-    /// mounted where the caller runs and is bound onto itself.
-    #[serde(default)]
-    pub root_fd: Option<i32>,
+    /// The root as a detached mount (inherited at this descriptor), attached in the
+    /// sandbox's own mount namespace only.
+    pub root_fd: i32,
+    /// The mount namespace the sandbox's is copied from (inherited at this descriptor):
+    /// one whose only mount is an empty tmpfs (`forkd_sys::mount::empty_namespace`).
+    pub mntns_fd: i32,
     /// A sysfs mount to bind read-only as `/sys` (`forkd_sys::mount_quiet_sysfs`, visible
     /// where the set-up starts); without one, a sysfs is mounted for the sandbox.
     #[serde(default)]
@@ -160,6 +163,23 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
         }
         None => flags |= CloneFlags::CLONE_NEWNET,
     }
+    // The descriptors were installed at these numbers for this process alone.
+    let mounts = Mounts {
+        root: forkd_sys::own_fd(spec.root_fd),
+        sysfs: match &spec.sysfs {
+            Some(p) => Some(step("open the shared sysfs", forkd_sys::mount::clone_tree(p))?),
+            None => None,
+        },
+    };
+    // The sandbox's mount namespace is a copy of the empty one, not of this process's:
+    // nothing of the host is in it, and the root needs no `pivot_root` (which walks
+    // every task on the host; see docs/DESIGN.md, "Many sandboxes").
+    let empty = forkd_sys::own_fd(spec.mntns_fd);
+    step(
+        "enter the empty mount namespace",
+        nix::sched::setns(&empty, CloneFlags::CLONE_NEWNS),
+    )?;
+    drop(empty);
     step("unshare namespaces", unshare(flags))?;
     let (rd, wr) = step(
         "create pipe",
@@ -176,7 +196,7 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
     if pid == 0 {
         drop(rd);
         drop(ready_rd);
-        let err = match child(spec, ready_wr.as_raw_fd()) {
+        let err = match child(spec, mounts, ready_wr.as_raw_fd()) {
             Ok(never) => match never {},
             Err((s, m)) => format!("{s}: {m}"),
         };
@@ -251,7 +271,7 @@ fn mnt(
 }
 
 /// Binds forkd's name-service files over `/etc/resolv.conf` and `/etc/hosts`, read-only.
-/// Runs after `pivot_root`, so a symlink at either path resolves inside the sandbox. A
+/// Runs inside the root, so a symlink at either path resolves inside the sandbox. A
 /// missing file is created empty as the mount point; a dangling symlink (an image that
 /// expects a resolver daemon) or an image without `/etc` is left alone.
 fn bind_name_files() -> StepResult<()> {
@@ -295,37 +315,36 @@ fn bind_name_files() -> StepResult<()> {
     Ok(())
 }
 
+/// The mounts the set-up takes into the sandbox's mount namespace, opened before it
+/// enters it (where they are not visible).
+struct Mounts {
+    /// The root, a detached mount.
+    root: OwnedFd,
+    /// A copy of the shared sysfs, when there is one.
+    sysfs: Option<OwnedFd>,
+}
+
 /// Runs as PID 1 of the new namespaces; only returns on error.
-fn child(spec: &SetupSpec, ready: RawFd) -> StepResult<std::convert::Infallible> {
-    let root = &spec.rootfs;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| ("mount", format!("make / private: {e}")))?;
-    match spec.root_fd {
-        Some(fd) => {
-            // The descriptor was installed at this number for this process alone.
-            let mnt = forkd_sys::own_fd(fd);
-            forkd_sys::mount::attach(std::os::fd::AsFd::as_fd(&mnt), root).map_err(|e| {
-                (
-                    "mount",
-                    format!("attach the root at {}: {e}", root.display()),
-                )
-            })?;
-        }
-        None => mount(
-            Some(root),
-            root,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
+fn child(
+    spec: &SetupSpec,
+    mounts: Mounts,
+    ready: RawFd,
+) -> StepResult<std::convert::Infallible> {
+    // The namespace is a copy of the empty one: a read-only tmpfs at its root and
+    // nothing else. The root is stacked on it and becomes this process's root; every
+    // path from here on resolves inside the sandbox.
+    forkd_sys::mount::attach(mounts.root.as_fd(), Path::new("/")).map_err(|e| {
+        (
+            "root",
+            format!("attach the root ({}) on /: {e}", spec.rootfs.display()),
         )
-        .map_err(|e| ("mount", format!("bind {}: {e}", root.display())))?,
-    }
+    })?;
+    nix::unistd::fchdir(mounts.root.as_raw_fd())
+        .map_err(|e| ("root", format!("enter the root: {e}")))?;
+    nix::unistd::chroot(".").map_err(|e| ("root", format!("chroot: {e}")))?;
+    chdir("/").map_err(|e| ("root", e.to_string()))?;
+    drop(mounts.root);
+    let root = Path::new("/");
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     for d in ["proc", "sys", "tmp", ".forkd/run", ".forkd/logs"] {
         std::fs::create_dir_all(root.join(d)).map_err(|e| ("mount", format!("mkdir {d}: {e}")))?;
@@ -352,28 +371,16 @@ fn child(spec: &SetupSpec, ready: RawFd) -> StepResult<std::convert::Infallible>
         mount(None::<&str>, &path, None::<&str>, ro, None::<&str>)
             .map_err(|e| ("mount", format!("make /proc/{p} read-only: {e}")))?;
     }
-    match &spec.sysfs {
+    let sys = root.join("sys");
+    match mounts.sysfs {
         Some(sysfs) => {
-            let sys = root.join("sys");
-            mount(
-                Some(sysfs),
-                &sys,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .map_err(|e| ("mount", format!("bind {} as /sys: {e}", sysfs.display())))?;
+            forkd_sys::mount::attach(sysfs.as_fd(), &sys)
+                .map_err(|e| ("mount", format!("attach the shared sysfs as /sys: {e}")))?;
             let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid;
             mount(None::<&str>, &sys, None::<&str>, ro, None::<&str>)
                 .map_err(|e| ("mount", format!("make /sys read-only: {e}")))?;
         }
-        None => mnt(
-            "sysfs",
-            &root.join("sys"),
-            "sysfs",
-            nosuid | MsFlags::MS_RDONLY,
-            None,
-        )?,
+        None => mnt("sysfs", &sys, "sysfs", nosuid | MsFlags::MS_RDONLY, None)?,
     }
     make_dev(root)?;
     mnt(
@@ -385,14 +392,6 @@ fn child(spec: &SetupSpec, ready: RawFd) -> StepResult<std::convert::Infallible>
     )?;
     chmod(&root.join(".forkd/run"), 0o700)
         .map_err(|e| ("mount", format!("chmod .forkd/run: {e}")))?;
-
-    chdir(root).map_err(|e| ("pivot_root", format!("chdir {}: {e}", root.display())))?;
-    // pivot_root(".", ".") stacks the old root under the new one; detaching "." then
-    // removes it entirely, so no host mount stays visible in the sandbox.
-    pivot_root(".", ".").map_err(|e| ("pivot_root", e.to_string()))?;
-    umount2(".", MntFlags::MNT_DETACH)
-        .map_err(|e| ("pivot_root", format!("detach old root: {e}")))?;
-    chdir("/").map_err(|e| ("pivot_root", e.to_string()))?;
 
     if spec.name_files {
         bind_name_files()?;

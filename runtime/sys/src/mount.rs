@@ -189,6 +189,88 @@ pub fn attach(mnt: BorrowedFd<'_>, target: &Path) -> io::Result<()> {
     move_mount_onto(mnt, target).map_err(io::Error::from)
 }
 
+/// A copy of the mount at `path` as a detached mount (`open_tree` with
+/// `OPEN_TREE_CLONE`, without the mounts below it): it can be attached in another mount
+/// namespace, which `path` may not be visible from.
+pub fn clone_tree(path: &Path) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let cpath = c_path(path)?;
+    // SAFETY: `cpath` is a NUL-terminated string that lives for the whole call; the call
+    // returns a new descriptor or -1.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            cpath.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    })
+    .map_err(|e| io::Error::new(e.kind(), format!("open_tree {}: {e}", path.display())))?;
+    Ok(crate::own_fd(fd as RawFd))
+}
+
+/// Makes a mount namespace whose one mount is an empty read-only tmpfs at its root
+/// (mounted on `dir` first, a directory the caller may see), and returns it.
+///
+/// A sandbox's set-up enters a copy of this namespace rather than copying the caller's
+/// and then pivoting out of it: `pivot_root` walks every task on the host, which with
+/// thousands of sandboxes alive was the largest part of a create that grew with their
+/// number. The set-up stacks the sandbox's root on this tmpfs and `chroot`s into it (see
+/// `forkd_sandbox::setup`); a walk up from the root of the stacked mount crosses to the
+/// tmpfs and straight back up, so nothing of the tmpfs is reachable from the sandbox,
+/// and nothing of the host is in the namespace at all.
+///
+/// The work happens on a thread of its own: `unshare(CLONE_NEWNS)` gives that thread
+/// alone the new namespace and a root and working directory of its own, which the
+/// `pivot_root` here moves; the caller's are untouched.
+pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
+    std::fs::create_dir_all(dir)?;
+    let target = c_path(dir)?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> io::Result<OwnedFd> {
+            let none = std::ptr::null::<libc::c_char>();
+            let step = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+            // SAFETY: integer flags; affects this thread alone (see above).
+            check(unsafe { libc::unshare(libc::CLONE_NEWNS) } as libc::c_long)
+                .map_err(|e| step("unshare a mount namespace", e))?;
+            // SAFETY: constant NUL-terminated strings; no pointer is kept past the call.
+            check(unsafe {
+                libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+            } as libc::c_long)
+            .map_err(|e| step("make / private", e))?;
+            // Opened while this thread still sees /proc; the pivot below changes the
+            // namespace's root, not which namespace the descriptor names.
+            let ns = std::fs::File::open("/proc/thread-self/ns/mnt")
+                .map_err(|e| step("open /proc/thread-self/ns/mnt", e))?;
+            // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+            check(unsafe {
+                libc::mount(
+                    c"forkd-empty".as_ptr(),
+                    target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,mode=0555".as_ptr().cast(),
+                )
+            } as libc::c_long)
+            .map_err(|e| step(&format!("mount an empty tmpfs on {}", dir.display()), e))?;
+            // SAFETY: `target` and the constant strings are NUL-terminated and outlive
+            // the calls. pivot_root(".", ".") stacks the old root under the new one, and
+            // detaching "." removes it with every mount below it.
+            unsafe {
+                check(libc::chdir(target.as_ptr()) as libc::c_long)
+                    .map_err(|e| step(&format!("chdir {}", dir.display()), e))?;
+                check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()))
+                    .map_err(|e| step("pivot_root", e))?;
+                check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as libc::c_long)
+                    .map_err(|e| step("detach the old root", e))?;
+            }
+            Ok(OwnedFd::from(ns))
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the mount namespace thread panicked")))
+    })
+}
+
 /// A path through which the caller reads what the descriptor `fd` refers to (for a
 /// detached mount, its root directory).
 pub fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
