@@ -101,7 +101,7 @@ fn run() -> Result<()> {
     if parts.contains("branches") {
         let d = DaemonGuard::start(&bin)?;
         d.import(&common::fixture_image("busybox.tar"), "busybox")?;
-        let debian_n = common::env_usize("FORKD_DENSITY_DEBIAN", 1000)?;
+        let debian_n = common::env_count("FORKD_DENSITY_DEBIAN", 1000)?;
         if debian_n > 0 {
             d.import(&debian, "debian")?;
         }

@@ -81,6 +81,75 @@ fn roots_stay_out_of_the_host_mount_table_and_tables_do_not_grow() {
     assert!(e.contains("stats must be true or false"), "{e}");
 }
 
+/// How many mounts the mount namespace of process `pid` holds, hidden ones included.
+fn namespace_mounts(pid: i32) -> u32 {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).unwrap();
+    forkd_sys::mount::namespace_mounts(std::os::fd::AsFd::as_fd(&ns)).unwrap()
+}
+
+/// (id, parent id, mount point) of every line of a mount table.
+fn mount_ids(table: &str) -> Vec<(u64, u64, String)> {
+    table
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[4].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A set-up does not `pivot_root` (which walks every task on the host): the sandbox's
+/// mount namespace is a copy of the daemon's empty one, an empty read-only tmpfs, with
+/// the sandbox's root stacked on it. So the namespace holds the sandbox's own mounts and
+/// that tmpfs, whatever the host and the other sandboxes have mounted; the sandbox sees
+/// its root as `/` and nothing of the tmpfs; and a branch, whose namespace CRIU makes
+/// (with a `pivot_root` of its own), has the same table as its source.
+#[test]
+fn a_sandboxs_mount_namespace_is_its_own_mounts_over_one_empty_tmpfs() {
+    let name = "a_sandboxs_mount_namespace_is_its_own_mounts_over_one_empty_tmpfs";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start("density-emptyns");
+    let a = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let b = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let host = namespace_mounts(std::process::id() as i32);
+    for sb in [&a, &b] {
+        let pid = sb.init_pid.unwrap();
+        let (_, table, _) = d.sh(&sb.id, "cat /proc/self/mountinfo");
+        let ids = mount_ids(&table);
+        // The sandbox's root is mounted on something it cannot see...
+        let (_, parent, point) = &ids[0];
+        assert_eq!(point, "/", "{table}");
+        assert!(ids.iter().all(|(id, _, _)| id != parent), "{table}");
+        // ...which is the namespace's one other mount: the empty tmpfs. Nothing of the
+        // host's, of the daemon's volume or of another sandbox is in the namespace.
+        assert_eq!(namespace_mounts(pid) as usize, ids.len() + 1, "{table}");
+        assert!(host as usize > ids.len() + 1, "the host has {host} mounts");
+    }
+    // `..` of the sandbox's root is that root, and its init's root is the same directory.
+    let (code, out, err) = d.sh(
+        &a.id,
+        "cd /; ls -a / > /tmp/l1; cd /../../..; ls -a . > /tmp/l2; cmp /tmp/l1 /tmp/l2 && ls -a /proc/1/root/ | cmp - /tmp/l1 && echo same",
+    );
+    assert_eq!((code, out.as_str()), (0, "same\n"), "{err}");
+    // A checkpoint of such a sandbox restores: the branch's table is its source's.
+    let ck = d.checkpoint(&a.id, true);
+    let br = d.fork(&ck.id, 1, false).branches.remove(0);
+    assert_eq!(mount_lines(&d, &br.id), mount_lines(&d, &a.id));
+    // CRIU gives the branch's namespace its root with `pivot_root`: nothing is hidden.
+    assert_eq!(
+        namespace_mounts(br.init_pid.unwrap()) as usize,
+        mount_lines(&d, &br.id)
+    );
+    let n = d.read_number(&br.id, "/tmp/count");
+    assert!(n >= 1, "{n}");
+}
+
 /// The device of the sysfs mounted at `/sys` in a sandbox.
 fn sys_device(d: &TestDaemon, id: &str) -> String {
     let (code, out, err) = d.sh(id, "cat /proc/self/mountinfo");

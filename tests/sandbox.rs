@@ -307,6 +307,54 @@ fn sandbox_is_isolated_from_the_host() {
     );
 }
 
+/// The classic way out of a `chroot`: a process that may chroot (root in the sandbox
+/// keeps CAP_SYS_CHROOT) chroots into a subdirectory while holding a descriptor of the
+/// old root, walks `..` from there and chroots at the top. A sandbox's root is stacked on
+/// an empty tmpfs rather than pivoted into (docs/DESIGN.md, "Many sandboxes"): the walk
+/// up crosses from the root to that tmpfs and straight back up onto the root, so the
+/// top it reaches is the sandbox's own root. From a branch too, whose root CRIU
+/// restored.
+#[test]
+fn a_chroot_escape_ends_at_the_sandboxs_own_root() {
+    let name = "a_chroot_escape_ends_at_the_sandboxs_own_root";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(image) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("chroot-escape");
+    d.import(&image, "debian");
+    let sb = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
+    const ESCAPE: &str = r#"
+import os, sys
+before = sorted(os.listdir("/"))
+os.makedirs("/tmp/jail", exist_ok=True)
+old = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+os.chroot("/tmp/jail")
+os.fchdir(old)
+for _ in range(64):
+    os.chdir("..")
+os.chroot(".")
+after = sorted(os.listdir("/"))
+print("same" if after == before else "escaped: %r" % after)
+print("host file visible" if os.path.exists(sys.argv[1]) else "no host file")
+"#;
+    d.put_file(&sb.id, "/tmp/escape.py", ESCAPE.as_bytes());
+    let marker = std::env::temp_dir().join(format!("forkd-escape-marker-{}", std::process::id()));
+    std::fs::write(&marker, "host").unwrap();
+    let ck = d.checkpoint(&sb.id, true);
+    let br = d.fork(&ck.id, 1, false).branches.remove(0);
+    for id in [&sb.id, &br.id] {
+        let (code, out, err) = d.sh(id, &format!("python3 /tmp/escape.py {}", marker.display()));
+        assert_eq!(code, 0, "sandbox {id}: {err}");
+        assert_eq!(out, "same\nno host file\n", "sandbox {id}");
+    }
+    std::fs::remove_file(&marker).unwrap();
+}
+
 #[test]
 fn limits_stop_fork_bombs_and_memory_hogs() {
     if !can_run("limits_stop_fork_bombs_and_memory_hogs") {

@@ -23,6 +23,17 @@ pub fn env_usize(name: &str, default: usize) -> Result<usize> {
     }
 }
 
+/// A count from the environment (0 allowed: none), or `default`.
+pub fn env_count(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| anyhow!("{name}={v:?}: expected a count (0 or more)")),
+        _ => Ok(default),
+    }
+}
+
 /// True when running in CI, where nothing may be skipped silently.
 pub fn in_ci() -> bool {
     forkd_sys::testing::in_ci()

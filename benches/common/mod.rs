@@ -33,8 +33,8 @@ mod stats;
 pub use daemon::{Cleanup, DaemonGuard};
 #[allow(unused_imports)]
 pub use env::{
-    check_interrupted, describe, env_usize, in_ci, install_interrupt_handler, run_checked, skip,
-    time_command, unique_temp_dir, wait_until,
+    check_interrupted, describe, env_count, env_usize, in_ci, install_interrupt_handler,
+    run_checked, skip, time_command, unique_temp_dir, wait_until,
 };
 #[allow(unused_imports)]
 pub use fixtures::{cache_dir, fixture_image, qemu_argv, read_guest_counter, root_and_debian};

@@ -522,7 +522,7 @@ impl Daemon {
             root.as_fd(),
             self.empty_mntns.as_fd(),
         )
-            .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
+        .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
         drop(root);
         record.init_pid = Some(pid);
         // The set-up answers once the init listens on its control socket.

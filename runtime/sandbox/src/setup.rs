@@ -167,7 +167,10 @@ fn run(spec: &SetupSpec) -> StepResult<i32> {
     let mounts = Mounts {
         root: forkd_sys::own_fd(spec.root_fd),
         sysfs: match &spec.sysfs {
-            Some(p) => Some(step("open the shared sysfs", forkd_sys::mount::clone_tree(p))?),
+            Some(p) => Some(step(
+                "open the shared sysfs",
+                forkd_sys::mount::clone_tree(p),
+            )?),
             None => None,
         },
     };
@@ -325,11 +328,7 @@ struct Mounts {
 }
 
 /// Runs as PID 1 of the new namespaces; only returns on error.
-fn child(
-    spec: &SetupSpec,
-    mounts: Mounts,
-    ready: RawFd,
-) -> StepResult<std::convert::Infallible> {
+fn child(spec: &SetupSpec, mounts: Mounts, ready: RawFd) -> StepResult<std::convert::Infallible> {
     // The namespace is a copy of the empty one: a read-only tmpfs at its root and
     // nothing else. The root is stacked on it and becomes this process's root; every
     // path from here on resolves inside the sandbox.

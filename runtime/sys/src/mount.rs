@@ -235,7 +235,13 @@ pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
                 .map_err(|e| step("unshare a mount namespace", e))?;
             // SAFETY: constant NUL-terminated strings; no pointer is kept past the call.
             check(unsafe {
-                libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+                libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
             } as libc::c_long)
             .map_err(|e| step("make / private", e))?;
             // Opened while this thread still sees /proc; the pivot below changes the
@@ -259,8 +265,12 @@ pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
             unsafe {
                 check(libc::chdir(target.as_ptr()) as libc::c_long)
                     .map_err(|e| step(&format!("chdir {}", dir.display()), e))?;
-                check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()))
-                    .map_err(|e| step("pivot_root", e))?;
+                check(libc::syscall(
+                    libc::SYS_pivot_root,
+                    c".".as_ptr(),
+                    c".".as_ptr(),
+                ))
+                .map_err(|e| step("pivot_root", e))?;
                 check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as libc::c_long)
                     .map_err(|e| step("detach the old root", e))?;
             }
@@ -269,6 +279,36 @@ pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the mount namespace thread panicked")))
     })
+}
+
+/// How many mounts the mount namespace `ns` (a `/proc/<pid>/ns/mnt` descriptor) holds,
+/// whatever the root of the processes in it hides (`NS_MNT_GET_INFO`, Linux 6.12).
+pub fn namespace_mounts(ns: BorrowedFd<'_>) -> io::Result<u32> {
+    /// `struct mnt_ns_info` of `<linux/nsfs.h>`.
+    #[repr(C)]
+    struct MntNsInfo {
+        size: u32,
+        nr_mounts: u32,
+        mnt_ns_id: u64,
+    }
+    // _IOR(NSIO = 0xb7, 10, struct mnt_ns_info)
+    const NS_MNT_GET_INFO: libc::c_ulong =
+        (2 << 30) | ((std::mem::size_of::<MntNsInfo>() as libc::c_ulong) << 16) | (0xb7 << 8) | 10;
+    let mut info = MntNsInfo {
+        size: std::mem::size_of::<MntNsInfo>() as u32,
+        nr_mounts: 0,
+        mnt_ns_id: 0,
+    };
+    // SAFETY: the kernel writes at most `size` bytes into `info`, which lives for the call.
+    check(unsafe {
+        libc::ioctl(
+            ns.as_raw_fd(),
+            NS_MNT_GET_INFO as _,
+            &mut info as *mut MntNsInfo,
+        )
+    } as libc::c_long)
+    .map_err(|e| io::Error::new(e.kind(), format!("NS_MNT_GET_INFO: {e}")))?;
+    Ok(info.nr_mounts)
 }
 
 /// A path through which the caller reads what the descriptor `fd` refers to (for a
