@@ -282,7 +282,8 @@ pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
 }
 
 /// How many mounts the mount namespace `ns` (a `/proc/<pid>/ns/mnt` descriptor) holds,
-/// whatever the root of the processes in it hides (`NS_MNT_GET_INFO`, Linux 6.12).
+/// whatever the root of the processes in it hides (`NS_MNT_GET_INFO`, Linux 6.12; older
+/// kernels answer `ENOTTY`).
 pub fn namespace_mounts(ns: BorrowedFd<'_>) -> io::Result<u32> {
     /// `struct mnt_ns_info` of `<linux/nsfs.h>`.
     #[repr(C)]
@@ -306,8 +307,7 @@ pub fn namespace_mounts(ns: BorrowedFd<'_>) -> io::Result<u32> {
             NS_MNT_GET_INFO as _,
             &mut info as *mut MntNsInfo,
         )
-    } as libc::c_long)
-    .map_err(|e| io::Error::new(e.kind(), format!("NS_MNT_GET_INFO: {e}")))?;
+    } as libc::c_long)?;
     Ok(info.nr_mounts)
 }
 

@@ -111,12 +111,39 @@ pub(super) fn check_namespaces() -> Check {
             format!("unshare of mnt uts ipc net pid cgroup: {e}"),
         );
     }
-    let mut detail = format!("{}; unshare works", present.join(" "));
+    if let Err(e) = probe_empty_namespace() {
+        return Check::not_ok(
+            NAME,
+            true,
+            format!("the empty mount namespace sandboxes start from: {e:#}"),
+        );
+    }
+    let mut detail = format!(
+        "{}; unshare works; the empty mount namespace sandboxes start from can be made",
+        present.join(" ")
+    );
     if optional_missing.is_empty() {
         Check::ok(NAME, true, detail)
     } else {
         detail.push_str(&format!("; optional: {}", optional_missing.join("; ")));
         Check::new(NAME, Status::Warn, true, detail)
+    }
+}
+
+/// Makes the mount namespace every sandbox's is copied from, as the daemon does at start
+/// (`forkd_sys::mount::empty_namespace`), and checks that it holds one mount.
+pub(super) fn probe_empty_namespace() -> anyhow::Result<()> {
+    use anyhow::Context;
+    let dir = std::env::temp_dir().join(format!("forkd-doctor-empty-{}", std::process::id()));
+    let made = forkd_sys::mount::empty_namespace(&dir);
+    let _ = fs::remove_dir(&dir);
+    let ns = made.with_context(|| format!("make it on {}", dir.display()))?;
+    match forkd_sys::mount::namespace_mounts(std::os::fd::AsFd::as_fd(&ns)) {
+        Ok(1) => Ok(()),
+        Ok(n) => anyhow::bail!("it holds {n} mounts, not one"),
+        // Kernels before 6.12 cannot count a namespace's mounts; it was made.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => Ok(()),
+        Err(e) => Err(e).context("count its mounts"),
     }
 }
 
