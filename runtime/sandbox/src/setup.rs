@@ -71,7 +71,8 @@ pub const KEPT_CAPS: &[caps::Capability] = &[
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SetupSpec {
     pub id: SandboxId,
-    /// The mounted overlay root, as seen from the host.
+    /// The directory on the host that stands for the sandbox's root (named in errors; the
+    /// root itself comes as `root_fd`).
     pub rootfs: PathBuf,
     pub hostname: String,
     /// The sandbox's cgroup, created and limited by the caller.

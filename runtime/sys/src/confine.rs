@@ -14,7 +14,7 @@
 //! Everything the hook needs (C strings, the directory list) is made before the fork: the
 //! hook only makes system calls.
 
-use crate::mount::{c_path, MOVE_MOUNT_F_EMPTY_PATH};
+use crate::mount::{c_path, MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLOEXEC, OPEN_TREE_CLONE};
 use std::ffi::CString;
 use std::io;
 use std::path::PathBuf;
@@ -32,8 +32,6 @@ pub struct Confinement {
     pub keep: PathBuf,
 }
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 
 /// The covering mounts (outermost only, existing only) and the directories to make inside
 /// them down to `keep`, in order.

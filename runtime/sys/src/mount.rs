@@ -50,6 +50,8 @@ const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
 const MOUNT_ATTR_RDONLY: libc::c_uint = 0x1;
 pub(crate) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub(crate) const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub(crate) const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 
 /// A failed step of a mount, with what the kernel logged about it.
 ///
@@ -193,7 +195,6 @@ pub fn attach(mnt: BorrowedFd<'_>, target: &Path) -> io::Result<()> {
 /// `OPEN_TREE_CLONE`, without the mounts below it): it can be attached in another mount
 /// namespace, which `path` may not be visible from.
 pub fn clone_tree(path: &Path) -> io::Result<OwnedFd> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
     let cpath = c_path(path)?;
     // SAFETY: `cpath` is a NUL-terminated string that lives for the whole call; the call
     // returns a new descriptor or -1.
@@ -202,7 +203,7 @@ pub fn clone_tree(path: &Path) -> io::Result<OwnedFd> {
             libc::SYS_open_tree,
             libc::AT_FDCWD,
             cpath.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
         )
     })
     .map_err(|e| io::Error::new(e.kind(), format!("open_tree {}: {e}", path.display())))?;
