@@ -32,7 +32,6 @@ pub struct Confinement {
     pub keep: PathBuf,
 }
 
-
 /// The covering mounts (outermost only, existing only) and the directories to make inside
 /// them down to `keep`, in order.
 fn plan(c: &Confinement) -> (Vec<PathBuf>, Vec<PathBuf>) {
