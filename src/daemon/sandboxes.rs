@@ -1,4 +1,5 @@
-//! The sandbox table: create, inspect, exec, stop, remove, and recovery after a restart.
+//! The sandbox table: create, inspect, exec, and recovery after a restart; how a
+//! sandbox ends (stop, remove, an init that exits) is in [`ending`].
 //!
 //! Each sandbox lives in `<root>/sandboxes/<id>/` with `layer/{upper,work}` (its
 //! private overlay layer), `rootfs/` (where the merged root is attached inside the
@@ -16,7 +17,6 @@
 //! the blocking pool.
 
 use super::checkpoints::Lower;
-use super::lifecycle::{Begun, Held, Verb};
 use super::record::Record;
 use super::{Daemon, Lock};
 use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
@@ -35,6 +35,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant, SystemTime};
+
+mod ending;
 
 /// The version of `state.json`; a record of another version is not loaded.
 pub(super) const RECORD_VERSION: u32 = 1;
@@ -530,154 +532,6 @@ impl Daemon {
         Ok(())
     }
 
-    /// Kills what runs, unmounts, hands the cgroup to the pool (which keeps or removes
-    /// it) and gives back the network lease.
-    /// Idempotent; failures are logged.
-    pub(super) fn teardown(&self, id: &SandboxId, dir: &Path, cg: &Cgroup, pid: Option<i32>) {
-        let cgroup = cg.name();
-        if let Some(pid) = pid {
-            if let Ok(fd) = forkd_sys::pidfd_open(pid) {
-                let _ = forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGKILL);
-            }
-        }
-        if let Err(e) = cg.kill_all(Duration::from_secs(5)) {
-            log::warn(&format!("kill processes of {cgroup}: {e}"));
-        }
-        if let Some(pid) = pid {
-            reap(pid);
-        }
-        // The root went with the sandbox's mount namespace; only a sandbox made by an
-        // older daemon, which mounted roots on the host, still has one here.
-        let rootfs = dir.join(ROOTFS);
-        if let Err(e) = host::unmount(&rootfs) {
-            log::warn(&format!("unmount {}: {e}", rootfs.display()));
-        }
-        if let Err(e) = self.cgroups.give_back(cg) {
-            log::warn(&format!("remove cgroup {cgroup}: {e}"));
-        }
-        self.disconnect(id);
-    }
-
-    /// SIGTERM to the init (which passes it on), SIGKILL for all after `grace`. The
-    /// sandbox is `stopping` meanwhile; no lock is held through the grace period.
-    pub fn stop_sandbox(&self, sb: &Sandbox, grace: Duration) -> Result<(), ApiError> {
-        match sb.begin(Verb::Stop)? {
-            Begun::Nothing => Ok(()),
-            Begun::Held(held) => self.stop_held(sb, held, grace),
-        }
-    }
-
-    /// Stops a sandbox an operation already holds (a stop, a checkpoint that stops it,
-    /// the clean-up after an init that exited) and settles it as `stopped`.
-    pub(super) fn stop_held(
-        &self,
-        sb: &Sandbox,
-        held: Held<'_>,
-        grace: Duration,
-    ) -> Result<(), ApiError> {
-        self.end_processes(sb, &held, grace);
-        held.settle(SandboxStatus::Stopped, |rec| {
-            rec.lease = None;
-            rec.init_pid = None;
-            rec.init_start = None;
-            super::write_json_atomic(&sb.dir, "state.json", &*rec, super::Survive::DaemonCrash)
-        })
-    }
-
-    /// Ends a held sandbox's processes (`grace` for them to exit on SIGTERM) and tears
-    /// down what they used. The record is read, not changed.
-    fn end_processes(&self, sb: &Sandbox, held: &Held<'_>, grace: Duration) {
-        let (pid, start, cgroup) = {
-            let rec = held.record();
-            (rec.init_pid, rec.init_start, rec.cgroup_in(&self.hierarchy))
-        };
-        if held.prior() != SandboxStatus::Running {
-            return;
-        }
-        if let Some(pid) = pid {
-            if let Ok(fd) = forkd_sys::pidfd_open(pid) {
-                if forkd_sys::process_start_time(pid) == start && !grace.is_zero() {
-                    let _ =
-                        forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGTERM);
-                    // Over the moment the init exits, which the kernel lets happen only
-                    // once every other process of its pid namespace is gone (a grace of
-                    // centuries is a wait until then).
-                    let fd = std::os::fd::AsFd::as_fd(&fd);
-                    if let Err(e) = forkd_sys::pidfd_wait_exit(fd, grace) {
-                        log::warn(&format!("sandbox {}: wait for init {pid}: {e}", sb.id));
-                    }
-                }
-            }
-        }
-        self.teardown(&sb.id, &sb.dir, &cgroup, pid);
-    }
-
-    /// Removes a sandbox entirely. A running one needs `force` (its processes are
-    /// killed first). The sandbox is `removing` meanwhile.
-    pub fn remove_sandbox(&self, sb: &Sandbox, force: bool) -> Result<(), ApiError> {
-        let held = match sb.begin(Verb::Remove { force })? {
-            Begun::Held(h) => h,
-            Begun::Nothing => return Ok(()),
-        };
-        self.revoke_grants_of(&sb.id);
-        self.end_processes(sb, &held, Duration::ZERO);
-        self.sandboxes.locked().remove(&sb.id);
-        self.delete_sandbox_dir(&sb.dir);
-        held.settle(SandboxStatus::Removing, |rec| {
-            rec.lease = None;
-            rec.init_pid = None;
-            rec.init_start = None;
-            Ok(())
-        })
-    }
-
-    /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
-    ///
-    /// The watcher also holds the sandbox's root until the init has exited. The last
-    /// reference to an overlay mount unmounts it, and that syncs the filesystem under
-    /// it: the shared volume, with whatever every sandbox has written since its last
-    /// commit. Held here, that happens on the watcher's releasing thread after the exit
-    /// is seen, not inside the init's exit, which a stop waits for.
-    pub(super) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
-        let Some(pid) = sb.record.locked().init_pid else {
-            return;
-        };
-        let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
-            return;
-        };
-        let root = hold_root(pid)
-            .map_err(|e| log::warn(&format!("sandbox {}: hold its root: {e}", sb.id)))
-            .ok();
-        let daemon = self.clone();
-        let runtime = self.runtime.clone();
-        let watched = self.exits.watch_keeping(pidfd, root, move || {
-            // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
-            let _ = runtime.spawn_blocking(move || loop {
-                // A checkpoint in progress settles first; a stop or removal in progress
-                // cleans up after the init itself.
-                if sb.record.locked().init_pid != Some(pid) {
-                    reap(pid);
-                    return;
-                }
-                match sb.begin(Verb::Exited) {
-                    Ok(Begun::Held(held)) => {
-                        log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
-                        let _ = daemon.stop_held(&sb, held, Duration::ZERO);
-                        return;
-                    }
-                    Ok(Begun::Nothing) => {
-                        reap(pid);
-                        return;
-                    }
-                    Err(_) => sb.wait_settled(),
-                }
-            });
-        });
-        if let Err(e) = watched {
-            log::warn(&format!("watch init {pid} for its exit: {e}"));
-        }
-    }
-
     /// Rebuilds the table from the state root after a start or restart: sandboxes whose
     /// init still runs come back; the rest are cleaned up and marked stopped; half-made
     /// ones are removed.
@@ -784,31 +638,7 @@ impl Daemon {
     }
 }
 
-/// Collects the exit status of `pid` if it is our child (the daemon is a subreaper, so
-/// inits become its children once their set-up helper exits).
-fn reap(pid: i32) {
-    use nix::sys::wait::{waitpid, WaitPidFlag};
-    for _ in 0..200 {
-        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(nix::sys::wait::WaitStatus::StillAlive) => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            _ => return,
-        }
-    }
-}
-
 use super::log;
-
-/// A reference to the root mount of the init `pid` (an `O_PATH` descriptor of its `/`).
-fn hold_root(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let root = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(init_root(pid))?;
-    Ok(root.into())
-}
 
 /// The root of the sandbox whose init is `pid`, as the host reaches it.
 pub(super) fn init_root(pid: i32) -> PathBuf {
