@@ -1,10 +1,10 @@
 //! How sandboxes end: a stop (SIGTERM, then SIGKILL after the grace period), a removal,
 //! the teardown both share, and the watcher that notices an init that exits on its own.
 
-use super::super::lifecycle::{Begun, Held, Verb};
-use super::super::{log, Daemon, Lock};
 use super::{init_root, Sandbox, ROOTFS};
 use crate::api::{ApiError, SandboxStatus};
+use crate::daemon::lifecycle::{Begun, Held, Verb};
+use crate::daemon::{log, Daemon, Lock};
 use forkd_cgroups::Cgroup;
 use forkd_sandbox::host;
 use forkd_sandbox::SandboxId;
@@ -69,11 +69,11 @@ impl Daemon {
             rec.lease = None;
             rec.init_pid = None;
             rec.init_start = None;
-            super::super::write_json_atomic(
+            crate::daemon::write_json_atomic(
                 &sb.dir,
                 "state.json",
                 &*rec,
-                super::super::Survive::DaemonCrash,
+                crate::daemon::Survive::DaemonCrash,
             )
         })
     }
