@@ -26,9 +26,9 @@
 //! branches' cgroup charge), the time until KSM's sharing settles and the CPU ksmd spent;
 //! every branch's guest counter must go on past the checkpoint's.
 //!
-//! The daemons take the environment's `FORKD_MEMCG` (`limited`: branches without a
-//! memory limit share one memory cgroup), and part 1's its `FORKD_KSM` (off unless set);
-//! the header records both.
+//! The daemons take the environment's `FORKD_MEMCG` (`limited`, the default on cgroup
+//! v1: branches without a memory limit share one memory cgroup; `each`), and part 1's
+//! its `FORKD_KSM` (off unless set); the header records both.
 //! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
 
 #![forbid(unsafe_code)]
@@ -132,7 +132,7 @@ fn run() -> Result<()> {
             "samples": samples,
             "parts": parts,
             // Whether sandboxes without a memory limit share one memory cgroup.
-            "memcg": std::env::var("FORKD_MEMCG").unwrap_or_else(|_| "each".into()),
+            "memcg": std::env::var("FORKD_MEMCG").unwrap_or_else(|_| "limited".into()),
             "branch_ksm": branch_ksm,
         }),
         ("peers", json!({ "podman": podman.as_ref().map(|p| json!({"version": p.version, "runtime": p.runtime})) })),

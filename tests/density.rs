@@ -72,8 +72,21 @@ fn roots_stay_out_of_the_host_mount_table_and_tables_do_not_grow() {
         .client
         .call("GET", "/v1/sandboxes?stats=true", None)
         .unwrap();
-    assert!(list.iter().all(|s| s.oom_kills == Some(0)), "{list:?}");
-    assert!(list.iter().any(|s| s.memory_bytes.is_some_and(|m| m > 0)));
+    // Every one runs and has a figure: its memory cgroup's, or (none of them has a memory
+    // limit, so on cgroup v1 they share one by default) its processes'.
+    use forkd::api::MemoryCounted;
+    let v1 = memcg_dir(&first.id).is_some();
+    for s in &list {
+        assert!(s.memory_bytes.is_some_and(|m| m > 0), "{s:?}");
+        let counted = if v1 {
+            MemoryCounted::Processes
+        } else {
+            MemoryCounted::Cgroup
+        };
+        assert_eq!(s.memory_counted, Some(counted), "{s:?}");
+        let kills = (counted == MemoryCounted::Cgroup).then_some(0);
+        assert_eq!(s.oom_kills, kills, "{s:?}");
+    }
     let bad = d
         .client
         .call::<serde_json::Value>("GET", "/v1/sandboxes?stats=yes", None);
@@ -305,6 +318,7 @@ fn a_list_shows_every_sandbox_as_it_is_after_each_change() {
                 .unwrap();
             // The counters are an inspect's alone.
             fresh.memory_bytes = None;
+            fresh.memory_counted = None;
             fresh.oom_kills = None;
             assert_eq!(
                 serde_json::to_value(shown).unwrap(),
@@ -561,7 +575,8 @@ fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
         return;
     }
     use std::os::unix::fs::MetadataExt;
-    let d = TestDaemon::start("density-cgroup-pool");
+    // A memory cgroup for every sandbox, so that the limited sandbox's serves the next.
+    let d = TestDaemon::start_with_env("density-cgroup-pool", &[("FORKD_MEMCG", "each")]);
     let a = d.create(serde_json::json!({
         "image": "busybox",
         "command": { "shell": LOOP },
@@ -642,8 +657,8 @@ fn cgroup_of(pid: i32, controller: &str) -> String {
 }
 
 #[test]
-fn sandboxes_without_a_memory_limit_share_a_memory_cgroup_when_asked() {
-    let name = "sandboxes_without_a_memory_limit_share_a_memory_cgroup_when_asked";
+fn sandboxes_without_a_memory_limit_share_a_memory_cgroup() {
+    let name = "sandboxes_without_a_memory_limit_share_a_memory_cgroup";
     if !can_run_criu(name) {
         return;
     }
@@ -673,16 +688,25 @@ fn sandboxes_without_a_memory_limit_share_a_memory_cgroup_when_asked() {
     let limit =
         std::fs::read_to_string(memcg_dir(&b.id).unwrap().join("memory.limit_in_bytes")).unwrap();
     assert_eq!(limit.trim(), "67108864");
-    // A description shows no memory figures it could not tell apart from others'.
+    // A description counts a sharing sandbox's memory from its processes (the shared
+    // cgroup's charge and OOM kills are every sharing sandbox's), the other's from its
+    // own cgroup.
+    use forkd::api::MemoryCounted;
     let info = |id: &str| -> forkd::api::SandboxInfo {
         d.client
             .call("GET", &format!("/v1/sandboxes/{id}"), None)
             .unwrap()
     };
     let ia = info(&a.id);
-    assert_eq!((ia.memory_bytes, ia.oom_kills), (None, None));
+    assert_eq!(ia.memory_counted, Some(MemoryCounted::Processes), "{ia:?}");
+    assert_eq!(ia.oom_kills, None);
+    // At least the shell's and the init's own pages, and far less than the shared
+    // cgroup's charge once a branch or two are in it.
+    let pss = ia.memory_bytes.unwrap();
+    assert!(pss > 64 << 10 && pss < 64 << 20, "{pss}");
     let ib = info(&b.id);
-    assert!(ib.memory_bytes.is_some());
+    assert_eq!(ib.memory_counted, Some(MemoryCounted::Cgroup), "{ib:?}");
+    assert!(ib.memory_bytes.is_some_and(|m| m > 0));
     assert_eq!(ib.oom_kills, Some(0));
 
     // Branches of a live checkpoint of the unlimited sandbox land in the shared cgroup,

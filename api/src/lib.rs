@@ -309,6 +309,21 @@ impl std::fmt::Display for SandboxStatus {
     }
 }
 
+/// What a sandbox's `memory_bytes` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryCounted {
+    /// The charge of the sandbox's own memory cgroup: its processes' pages, the page
+    /// cache they read and the kernel memory they caused. A sandbox with a memory limit
+    /// has a memory cgroup of its own, and every sandbox does under `FORKD_MEMCG=each`.
+    Cgroup,
+    /// The proportional set size of its processes (a page mapped by several processes
+    /// counted as a share for each): its memory cgroup is shared with the other
+    /// sandboxes that have no memory limit (`FORKD_MEMCG=limited`, the default on cgroup
+    /// v1). Kernel memory and unmapped page cache are not in it.
+    Processes,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxInfo {
     pub id: String,
@@ -323,12 +338,16 @@ pub struct SandboxInfo {
     pub rootfs: String,
     pub upper: String,
     pub cgroup: String,
-    /// Current memory use of the cgroup: given by `inspect` and by a list asked with
-    /// `stats=true` (a list of thousands of sandboxes otherwise reads no cgroup file).
+    /// Current memory use, as `memory_counted` says: given by `inspect` and by a list
+    /// asked with `stats=true` (a list of thousands of sandboxes otherwise reads no
+    /// cgroup file), for a running sandbox or one whose cgroup is still there.
     pub memory_bytes: Option<u64>,
-    /// Processes killed for lack of memory in the cgroup; given when `memory_bytes` is.
-    /// Neither is given for a sandbox whose memory cgroup is shared with others (no
-    /// memory limit, a daemon with `FORKD_MEMCG=limited`).
+    /// What `memory_bytes` counts; given with it.
+    #[serde(default)]
+    pub memory_counted: Option<MemoryCounted>,
+    /// Processes killed for lack of memory in the sandbox's own memory cgroup; given
+    /// when `memory_bytes` counts that cgroup (a kill in a shared one may have been
+    /// another sandbox's).
     pub oom_kills: Option<u64>,
     /// Set-up latency, microseconds (create to ready for the first exec).
     pub create_us: u64,

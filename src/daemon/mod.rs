@@ -333,15 +333,16 @@ impl Daemon {
                 .collect::<String>()
         };
         let mut cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, cgroup_pool()?);
-        if share_memory_cgroups()? {
+        if let Some(asked) = share_memory_cgroups()? {
             cgroups = cgroups.sharing_memory();
             match cgroups.shared_memory_for(&forkd_cgroups::Limits::default()) {
                 Some(shared) => log::info(&format!(
                     "cgroup: sandboxes without a memory limit share the memory cgroup {shared}"
                 )),
-                None => log::warn(
+                None if asked => log::warn(
                     "cgroup: FORKD_MEMCG=limited needs cgroup v1; every sandbox has a memory cgroup of its own",
                 ),
+                None => {}
             }
         }
         let swept = cgroups.sweep();
@@ -617,11 +618,14 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
 }
 
 /// Whether sandboxes without a memory limit share one memory cgroup (`FORKD_MEMCG`:
-/// `each`, the default, gives every sandbox its own; `limited` only those with a limit).
-fn share_memory_cgroups() -> anyhow::Result<bool> {
+/// `limited`, the default, gives one of its own only to a sandbox with a memory limit;
+/// `each` to every sandbox): `Some(asked)` to share, `asked` when the variable says so.
+/// Sharing needs cgroup v1 (docs/DESIGN.md, "Sharing the memory cgroup").
+fn share_memory_cgroups() -> anyhow::Result<Option<bool>> {
     match std::env::var("FORKD_MEMCG").as_deref() {
-        Err(_) | Ok("each") => Ok(false),
-        Ok("limited") => Ok(true),
+        Err(_) => Ok(Some(false)),
+        Ok("limited") => Ok(Some(true)),
+        Ok("each") => Ok(None),
         Ok(v) => anyhow::bail!(
             "FORKD_MEMCG={v:?} is not a choice: `each` (a memory cgroup for every sandbox) or `limited` (only for sandboxes with a memory limit)"
         ),

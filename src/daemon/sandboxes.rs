@@ -19,7 +19,7 @@
 use super::checkpoints::Lower;
 use super::record::Record;
 use super::{Daemon, Lock};
-use crate::api::{ApiError, CreateSandboxRequest, SandboxInfo, SandboxStatus};
+use crate::api::{ApiError, CreateSandboxRequest, MemoryCounted, SandboxInfo, SandboxStatus};
 use forkd_cgroups::{Cgroup, Limits};
 use forkd_layers::ImageConfig;
 use forkd_sandbox::host;
@@ -229,9 +229,17 @@ impl Daemon {
                 rec.cgroup_in(&self.hierarchy),
             )
         };
-        // Both are unknown for a sandbox whose memory cgroup is shared.
-        info.memory_bytes = cg.memory_current();
-        info.oom_kills = info.memory_bytes.and(cg.oom_kills());
+        if let Some(bytes) = cg.memory_current() {
+            info.memory_bytes = Some(bytes);
+            info.memory_counted = Some(MemoryCounted::Cgroup);
+            info.oom_kills = cg.oom_kills();
+        } else if cg.shared_memory().is_some() && info.status == SandboxStatus::Running {
+            // Its memory cgroup counts every sharing sandbox: count its processes.
+            if let Ok(pids) = cg.pids() {
+                info.memory_bytes = Some(pids.into_iter().filter_map(pss_bytes).sum());
+                info.memory_counted = Some(MemoryCounted::Processes);
+            }
+        }
         info
     }
 
@@ -252,6 +260,7 @@ impl Daemon {
             },
             upper: sb.shown.upper.clone(),
             memory_bytes: None,
+            memory_counted: None,
             oom_kills: None,
             cgroup: rec.cgroup.clone(),
             create_us: rec.create_us,
@@ -647,4 +656,19 @@ pub(super) fn init_root(pid: i32) -> PathBuf {
 
 fn init_root_shown(pid: i32) -> String {
     format!("/proc/{pid}/root")
+}
+
+/// A process's proportional set size in bytes (`/proc/PID/smaps_rollup`), if it still
+/// runs.
+fn pss_bytes(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
 }

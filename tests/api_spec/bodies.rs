@@ -45,6 +45,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
         upper: "/var/lib/forkd/sandboxes/0123456789abcdef/layer/upper".into(),
         cgroup: "forkd/0123456789abcdef".into(),
         memory_bytes: with_values.then_some(1 << 20),
+        memory_counted: with_values.then_some(api::MemoryCounted::Cgroup),
         oom_kills: Some(0),
         create_us: 12_345,
         network: with_values.then(|| api::NetworkInfo {

@@ -195,6 +195,9 @@ class SandboxInfo(_Model):
     upper: str = ""
     cgroup: str = ""
     memory_bytes: Optional[int] = None
+    # what memory_bytes counts: "cgroup" (its own memory cgroup's charge) or
+    # "processes" (its processes' proportional set size: the memory cgroup is shared)
+    memory_counted: Optional[str] = None
     oom_kills: Optional[int] = None
     create_us: int = 0
     network: Optional[NetworkInfo] = None
