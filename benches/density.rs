@@ -11,7 +11,9 @@
 //! execs, filesystem checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 25,
 //! p50/p90: with fewer, one busy moment of the host moves a p50), the list and inspect
 //! requests, the whole `forkd ps` process, host memory per branch
-//! (MemAvailable drop / N) and the daemon's RSS; a sample of branches must answer an exec.
+//! (MemAvailable drop / N), the daemon's RSS and how busy the host was while it settled
+//! (all CPUs, and the share of one its own PID 1 took); a sample of branches must answer
+//! an exec.
 //! Then, with all of them still alive, `FORKD_DENSITY_DEBIAN` (default 1000; 0 skips)
 //! Debian branches of a live checkpoint of a python3 loop (the same 10-s tick) are forked
 //! beside them: time a branch, single forks, memory a branch, and a sample of both kinds
@@ -226,7 +228,9 @@ fn branches(
         } else {
             0
         };
-        std::thread::sleep(settle);
+        // How busy the host is with nothing asked of forkd: the branches' own loops, and
+        // whatever the machine itself runs over its processes (its PID 1 here).
+        let (busy, init_cpu) = common::host_cpu_over(settle)?;
         let mut row = |what: &str, v: Vec<u64>| report.row(&format!("N={n}: {what}"), v);
         let mut forks = Vec::new();
         for _ in 0..samples {
@@ -326,6 +330,7 @@ fn branches(
             common::fmt_us(list_s.p50),
             format!("{per_branch_kib:.0} KiB"),
             format!("{rss} KiB"),
+            format!("{busy:.0}% ({init_cpu:.0}%)"),
             format!("{answered}/20"),
         ]);
     }
@@ -380,6 +385,7 @@ fn branches(
             "list",
             "host memory a branch",
             "daemon RSS",
+            "host CPU busy while settling (its PID 1, % of a CPU)",
             "sampled branches answering",
         ],
         table,
