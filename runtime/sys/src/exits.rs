@@ -540,11 +540,7 @@ mod tests {
         let w = ExitWatcher::start("exit-watcher-fds-cb").unwrap();
         // A pipe opened after the watcher's thread made its own table: the callback
         // writes into it, as an async runtime's waker writes into its eventfd.
-        let mut fds = [0 as RawFd; 2];
-        // SAFETY: `fds` has room for the two descriptors the kernel writes.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: just returned by the kernel, owned here.
-        let (r, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (r, wr) = pipe();
         let mut reader = std::fs::File::from(r);
         let mut writer = std::fs::File::from(wr);
         let mut child = std::process::Command::new("true").spawn().unwrap();
@@ -565,14 +561,19 @@ mod tests {
         child.wait().unwrap();
     }
 
-    #[test]
-    fn kept_descriptors_are_held_until_the_exit_then_closed() {
-        let w = ExitWatcher::start("exit-watcher-keep").unwrap();
+    /// A pipe, close-on-exec: (read end, write end).
+    fn pipe() -> (OwnedFd, OwnedFd) {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors the kernel writes.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: just returned by the kernel, owned here.
-        let (r, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn kept_descriptors_are_held_until_the_exit_then_closed() {
+        let w = ExitWatcher::start("exit-watcher-keep").unwrap();
+        let (r, wr) = pipe();
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
@@ -614,11 +615,7 @@ mod tests {
         let mut ends = Vec::new();
         let mut children = Vec::new();
         for _ in 0..12 {
-            let mut fds = [0 as RawFd; 2];
-            // SAFETY: `fds` has room for the two descriptors the kernel writes.
-            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-            // SAFETY: just returned by the kernel, owned here.
-            let (r, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+            let (r, wr) = pipe();
             let child = std::process::Command::new("sleep")
                 .arg("30")
                 .spawn()
