@@ -23,13 +23,14 @@
 //! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
 //! (default 1000) run: restore time at the first and the last 10, memory per container.
 //!
-//! Part 2, the QEMU guest (256 MiB, TCG) with `FORKD_KSM=on`: 1, 4 and 16 branches
+//! Part 2, the QEMU guest (256 MiB, TCG) with `FORKD_KSM=on` and a memory cgroup for
+//! every branch (`FORKD_MEMCG=each`, whatever the environment says): 1, 4 and 16 branches
 //! (`FORKD_DENSITY_QEMU`), host memory in total and per branch (MemAvailable drop and the
 //! branches' cgroup charge), the time until KSM's sharing settles and the CPU ksmd spent;
 //! every branch's guest counter must go on past the checkpoint's.
 //!
-//! The daemons take the environment's `FORKD_MEMCG` (`limited`, the default on cgroup
-//! v1: branches without a memory limit share one memory cgroup; `each`), and part 1's
+//! Part 1's daemon takes the environment's `FORKD_MEMCG` (`limited`, the default on cgroup
+//! v1: branches without a memory limit share one memory cgroup; `each`) and
 //! its `FORKD_KSM` (off unless set); the header records both.
 //! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
 
@@ -121,9 +122,16 @@ fn run() -> Result<()> {
         }
     }
     if parts.contains("qemu") {
+        // KSM on, and a memory cgroup for every branch, whose charges are reported.
+        let memcg = std::env::var_os("FORKD_MEMCG");
         std::env::set_var("FORKD_KSM", "on");
+        std::env::set_var("FORKD_MEMCG", "each");
         let d = DaemonGuard::start(&bin)?;
         std::env::remove_var("FORKD_KSM");
+        match memcg {
+            Some(v) => std::env::set_var("FORKD_MEMCG", v),
+            None => std::env::remove_var("FORKD_MEMCG"),
+        }
         d.import(&debian, "debian")?;
         qemu(&d, &list("FORKD_DENSITY_QEMU", "1,4,16")?, &mut report)?;
         drop(d.stop());
@@ -637,6 +645,9 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
         let mut going = 0;
         for id in &ids {
             let info = d.inspect(id)?;
+            if info.memory_counted != Some(forkd::api::MemoryCounted::Cgroup) {
+                bail!("branch {id} has no memory cgroup of its own to report the charge of");
+            }
             charged += info.memory_bytes.unwrap_or(0);
             let p = info.init_pid.unwrap_or(0);
             if common::wait_until(Duration::from_secs(30), || {
