@@ -516,11 +516,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let mut children = Vec::new();
         for (i, secs) in ["0.3", "0"].iter().enumerate() {
-            let child = std::process::Command::new("sleep")
-                .arg(secs)
-                .spawn()
-                .unwrap();
-            let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+            let (child, pidfd) = sleeper(secs);
             let tx = tx.clone();
             w.watch(pidfd, move || tx.send(i).unwrap()).unwrap();
             children.push(child);
@@ -561,6 +557,16 @@ mod tests {
         child.wait().unwrap();
     }
 
+    /// A `sleep SECS` process and its pidfd.
+    fn sleeper(secs: &str) -> (std::process::Child, OwnedFd) {
+        let child = std::process::Command::new("sleep")
+            .arg(secs)
+            .spawn()
+            .unwrap();
+        let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+        (child, pidfd)
+    }
+
     /// A pipe, close-on-exec: (read end, write end).
     fn pipe() -> (OwnedFd, OwnedFd) {
         let mut fds = [0 as RawFd; 2];
@@ -574,11 +580,7 @@ mod tests {
     fn kept_descriptors_are_held_until_the_exit_then_closed() {
         let w = ExitWatcher::start("exit-watcher-keep").unwrap();
         let (r, wr) = pipe();
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+        let (mut child, pidfd) = sleeper("30");
         let (tx, rx) = mpsc::channel();
         w.watch_keeping(pidfd, Some(wr), move || tx.send(()).unwrap())
             .unwrap();
@@ -616,11 +618,7 @@ mod tests {
         let mut children = Vec::new();
         for _ in 0..12 {
             let (r, wr) = pipe();
-            let child = std::process::Command::new("sleep")
-                .arg("30")
-                .spawn()
-                .unwrap();
-            let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+            let (child, pidfd) = sleeper("30");
             let tx = tx.clone();
             w.watch_keeping(pidfd, Some(wr), move || tx.send(()).unwrap())
                 .unwrap();
@@ -656,11 +654,7 @@ mod tests {
         let mut children = Vec::new();
         let (tx, rx) = mpsc::channel();
         for _ in 0..20 {
-            let child = std::process::Command::new("sleep")
-                .arg("30")
-                .spawn()
-                .unwrap();
-            let pidfd = crate::pidfd_open(child.id() as libc::pid_t).unwrap();
+            let (child, pidfd) = sleeper("30");
             let tx = tx.clone();
             w.watch(pidfd, move || tx.send(()).unwrap()).unwrap();
             children.push(child);
