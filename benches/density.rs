@@ -576,18 +576,11 @@ fn ksmd_ticks() -> u64 {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return 0;
     };
-    for e in rd.flatten() {
-        let p = e.path();
-        if std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim() == "ksmd") {
-            let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
-            let f: Vec<&str> = stat[stat.rfind(')').map(|i| i + 2).unwrap_or(0)..]
-                .split(' ')
-                .collect();
-            return f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        }
-    }
-    0
+    rd.flatten()
+        .find(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "ksmd"))
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+        .and_then(|pid| common::cpu_ticks(pid).ok())
+        .unwrap_or(0)
 }
 
 fn guest_counter(pid: i32) -> Option<u64> {

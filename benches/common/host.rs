@@ -28,6 +28,27 @@ pub fn pss_kib(pid: u32) -> Result<u64> {
     proc_kib(&format!("/proc/{pid}/smaps_rollup"), "Pss")
 }
 
+/// CPU time a process has used (user and system), in USER_HZ ticks of 1/100 s, from
+/// `/proc/PID/stat` (fields 14 and 15, counted after the command's closing parenthesis).
+pub fn cpu_ticks(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("{path}: no command field"))?;
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if f.len() != 2 {
+        return Err(anyhow!("{path}: no utime and stime"));
+    }
+    Ok(f.iter().sum())
+}
+
 /// The host's CPU over `span`, slept through here: the share of all CPUs that was busy
 /// and the share of one CPU the machine's own PID 1 used (in %). Both come from
 /// `/proc` (`/proc/stat`, `/proc/1/stat`, in USER_HZ ticks of 1/100 s).
@@ -49,21 +70,9 @@ pub fn host_cpu_over(span: std::time::Duration) -> Result<(f64, f64)> {
         let all: u64 = cpu.iter().take(8).sum();
         Ok((all, all - cpu[3] - cpu[4]))
     }
-    fn init_ticks() -> Result<u64> {
-        let text = std::fs::read_to_string("/proc/1/stat").context("read /proc/1/stat")?;
-        // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
-        let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        Ok(f.iter().sum())
-    }
-    let ((all0, busy0), init0, t) = (totals()?, init_ticks()?, std::time::Instant::now());
+    let ((all0, busy0), init0, t) = (totals()?, cpu_ticks(1)?, std::time::Instant::now());
     std::thread::sleep(span);
-    let ((all1, busy1), init1) = (totals()?, init_ticks()?);
+    let ((all1, busy1), init1) = (totals()?, cpu_ticks(1)?);
     let busy = 100.0 * (busy1 - busy0) as f64 / (all1 - all0).max(1) as f64;
     let init = (init1 - init0) as f64 / t.elapsed().as_secs_f64();
     Ok((busy, init))

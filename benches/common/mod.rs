@@ -40,8 +40,8 @@ pub use env::{
 pub use fixtures::{cache_dir, fixture_image, qemu_argv, read_guest_counter, root_and_debian};
 #[allow(unused_imports)]
 pub use host::{
-    cgroup_pids, cgroups_left, comms, host_cpu_over, mem_available_kib, mounts_under, pss_kib,
-    rss_kib,
+    cgroup_pids, cgroups_left, comms, cpu_ticks, host_cpu_over, mem_available_kib, mounts_under,
+    pss_kib, rss_kib,
 };
 #[allow(unused_imports)]
 pub use report::{bench_output_dir, write_outputs, Check, Report, Row, Table};
