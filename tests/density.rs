@@ -1,6 +1,6 @@
 //! The mechanisms that keep a sandbox's cost independent of how many are alive
 //! (docs/DESIGN.md, "Many sandboxes"), and the semantics of memory shared between
-//! branches. The numbers at thousands of branches are in benches/density.rs.
+//! branches. The numbers at thousands of branches are in benches/density/.
 
 #![forbid(unsafe_code)]
 

@@ -17,7 +17,10 @@
 //! Then, with all of them still alive, `FORKD_DENSITY_DEBIAN` (default 1000; 0 skips)
 //! Debian branches of a live checkpoint of a python3 loop (the same 10-s tick) are forked
 //! beside them: time a branch, single forks, memory a branch, and a sample of both kinds
-//! must answer. Then every branch is removed, timed. The p50 latencies against the
+//! must answer. At the smallest N, controls (`benches/density/controls.rs`;
+//! `FORKD_DENSITY_CONTROLS=0` skips them) sample one more fork and create again beside
+//! idle processes and beside network namespaces outside forkd, as many as the largest N
+//! brings: what the host itself charges for them. Then every branch is removed, timed. The p50 latencies against the
 //! number alive are also drawn, target/bench/density.svg. podman's peer: `podman container restore
 //! --import` of an export of the same loop, one container after another, until
 //! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
@@ -36,8 +39,12 @@
 
 #![forbid(unsafe_code)]
 
+#[path = "../common/mod.rs"]
 mod common;
+#[path = "../peers/mod.rs"]
 mod peers;
+
+mod controls;
 
 use anyhow::{bail, Context, Result};
 use common::{DaemonGuard, Report};
@@ -46,7 +53,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const LOOP: &str = "mkfifo /tmp/tick; exec 3<>/tmp/tick; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; read -t 10 x <&3; done";
+pub(crate) const LOOP: &str = "mkfifo /tmp/tick; exec 3<>/tmp/tick; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; read -t 10 x <&3; done";
 /// The Debian branches' program: a python3 loop with the busybox loop's tick.
 const PY_LOOP: &str = "exec python3 -c \"
 import time
@@ -79,7 +86,7 @@ fn list(name: &str, default: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-fn us(t: Instant) -> u64 {
+pub(crate) fn us(t: Instant) -> u64 {
     t.elapsed().as_micros() as u64
 }
 
@@ -154,7 +161,7 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-fn fork(d: &DaemonGuard, ck: &str, n: usize) -> Result<Vec<String>> {
+pub(crate) fn fork(d: &DaemonGuard, ck: &str, n: usize) -> Result<Vec<String>> {
     Ok(d.fork(ck, n, false)?
         .branches
         .into_iter()
@@ -221,6 +228,8 @@ fn branches(
     })
     .collect();
     let mut pick = Picker(0x2545f4914f6cdd1d);
+    let controls_on = common::env_count("FORKD_DENSITY_CONTROLS", 1)? > 0;
+    let mut control_table = None;
     for &n in ns {
         let grow = Instant::now();
         let before = alive.len();
@@ -341,6 +350,12 @@ fn branches(
             format!("{busy:.0}% ({init_cpu:.0}%)"),
             format!("{answered}/20"),
         ]);
+        if n == ns[0] && controls_on && ns.len() > 1 {
+            let extra = ns[ns.len() - 1].saturating_sub(alive.len());
+            control_table = Some(controls::controls(
+                d, &ck.id, samples, settle, extra, &mut alive, report,
+            )?);
+        }
     }
     let svg = common::plot::svg(
         "forkd: one more operation with N busybox branches alive (p50)",
@@ -398,6 +413,7 @@ fn branches(
         ],
         table,
     ));
+    report.tables.extend(control_table);
     report.sections.push((
         "Removal".into(),
         vec![
