@@ -20,9 +20,10 @@
 //! must answer. At the smallest N, controls (`benches/density/controls.rs`;
 //! `FORKD_DENSITY_CONTROLS=0` skips them) sample one more fork and create again beside
 //! idle processes and beside network namespaces outside forkd, as many as the largest N
-//! brings: what the host itself charges for them. Then every branch is removed, timed. The p50 latencies against the
-//! number alive are also drawn, target/bench/density.svg. podman's peer: `podman container restore
-//! --import` of an export of the same loop, one container after another, until
+//! brings: what the host itself charges for them. Then every branch is removed, timed.
+//! The p50 latencies against the number alive are also drawn, target/bench/density.svg.
+//! podman's peer: `podman container restore --import` of an export of the same loop,
+//! one container after another, until
 //! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
 //! (default 1000) run: restore time at the first and the last 10, memory per container.
 //!
