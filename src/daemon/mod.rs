@@ -301,6 +301,18 @@ impl Daemon {
                 if let Err(e) = c.use_private_run(&cfg.root.join("criu-run")) {
                     log::warn(&format!("CRIU will probe the kernel on every call: {e}"));
                 }
+                // FORKD_CRIU_ROOT=move: restores give the namespace its root without
+                // `pivot_root` (docs/DESIGN.md, "What still grows"); the default pivots.
+                if std::env::var("FORKD_CRIU_ROOT").as_deref() == Ok("move") {
+                    let dir = cfg.root.join("criu-base");
+                    match forkd_sys::mount::base_namespace(&dir) {
+                        Ok(base) => c.use_root_base(base),
+                        Err(e) => log::warn(&format!(
+                            "restores pivot: make the namespace CRIU runs on ({}): {e}",
+                            dir.display()
+                        )),
+                    }
+                }
                 c
             })
             .map_err(|e| e.to_string());

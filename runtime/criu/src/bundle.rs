@@ -25,10 +25,20 @@ pub(crate) fn bundle_launch(wrapper: &Path) -> Option<(PathBuf, Vec<std::ffi::Os
     path.push(":");
     path.push(prefix.join("lib").join(&triplet));
     let mut args = Vec::new();
-    // The bundle's rlimit shim (fixtures/criu/rlimit-shim.c), as its wrapper preloads it.
-    let shim = prefix.join("lib/forkd/rlimit-shim.so");
-    if shim.is_file() {
-        args.extend(["--preload".into(), shim.into_os_string()]);
+    // The bundle's shims (fixtures/criu/rlimit-shim.c, root-shim.c), as its wrapper
+    // preloads them.
+    let mut preload = std::ffi::OsString::new();
+    for name in ["rlimit-shim.so", "root-shim.so"] {
+        let shim = prefix.join("lib/forkd").join(name);
+        if shim.is_file() {
+            if !preload.is_empty() {
+                preload.push(":");
+            }
+            preload.push(shim);
+        }
+    }
+    if !preload.is_empty() {
+        args.extend(["--preload".into(), preload]);
     }
     args.extend(["--library-path".into(), path, criu.into()]);
     Some((loader, args))

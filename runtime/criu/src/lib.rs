@@ -84,6 +84,8 @@ pub struct Criu {
     pub version: String,
     /// The private `/run` and cgroup yard; see [`Criu::use_private_run`].
     private_run: Option<PrivateRun>,
+    /// The namespace a restore's CRIU runs on; see [`Criu::use_root_base`].
+    root_base: Option<(std::sync::Arc<std::os::fd::OwnedFd>, u64)>,
     /// How CRIU is started: a program and the arguments that precede CRIU's own.
     launch: (PathBuf, Vec<std::ffi::OsString>),
     /// How long one dump or restore may take before CRIU is killed
@@ -195,6 +197,8 @@ struct Child<'a> {
     root_mount: Option<(&'a std::os::fd::OwnedFd, &'a Path)>,
     /// Run with `PR_SET_MEMORY_MERGE`.
     mergeable: bool,
+    /// Run on the root base, if the Criu has one (restores).
+    on_base: bool,
 }
 
 /// The outcome of a dump.
@@ -266,6 +270,7 @@ impl Criu {
             path,
             version: format!("{major}.{minor}"),
             private_run: None,
+            root_base: None,
             launch,
             timeout: timeout_from_env(),
         })
@@ -349,9 +354,26 @@ impl Criu {
         self.private_run.as_ref().map(|p| p.yard.as_path())
     }
 
+    /// Makes restores run CRIU on `base` (made by `forkd_sys::mount::base_namespace`),
+    /// where its root shim gives the restored namespace its root without `pivot_root`
+    /// (docs/DESIGN.md, "What still grows").
+    pub fn use_root_base(&mut self, (base, dev): (std::os::fd::OwnedFd, u64)) {
+        self.root_base = Some((std::sync::Arc::new(base), dev));
+    }
+
     fn command(&self) -> Result<Command, CriuError> {
+        self.command_on(false)
+    }
+
+    /// CRIU's command; on the root base (when there is one) if `on_base`.
+    fn command_on(&self, on_base: bool) -> Result<Command, CriuError> {
         let mut cmd = Command::new(&self.launch.0);
         cmd.args(&self.launch.1);
+        if let (true, Some((base, dev))) = (on_base, &self.root_base) {
+            use std::os::fd::AsFd;
+            forkd_sys::on_namespace_base(&mut cmd, base.as_fd(), *dev)
+                .map_err(io("run CRIU on the root base"))?;
+        }
         if let Some(p) = &self.private_run {
             forkd_sys::with_own_run(&mut cmd, &p.dir, &p.binds)
                 .map_err(io("prepare CRIU's /run"))?;
@@ -485,6 +507,7 @@ impl Criu {
             netns: opts.netns.as_deref(),
             root_mount: opts.root_mount.as_deref().map(|m| (m, opts.root.as_path())),
             mergeable: opts.mergeable,
+            on_base: true,
         };
         let resp = self.call(rpc::Criu_req_type::RESTORE, &log, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;

@@ -29,7 +29,7 @@ impl Criu {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| io("socketpair")(e.into()))?;
-        let mut cmd = self.command()?;
+        let mut cmd = self.command_on(child_setup.on_base)?;
         cmd.arg("swrk")
             .arg("3")
             .stdin(Stdio::null())

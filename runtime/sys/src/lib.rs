@@ -489,6 +489,58 @@ pub fn attach_in_child(
     Ok(())
 }
 
+/// Makes `cmd` (a restore's CRIU) run on the namespace `base` made by
+/// [`mount::base_namespace`]: it enters a copy of `base`, attaches there a copy of the
+/// caller's whole tree on [`mount::BASE_SENTINEL`] and `chroot`s into it, so that it sees
+/// the host's files as before while the namespace's bottom is the empty tmpfs. With
+/// `FORKD_CRIU_MOVE_ROOT` set, CRIU's root shim then gives the restored namespace its
+/// root by moving it onto that tmpfs rather than by `pivot_root`, which walks every
+/// task on the host (fixtures/criu/root-shim.c). Must come before the hooks that make
+/// CRIU's own namespace ([`with_own_run`], [`attach_in_child`]): they copy this one.
+pub fn on_namespace_base(
+    cmd: &mut std::process::Command,
+    base: BorrowedFd<'_>,
+    base_dev: u64,
+) -> io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let base = base.as_raw_fd();
+    let host = mount::c_path(&std::path::Path::new("/").join(mount::BASE_SENTINEL))?;
+    // The shim knows the base's tmpfs by its device number.
+    cmd.env("FORKD_CRIU_MOVE_ROOT", base_dev.to_string());
+    // SAFETY: the hook runs between fork and exec in the single-threaded child and makes
+    // only system calls on a C string allocated before the fork; it allocates nothing.
+    // `base` is open in the child until exec (the caller keeps it open).
+    unsafe {
+        cmd.pre_exec(move || {
+            let tree = libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                c"/".as_ptr(),
+                mount::OPEN_TREE_CLONE | mount::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint,
+            );
+            if tree < 0
+                || libc::setns(base, libc::CLONE_NEWNS) < 0
+                || libc::unshare(libc::CLONE_NEWNS) < 0
+                || libc::syscall(
+                    libc::SYS_move_mount,
+                    tree as libc::c_int,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    host.as_ptr(),
+                    mount::MOVE_MOUNT_F_EMPTY_PATH,
+                ) < 0
+                || libc::chdir(host.as_ptr()) < 0
+                || libc::chroot(c".".as_ptr()) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(tree as libc::c_int);
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 /// Mounts a small private tmpfs (mode 0700) on `dir` unless one is already there.
 pub fn ensure_tmpfs(dir: &std::path::Path, size: &str) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;

@@ -225,10 +225,30 @@ pub fn clone_tree(path: &Path) -> io::Result<OwnedFd> {
 /// alone the new namespace and a root and working directory of its own, which the
 /// `pivot_root` here moves; the caller's are untouched.
 pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
+    bare_namespace(dir, None).map(|(ns, _)| ns)
+}
+
+/// The directory of [`base_namespace`]'s tmpfs on which CRIU finds the host's tree.
+pub const BASE_SENTINEL: &str = ".forkd-host";
+
+/// Like [`empty_namespace`], but its read-only tmpfs holds one empty directory,
+/// [`BASE_SENTINEL`]: a restore's CRIU attaches a copy of the host's tree there and runs
+/// chrooted into it (`crate::on_namespace_base`), so that the restore's copy of the
+/// namespace has a tmpfs at its bottom, onto which CRIU's preloaded root shim
+/// (fixtures/criu/root-shim.c) moves the restored root instead of pivoting into it.
+/// Returns the namespace and the tmpfs's device number, by which the shim knows it.
+pub fn base_namespace(dir: &Path) -> io::Result<(OwnedFd, u64)> {
+    bare_namespace(dir, Some(c".forkd-host"))
+}
+
+fn bare_namespace(
+    dir: &Path,
+    sentinel: Option<&'static std::ffi::CStr>,
+) -> io::Result<(OwnedFd, u64)> {
     std::fs::create_dir_all(dir)?;
     let target = c_path(dir)?;
     std::thread::scope(|s| {
-        s.spawn(|| -> io::Result<OwnedFd> {
+        s.spawn(|| -> io::Result<(OwnedFd, u64)> {
             let none = std::ptr::null::<libc::c_char>();
             let step = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
             // SAFETY: integer flags; affects this thread alone (see above).
@@ -250,16 +270,37 @@ pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
             let ns = std::fs::File::open("/proc/thread-self/ns/mnt")
                 .map_err(|e| step("open /proc/thread-self/ns/mnt", e))?;
             // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            // Read-only from the start, or once the sentinel directory is made.
+            let first = if sentinel.is_some() { flags } else { flags | libc::MS_RDONLY };
             check(unsafe {
                 libc::mount(
                     c"forkd-empty".as_ptr(),
                     target.as_ptr(),
                     c"tmpfs".as_ptr(),
-                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    first,
                     c"size=4k,mode=0555".as_ptr().cast(),
                 )
             } as libc::c_long)
             .map_err(|e| step(&format!("mount an empty tmpfs on {}", dir.display()), e))?;
+            let dev = std::os::unix::fs::MetadataExt::dev(
+                &std::fs::metadata(dir).map_err(|e| step(&format!("stat {}", dir.display()), e))?,
+            );
+            if let Some(name) = sentinel {
+                let sub = dir.join(name.to_str().unwrap_or_default());
+                std::fs::create_dir(&sub).map_err(|e| step(&format!("mkdir {}", sub.display()), e))?;
+                // SAFETY: NUL-terminated strings that outlive the call.
+                check(unsafe {
+                    libc::mount(
+                        none,
+                        target.as_ptr(),
+                        none,
+                        libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+                        c"size=4k,mode=0555".as_ptr().cast(),
+                    )
+                } as libc::c_long)
+                .map_err(|e| step("make the tmpfs read-only", e))?;
+            }
             // SAFETY: `target` and the constant strings are NUL-terminated and outlive
             // the calls. pivot_root(".", ".") stacks the old root under the new one, and
             // detaching "." removes it with every mount below it.
@@ -275,7 +316,7 @@ pub fn empty_namespace(dir: &Path) -> io::Result<OwnedFd> {
                 check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as libc::c_long)
                     .map_err(|e| step("detach the old root", e))?;
             }
-            Ok(OwnedFd::from(ns))
+            Ok((OwnedFd::from(ns), dev))
         })
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the mount namespace thread panicked")))
