@@ -163,6 +163,12 @@ fn a_sandboxs_mount_namespace_is_its_own_mounts_over_one_empty_tmpfs() {
         namespace_mounts(br.init_pid.unwrap()) as usize,
         mount_lines(&d, &br.id) + hidden
     );
+    // And `..` of the branch's root is that root too.
+    let (code, out, err) = d.sh(
+        &br.id,
+        "cd /; ls -a / > /tmp/l1; cd /../../..; ls -a . > /tmp/l2; cmp /tmp/l1 /tmp/l2 && ls -a /proc/1/root/ | cmp - /tmp/l1 && echo same",
+    );
+    assert_eq!((code, out.as_str()), (0, "same\n"), "{err}");
     let n = d.read_number(&br.id, "/tmp/count");
     assert!(n >= 1, "{n}");
 }
