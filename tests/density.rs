@@ -154,11 +154,11 @@ fn a_sandboxs_mount_namespace_is_its_own_mounts_over_one_empty_tmpfs() {
     let ck = d.checkpoint(&a.id, true);
     let br = d.fork(&ck.id, 1, false).branches.remove(0);
     assert_eq!(mount_lines(&d, &br.id), mount_lines(&d, &a.id));
-    // CRIU gives the branch's namespace its root with `pivot_root`: nothing is hidden.
-    // With `FORKD_CRIU_ROOT=move` its root shim moves the root onto an empty tmpfs
-    // instead (fixtures/criu/root-shim.c): the branch's namespace is then shaped as a
-    // created sandbox's, its mounts over one tmpfs it cannot see.
-    let hidden = usize::from(std::env::var("FORKD_CRIU_ROOT").as_deref() == Ok("move"));
+    // CRIU's root shim (fixtures/criu/root-shim.c) moves the branch's root onto an
+    // empty tmpfs rather than CRIU pivoting into it: the branch's namespace is shaped as
+    // a created sandbox's, its mounts over one tmpfs it cannot see. With
+    // `FORKD_CRIU_ROOT=pivot` CRIU pivots, and nothing is hidden.
+    let hidden = usize::from(std::env::var("FORKD_CRIU_ROOT").as_deref() != Ok("pivot"));
     assert_eq!(
         namespace_mounts(br.init_pid.unwrap()) as usize,
         mount_lines(&d, &br.id) + hidden

@@ -301,9 +301,10 @@ impl Daemon {
                 if let Err(e) = c.use_private_run(&cfg.root.join("criu-run")) {
                     log::warn(&format!("CRIU will probe the kernel on every call: {e}"));
                 }
-                // FORKD_CRIU_ROOT=move: restores give the namespace its root without
-                // `pivot_root` (docs/DESIGN.md, "What still grows"); the default pivots.
-                if std::env::var("FORKD_CRIU_ROOT").as_deref() == Ok("move") {
+                // Restores give the namespace its root without `pivot_root`, which walks
+                // every task on the host (docs/DESIGN.md, "What still grows");
+                // FORKD_CRIU_ROOT=pivot leaves it to CRIU's own.
+                if std::env::var("FORKD_CRIU_ROOT").as_deref() != Ok("pivot") {
                     let dir = cfg.root.join("criu-base");
                     match forkd_sys::mount::base_namespace(&dir) {
                         Ok(base) => c.use_root_base(base),
