@@ -492,9 +492,9 @@ pub fn attach_in_child(
 /// Makes `cmd` (a restore's CRIU) run on the namespace `base` made by
 /// [`mount::base_namespace`]: it enters a copy of `base`, attaches there a copy of the
 /// caller's whole tree on [`mount::BASE_SENTINEL`] and `chroot`s into it, so that it sees
-/// the host's files as before while the namespace's bottom is the empty tmpfs. With
-/// `FORKD_CRIU_MOVE_ROOT` set, CRIU's root shim then gives the restored namespace its
-/// root by moving it onto that tmpfs rather than by `pivot_root`, which walks every
+/// the host's files as before while the namespace's bottom is the empty tmpfs. It also
+/// sets `FORKD_CRIU_MOVE_ROOT`, by which CRIU's root shim gives the restored namespace
+/// its root by moving it onto that tmpfs rather than by `pivot_root`, which walks every
 /// task on the host (fixtures/criu/root-shim.c). Must come before the hooks that make
 /// CRIU's own namespace ([`with_own_run`], [`attach_in_child`]): they copy this one.
 pub fn on_namespace_base(
@@ -516,7 +516,9 @@ pub fn on_namespace_base(
                 libc::SYS_open_tree,
                 libc::AT_FDCWD,
                 c"/".as_ptr(),
-                mount::OPEN_TREE_CLONE | mount::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint,
+                mount::OPEN_TREE_CLONE
+                    | mount::OPEN_TREE_CLOEXEC
+                    | libc::AT_RECURSIVE as libc::c_uint,
             );
             if tree < 0
                 || libc::setns(base, libc::CLONE_NEWNS) < 0

@@ -238,13 +238,10 @@ pub const BASE_SENTINEL: &str = ".forkd-host";
 /// (fixtures/criu/root-shim.c) moves the restored root instead of pivoting into it.
 /// Returns the namespace and the tmpfs's device number, by which the shim knows it.
 pub fn base_namespace(dir: &Path) -> io::Result<(OwnedFd, u64)> {
-    bare_namespace(dir, Some(c".forkd-host"))
+    bare_namespace(dir, Some(BASE_SENTINEL))
 }
 
-fn bare_namespace(
-    dir: &Path,
-    sentinel: Option<&'static std::ffi::CStr>,
-) -> io::Result<(OwnedFd, u64)> {
+fn bare_namespace(dir: &Path, sentinel: Option<&str>) -> io::Result<(OwnedFd, u64)> {
     std::fs::create_dir_all(dir)?;
     let target = c_path(dir)?;
     std::thread::scope(|s| {
@@ -269,10 +266,14 @@ fn bare_namespace(
             // namespace's root, not which namespace the descriptor names.
             let ns = std::fs::File::open("/proc/thread-self/ns/mnt")
                 .map_err(|e| step("open /proc/thread-self/ns/mnt", e))?;
-            // SAFETY: every pointer is a NUL-terminated string that outlives the call.
             let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
             // Read-only from the start, or once the sentinel directory is made.
-            let first = if sentinel.is_some() { flags } else { flags | libc::MS_RDONLY };
+            let first = if sentinel.is_some() {
+                flags
+            } else {
+                flags | libc::MS_RDONLY
+            };
+            // SAFETY: every pointer is a NUL-terminated string that outlives the call.
             check(unsafe {
                 libc::mount(
                     c"forkd-empty".as_ptr(),
@@ -287,8 +288,9 @@ fn bare_namespace(
                 &std::fs::metadata(dir).map_err(|e| step(&format!("stat {}", dir.display()), e))?,
             );
             if let Some(name) = sentinel {
-                let sub = dir.join(name.to_str().unwrap_or_default());
-                std::fs::create_dir(&sub).map_err(|e| step(&format!("mkdir {}", sub.display()), e))?;
+                let sub = dir.join(name);
+                std::fs::create_dir(&sub)
+                    .map_err(|e| step(&format!("mkdir {}", sub.display()), e))?;
                 // SAFETY: NUL-terminated strings that outlive the call.
                 check(unsafe {
                     libc::mount(
