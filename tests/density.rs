@@ -474,8 +474,9 @@ fn a_discarded_page_reads_zeros_in_a_branch_whose_pages_are_merged() {
             .to_string()
     };
     let found = run_knob();
-    let d = TestDaemon::start_with_env("density-ksm", &[("FORKD_KSM", "on")]);
-    assert_eq!(run_knob(), "1");
+    // The default: KSM is left alone until a fork asks to share.
+    let d = TestDaemon::start_with_env("density-ksm", &[("FORKD_KSM", "ask")]);
+    assert_eq!(run_knob(), found);
     d.import(&debian, "debian");
     let sb = d.create(
         serde_json::json!({ "image": "debian", "command": { "argv": ["python3", "-c", PAGES] } }),
@@ -485,8 +486,40 @@ fn a_discarded_page_reads_zeros_in_a_branch_whose_pages_are_merged() {
     });
     assert!(ready, "the page holder never got ready");
     let ck = d.checkpoint(&sb.id, true);
+    let merge_any = |pid: Option<i32>| {
+        let stat = std::fs::read_to_string(format!("/proc/{}/ksm_stat", pid.unwrap())).unwrap();
+        stat.lines()
+            .find_map(|l| l.strip_prefix("ksm_merge_any: "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    // A fork that does not ask keeps its branches' memory their own.
+    let own = d.fork(&ck.id, 1, false).branches;
+    assert_eq!(merge_any(own[0].init_pid), "no");
+    assert_eq!(run_knob(), found);
+    // Asking for a fresh branch is refused: it restores no memory.
+    let fork = |body: serde_json::Value| {
+        d.client.call::<forkd::api::ForkResult>(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", ck.id),
+            Some(&body),
+        )
+    };
+    let err = fork(serde_json::json!({ "fresh": true, "share_memory": true }))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("share_memory") && err.contains(&ck.id),
+        "{err}"
+    );
     let sharing_before = ksm("pages_sharing");
-    let branches = d.fork(&ck.id, 2, false).branches;
+    let branches = fork(serde_json::json!({ "count": 2, "share_memory": true }))
+        .expect("a fork that shares memory")
+        .branches;
+    assert_eq!(run_knob(), "1");
+    for b in &branches {
+        assert_eq!(merge_any(b.init_pid), "yes", "branch {}", b.id);
+    }
     // The branches' identical pages are merged (with each other and within each).
     let merged = wait_until(Duration::from_secs(60), || {
         ksm("pages_sharing") >= sharing_before + 4096

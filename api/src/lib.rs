@@ -486,6 +486,12 @@ pub struct ForkRequest {
     /// resolved allowlist), each branch with an address of its own.
     #[serde(default)]
     pub network: Option<Network>,
+    /// Open the branches' restored memory to KSM, so that identical pages of branches
+    /// that share are kept once (copy-on-write). Absent: the daemon's default
+    /// (`FORKD_KSM`: `ask` shares only when asked, `on` always, `off` never and refuses
+    /// `true`). Only a live checkpoint's restored branches have memory to share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_memory: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

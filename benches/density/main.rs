@@ -35,7 +35,8 @@
 //!
 //! Part 1's daemon takes the environment's `FORKD_MEMCG` (`limited`, the default on cgroup
 //! v1: branches without a memory limit share one memory cgroup; `each`) and
-//! its `FORKD_KSM` (off unless set); the header records both.
+//! its `FORKD_KSM` (`ask` unless set, and its forks do not ask, so branches share no
+//! memory; `on` makes every fork share); the header records both.
 //! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
 
 #![forbid(unsafe_code)]
@@ -106,9 +107,9 @@ fn run() -> Result<()> {
     } else {
         None
     };
-    // The busybox and Debian branches' daemon takes `FORKD_KSM` from the environment (off
+    // The busybox and Debian branches' daemon takes `FORKD_KSM` from the environment (`ask`
     // unless set); the header records it.
-    let branch_ksm = std::env::var("FORKD_KSM").unwrap_or_else(|_| "off".into());
+    let branch_ksm = std::env::var("FORKD_KSM").unwrap_or_else(|_| "ask".into());
     if parts.contains("branches") {
         let d = DaemonGuard::start(&bin)?;
         d.import(&common::fixture_image("busybox.tar"), "busybox")?;

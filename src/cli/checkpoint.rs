@@ -68,6 +68,13 @@ pub struct ForkArgs {
     /// checkpointed sandbox's, each branch with an address of its own
     #[arg(long, value_parser = clap::value_parser!(crate::api::Network))]
     pub network: Option<crate::api::Network>,
+    /// Share identical memory pages between the branches (KSM, copy-on-write); by
+    /// default the daemon's FORKD_KSM decides (ask: not unless asked)
+    #[arg(long, conflicts_with = "no_share_memory")]
+    pub share_memory: bool,
+    /// Keep every branch's memory its own even where FORKD_KSM=on
+    #[arg(long)]
+    pub no_share_memory: bool,
 }
 
 pub fn labels(list: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -197,7 +204,21 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
 }
 
 pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
-    let body = serde_json::json!({ "count": args.count, "lazy": args.lazy, "labels": labels(&args.labels)?, "network": args.network });
+    let body = crate::api::ForkRequest {
+        count: Some(args.count),
+        lazy: args.lazy,
+        labels: labels(&args.labels)?
+            .into_iter()
+            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))
+            .collect(),
+        network: args.network.clone(),
+        share_memory: match (args.share_memory, args.no_share_memory) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
+        ..Default::default()
+    };
     if !ctx.json {
         eprintln!(
             "forking {} branch(es) from {} ...",
@@ -207,7 +228,7 @@ pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
     let r: ForkResult = ctx.client.call(
         "POST",
         &format!("/v1/checkpoints/{}/fork", args.checkpoint),
-        Some(&body),
+        Some(&serde_json::to_value(&body)?),
     )?;
     if ctx.json {
         ctx.print_json(&r);

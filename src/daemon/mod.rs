@@ -73,8 +73,8 @@ pub struct Daemon {
     pub metrics: metrics::Metrics,
     /// Image builds in progress.
     pub builds: build::Builds,
-    /// Memory shared between branches (KSM), when `FORKD_KSM=on`.
-    pub sharing: Option<Arc<sharing::Sharing>>,
+    /// Memory shared between branches (KSM): which forks share, and KSM's pacing.
+    pub sharing: sharing::Sharing,
     /// Sandbox egress: the pool, the nftables table, `nft`.
     pub egress: forkd_net::Egress,
     /// Capabilities on single sandboxes, each served on a socket of its own.
@@ -366,10 +366,7 @@ impl Daemon {
         }
         let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
         let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);
-        let sharing = match sharing::Settings::from_env()? {
-            Some(s) => Some(sharing::Sharing::start(s)?),
-            None => None,
-        };
+        let sharing = sharing::Sharing::new(sharing::Settings::from_env()?)?;
         let grant_dir = {
             let mut p = cfg.socket.clone().into_os_string();
             p.push(".grants");
@@ -618,9 +615,7 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // Free cgroups are not kept across a restart (the next start would sweep them).
         daemon.cgroups.sweep();
         daemon.release_volume_if_idle();
-        if let Some(s) = &daemon.sharing {
-            s.stop();
-        }
+        daemon.sharing.stop();
         log::info("daemon stopped; sandboxes keep running");
         Ok(())
     });

@@ -1,19 +1,28 @@
 //! Memory shared between branches of one checkpoint, through KSM.
 //!
 //! CRIU restores every page of a checkpoint into every branch: 16 branches of a 256 MiB
-//! QEMU guest hold 16 private copies of the same guest memory. With `FORKD_KSM=on` the
-//! daemon marks each restored tree mergeable (the CRIU process that forks it runs with
+//! QEMU guest hold 16 private copies of the same guest memory. A fork that shares memory
+//! marks its restored trees mergeable (the CRIU process that forks each runs with
 //! `PR_SET_MEMORY_MERGE`, which every process it forks, the restored tree included,
-//! inherits, across `exec` too) and runs the kernel's same-page merging: identical pages
-//! of the branches become one copy-on-write page again. The semantics of private memory
-//! stay the kernel's own (a write copies, a discarded page reads back as zeros): KSM
-//! merges only pages whose contents are equal and breaks the share on write.
+//! inherits, across `exec` too), and the daemon runs the kernel's same-page merging:
+//! identical pages of the branches become one copy-on-write page again. The semantics
+//! of private memory stay the kernel's own (a write copies, a discarded page reads back
+//! as zeros): KSM merges only pages whose contents are equal and breaks the share on
+//! write.
+//!
+//! Which forks share (`FORKD_KSM`): `ask`, the default, only those whose request asks
+//! (`share_memory: true`, `forkd fork --share-memory`); `on`, every live fork unless its
+//! request says `share_memory: false`; `off`, none (a request that asks is refused).
+//! Merging is between every tree opened to it, so sharing is a choice per fork: a
+//! branch that shares can tell, by how long a write takes, whether another sharing
+//! branch holds a page equal to one of its own (docs/DESIGN.md).
 //!
 //! KSM costs CPU while it scans, so the daemon scans fast only while a fork batch settles
 //! (`FORKD_KSM_BOOST_PAGES` pages every `FORKD_KSM_SLEEP_MS`, for `FORKD_KSM_BOOST_SECS`
 //! after the last fork) and slowly otherwise (`FORKD_KSM_IDLE_PAGES`). The knobs are the
-//! machine's (`/sys/kernel/mm/ksm`): the daemon sets them at start and puts back what it
-//! found when it stops (merged pages stay merged). See docs/DESIGN.md for the choice.
+//! machine's (`/sys/kernel/mm/ksm`): the daemon sets them when it starts (`on`) or at the
+//! first fork that shares (`ask`), and puts back what it found when it stops (merged
+//! pages stay merged). See docs/DESIGN.md for the choice of KSM.
 
 use super::log;
 use std::path::PathBuf;
@@ -23,9 +32,21 @@ use std::time::{Duration, Instant};
 /// The kernel's KSM controls.
 const KSM: &str = "/sys/kernel/mm/ksm";
 
+/// Which forks share their branches' memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// None; a request that asks is refused.
+    Off,
+    /// Those whose request asks (the default).
+    Ask,
+    /// Every live fork, unless its request declines.
+    On,
+}
+
 /// What the daemon does about memory shared between branches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
+    pub mode: Mode,
     pub boost_pages: u64,
     pub idle_pages: u64,
     pub sleep_ms: u64,
@@ -33,8 +54,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// From `FORKD_KSM` (`off`, the default, or `on`) and its knobs; `None` when off.
-    pub fn from_env() -> anyhow::Result<Option<Settings>> {
+    /// From `FORKD_KSM` (`ask`, the default, `on` or `off`) and its knobs.
+    pub fn from_env() -> anyhow::Result<Settings> {
         let num =
             |name: &str, default: u64| -> anyhow::Result<u64> {
                 match std::env::var(name) {
@@ -44,24 +65,32 @@ impl Settings {
                     }),
                 }
             };
-        match std::env::var("FORKD_KSM").as_deref() {
-            Err(_) | Ok("off") | Ok("0") => Ok(None),
-            Ok("on") | Ok("1") => Ok(Some(Settings {
-                boost_pages: num("FORKD_KSM_BOOST_PAGES", 4000)?,
-                idle_pages: num("FORKD_KSM_IDLE_PAGES", 100)?,
-                sleep_ms: num("FORKD_KSM_SLEEP_MS", 20)?,
-                boost: Duration::from_secs(num("FORKD_KSM_BOOST_SECS", 30)?),
-            })),
-            Ok(other) => anyhow::bail!("FORKD_KSM={other:?}: expected on or off"),
-        }
+        let mode = match std::env::var("FORKD_KSM").as_deref() {
+            Err(_) | Ok("ask") => Mode::Ask,
+            Ok("off") | Ok("0") => Mode::Off,
+            Ok("on") | Ok("1") => Mode::On,
+            Ok(other) => anyhow::bail!("FORKD_KSM={other:?}: expected ask, on or off"),
+        };
+        Ok(Settings {
+            mode,
+            boost_pages: num("FORKD_KSM_BOOST_PAGES", 4000)?,
+            idle_pages: num("FORKD_KSM_IDLE_PAGES", 100)?,
+            sleep_ms: num("FORKD_KSM_SLEEP_MS", 20)?,
+            boost: Duration::from_secs(num("FORKD_KSM_BOOST_SECS", 30)?),
+        })
     }
 }
 
-/// The running KSM policy: a thread that raises the scan rate after forks and lowers it
-/// when they have settled.
+/// The daemon's sharing policy, and KSM's pacing once it runs.
 pub struct Sharing {
     settings: Settings,
-    /// Until when to scan fast; the thread waits on the condition for changes.
+    /// KSM as the daemon runs it: none until the first fork that shares (`ask`).
+    running: Mutex<Option<Running>>,
+}
+
+/// KSM switched on by the daemon.
+struct Running {
+    /// Until when to scan fast; the pacing thread waits on the condition for changes.
     state: Arc<(Mutex<Option<Instant>>, Condvar)>,
     /// What the knobs were before the daemon set them.
     found: Vec<(&'static str, String)>,
@@ -85,56 +114,116 @@ fn write_knob(name: &str, value: &str) -> std::io::Result<()> {
 }
 
 impl Sharing {
-    /// Switches KSM on with the idle rate. Fails, naming the file, when the kernel has
-    /// no KSM or its controls cannot be written.
-    pub fn start(settings: Settings) -> anyhow::Result<Arc<Sharing>> {
+    /// The policy; with `on`, switches KSM on at once with the idle rate and fails,
+    /// naming the file, when the kernel has no KSM or its controls cannot be written.
+    pub fn new(settings: Settings) -> anyhow::Result<Sharing> {
+        let sharing = Sharing {
+            settings,
+            running: Mutex::new(None),
+        };
+        if sharing.settings.mode == Mode::On {
+            sharing.start()?;
+        }
+        Ok(sharing)
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.settings.mode
+    }
+
+    /// Whether a fork whose request said `asked` shares its branches' memory; starts KSM
+    /// at the first that does. The error says why a request that asks cannot.
+    pub fn for_fork(&self, asked: Option<bool>) -> Result<bool, String> {
+        let share = match (self.settings.mode, asked) {
+            (_, Some(false)) | (Mode::Ask | Mode::Off, None) => false,
+            (Mode::Off, Some(true)) => {
+                return Err("memory sharing between branches is off on this daemon \
+                     (FORKD_KSM=off)"
+                    .into())
+            }
+            (Mode::On, _) | (Mode::Ask, Some(true)) => true,
+        };
+        if share {
+            self.start().map_err(|e| format!("{e:#}"))?;
+        }
+        Ok(share)
+    }
+
+    /// Switches KSM on with the idle rate, once.
+    fn start(&self) -> anyhow::Result<()> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running.is_some() {
+            return Ok(());
+        }
         let mut found = Vec::new();
         for name in ["run", "pages_to_scan", "sleep_millisecs"] {
             let v = read_knob(name).map_err(|e| {
                 anyhow::anyhow!(
-                    "FORKD_KSM=on, but {} cannot be read: {e}",
+                    "memory sharing needs the kernel's KSM, but {} cannot be read: {e}",
                     knob(name).display()
                 )
             })?;
             found.push((name, v));
         }
-        write_knob("pages_to_scan", &settings.idle_pages.to_string())?;
-        write_knob("sleep_millisecs", &settings.sleep_ms.to_string())?;
-        write_knob("run", "1")?;
-        let sharing = Arc::new(Sharing {
-            settings,
-            state: Arc::new((Mutex::new(None), Condvar::new())),
-            found,
-        });
-        let state = sharing.state.clone();
-        let s = sharing.settings.clone();
-        std::thread::Builder::new()
+        let set = || -> std::io::Result<()> {
+            write_knob("pages_to_scan", &self.settings.idle_pages.to_string())?;
+            write_knob("sleep_millisecs", &self.settings.sleep_ms.to_string())?;
+            write_knob("run", "1")
+        };
+        if let Err(e) = set() {
+            put_back(&found);
+            return Err(e.into());
+        }
+        let state = Arc::new((Mutex::new(None), Condvar::new()));
+        let (s, st) = (self.settings.clone(), state.clone());
+        if let Err(e) = std::thread::Builder::new()
             .name("ksm".into())
-            .spawn(move || pace(&s, &state))?;
+            .spawn(move || pace(&s, &st))
+        {
+            put_back(&found);
+            return Err(e.into());
+        }
         log::info(&format!(
-            "KSM on: {} pages every {} ms for {} s after a fork, {} otherwise",
-            sharing.settings.boost_pages,
-            sharing.settings.sleep_ms,
-            sharing.settings.boost.as_secs(),
-            sharing.settings.idle_pages
+            "KSM on: {} pages every {} ms for {} s after a fork that shares memory, {} otherwise",
+            self.settings.boost_pages,
+            self.settings.sleep_ms,
+            self.settings.boost.as_secs(),
+            self.settings.idle_pages
         ));
-        Ok(sharing)
+        *running = Some(Running { state, found });
+        Ok(())
     }
 
-    /// A fork batch was restored: scan fast until it has settled.
+    /// A fork batch that shares memory was restored: scan fast until it has settled.
     pub fn forked(&self) {
-        let (lock, cond) = &*self.state;
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = running.as_ref() else {
+            return;
+        };
+        let (lock, cond) = &*r.state;
         *lock.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Instant::now() + self.settings.boost);
         cond.notify_one();
     }
 
-    /// Puts the knobs back as they were found (pages merged so far stay merged).
+    /// Puts the knobs back as they were found, if the daemon set them (pages merged so
+    /// far stay merged).
     pub fn stop(&self) {
-        for (name, value) in self.found.iter().rev() {
-            if let Err(e) = write_knob(name, value) {
-                log::warn(&format!("KSM: {e}"));
-            }
+        if let Some(r) = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            put_back(&r.found);
+        }
+    }
+}
+
+fn put_back(found: &[(&'static str, String)]) {
+    for (name, value) in found.iter().rev() {
+        if let Err(e) = write_knob(name, value) {
+            log::warn(&format!("KSM: {e}"));
         }
     }
 }
@@ -173,10 +262,13 @@ mod tests {
     fn settings_parse_and_refuse_bad_values() {
         // One test touches the variables, so no other test sees them change.
         std::env::remove_var("FORKD_KSM");
-        assert_eq!(Settings::from_env().unwrap(), None);
+        assert_eq!(Settings::from_env().unwrap().mode, Mode::Ask);
+        std::env::set_var("FORKD_KSM", "off");
+        assert_eq!(Settings::from_env().unwrap().mode, Mode::Off);
         std::env::set_var("FORKD_KSM", "on");
         std::env::set_var("FORKD_KSM_BOOST_PAGES", "5000");
-        let s = Settings::from_env().unwrap().unwrap();
+        let s = Settings::from_env().unwrap();
+        assert_eq!(s.mode, Mode::On);
         assert_eq!((s.boost_pages, s.idle_pages, s.sleep_ms), (5000, 100, 20));
         assert_eq!(s.boost, Duration::from_secs(30));
         std::env::set_var("FORKD_KSM_BOOST_PAGES", "0");
@@ -187,5 +279,27 @@ mod tests {
         let e = Settings::from_env().unwrap_err().to_string();
         assert!(e.contains("FORKD_KSM=\"sometimes\""), "{e}");
         std::env::remove_var("FORKD_KSM");
+    }
+
+    /// What a request gets under each mode, where KSM never has to start.
+    #[test]
+    fn a_fork_shares_as_its_request_and_the_mode_say() {
+        let with = |mode| Sharing {
+            settings: Settings {
+                mode,
+                boost_pages: 1,
+                idle_pages: 1,
+                sleep_ms: 1,
+                boost: Duration::from_secs(1),
+            },
+            running: Mutex::new(None),
+        };
+        for mode in [Mode::Off, Mode::Ask, Mode::On] {
+            assert_eq!(with(mode).for_fork(Some(false)), Ok(false), "{mode:?}");
+        }
+        assert_eq!(with(Mode::Ask).for_fork(None), Ok(false));
+        assert_eq!(with(Mode::Off).for_fork(None), Ok(false));
+        let e = with(Mode::Off).for_fork(Some(true)).unwrap_err();
+        assert!(e.contains("FORKD_KSM=off"), "{e}");
     }
 }

@@ -316,14 +316,18 @@ def fork(
     fresh: bool = False,
     labels: Optional[Mapping[str, str]] = None,
     network: NetworkArg = None,
+    share_memory: Optional[bool] = None,
 ) -> Call[t.ForkResult]:
     """`forkCheckpoint`: `count` branches, each a running sandbox (with the checkpointed
-    sandbox's network unless `network` names another)."""
+    sandbox's network unless `network` names another). `share_memory` opens the restored
+    branches' memory to KSM (None: the daemon's `FORKD_KSM` decides)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     body: dict[str, Any] = {"count": count, "lazy": lazy, "fresh": fresh, "labels": _labels(labels)}
     if network is not None:
         body["network"] = network_body(network)
+    if share_memory is not None:
+        body["share_memory"] = share_memory
     return json_call("POST", f"/v1/checkpoints/{segment(id)}/fork", t.ForkResult.from_json, body)
 
 

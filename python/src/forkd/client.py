@@ -105,7 +105,7 @@ class Client:
 
     def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None) -> t.SandboxInfo:
         """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out are unlimited (`cpu_millis` is thousandths of a CPU). `network` is `"none"` (the default: loopback only), `"egress"` or `"allowlist=HOST,..."` (or a `types.Network`)."""
-        return self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network))
+        return self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network, share_memory=share_memory))
 
     def inspect(self, id: str) -> t.SandboxInfo:
         """One sandbox (a full id or a unique prefix of at least 4)."""
@@ -164,9 +164,9 @@ class Client:
         """Removes a checkpoint; returns its id."""
         return self._send(_ops.remove_checkpoint(id, force))
 
-    def fork(self, checkpoint: str, count: int = 1, *, lazy: bool = False, fresh: bool = False, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None) -> t.ForkResult:
-        """Starts `count` branches of a checkpoint, each a running sandbox (a live checkpoint's processes resume in each; `fresh` starts a new init over its files instead)."""
-        return self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels, network=network))
+    def fork(self, checkpoint: str, count: int = 1, *, lazy: bool = False, fresh: bool = False, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None, share_memory: Optional[bool] = None) -> t.ForkResult:
+        """Starts `count` branches of a checkpoint, each a running sandbox (a live checkpoint's processes resume in each; `fresh` starts a new init over its files instead; `share_memory` opens the branches' memory to KSM)."""
+        return self._send(_ops.fork(checkpoint, count, lazy=lazy, fresh=fresh, labels=labels, network=network, share_memory=share_memory))
 
     def export_checkpoint(self, id: str, path: str, thin: bool = False) -> t.ExportResult:
         """Writes a checkpoint as one verified archive at `path` on the daemon's host;

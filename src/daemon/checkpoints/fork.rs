@@ -42,6 +42,8 @@ struct Plan<'a> {
     /// checkpoint), which starts a new init over the checkpoint's files.
     criu: Option<&'a forkd_criu::Criu>,
     lazy: bool,
+    /// Whether the restored trees are opened to KSM (`crate::daemon::sharing`).
+    share_memory: bool,
 }
 
 impl Plan<'_> {
@@ -115,8 +117,8 @@ impl Daemon {
             }
             return Err(e);
         }
-        if let (Some(sharing), Some(_)) = (&self.sharing, plan.criu) {
-            sharing.forked();
+        if plan.share_memory {
+            self.sharing.forked();
         }
         Ok(ForkResult {
             checkpoint: c.id.to_string(),
@@ -157,6 +159,25 @@ impl Daemon {
         } else {
             None
         };
+        // Only a restored tree has memory to share; a fresh branch's asking is refused.
+        let share_memory = match (req.share_memory, criu.is_some()) {
+            (Some(true), false) => {
+                return Err(ApiError::bad_request(format!(
+                    "share_memory needs a restored process tree: checkpoint {} {}",
+                    c.id,
+                    if ck.live {
+                        "is forked fresh"
+                    } else {
+                        "has no processes"
+                    }
+                )))
+            }
+            (_, false) => false,
+            (asked, true) => self
+                .sharing
+                .for_fork(asked)
+                .map_err(|e| ApiError::conflict(format!("share_memory: {e}")))?,
+        };
         let mut labels = ck.labels.clone();
         labels.extend(req.labels.clone());
         Ok(Plan {
@@ -167,6 +188,7 @@ impl Daemon {
             policy,
             criu,
             lazy: req.lazy,
+            share_memory,
         })
     }
 
@@ -262,7 +284,7 @@ impl Daemon {
             images_dir: images,
             root: dir.join(ROOTFS),
             root_mount: Some(Arc::new(root)),
-            mergeable: self.sharing.is_some(),
+            mergeable: plan.share_memory,
             work_dir: work.clone(),
             log_file: "restore.log".into(),
             lazy_pages: plan.lazy,
