@@ -217,16 +217,29 @@ impl DaemonGuard {
 
     /// `POST /v1/checkpoints/{id}/fork`.
     pub fn fork(&self, checkpoint: &str, count: usize, lazy: bool) -> Result<ForkResult> {
+        self.fork_with(
+            checkpoint,
+            &forkd::api::ForkRequest {
+                count: Some(count),
+                lazy,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// A fork as `req` asks.
+    pub fn fork_with(&self, checkpoint: &str, req: &forkd::api::ForkRequest) -> Result<ForkResult> {
         self.client()
             .call(
                 "POST",
                 &format!("/v1/checkpoints/{checkpoint}/fork"),
-                Some(&json!({ "count": count, "lazy": lazy })),
+                Some(&serde_json::to_value(req)?),
             )
             .with_context(|| {
                 format!(
-                    "fork {count} {} branches of checkpoint {checkpoint}",
-                    if lazy { "lazy" } else { "eager" }
+                    "fork {} {} branches of checkpoint {checkpoint}",
+                    req.count.unwrap_or(1),
+                    if req.lazy { "lazy" } else { "eager" }
                 )
             })
     }

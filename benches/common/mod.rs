@@ -37,7 +37,9 @@ pub use env::{
     run_checked, skip, time_command, unique_temp_dir, wait_until,
 };
 #[allow(unused_imports)]
-pub use fixtures::{cache_dir, fixture_image, qemu_argv, read_guest_counter, root_and_debian};
+pub use fixtures::{
+    cache_dir, fixture_image, qemu_argv, read_guest_counter, root_and_debian, GuestSerial,
+};
 #[allow(unused_imports)]
 pub use host::{
     cgroup_pids, cgroups_left, comms, cpu_ticks, host_cpu_over, mem_available_kib, mounts_under,

@@ -10,7 +10,7 @@
 //! difference between a row here and the largest N's row is what forkd's own growth
 //! can be, at most.
 
-use super::{fork, us, LOOP};
+use super::{fork, space, us, LOOP};
 use crate::common::{self, DaemonGuard, Report, Table};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -122,12 +122,14 @@ pub(super) fn controls(
         let (busy, init_cpu) = common::host_cpu_over(settle)?;
         let mut forks = Vec::new();
         for _ in 0..samples {
+            space();
             let t = Instant::now();
             alive.extend(fork(d, ck, 1)?);
             forks.push(us(t));
         }
         let mut creates = Vec::new();
         for _ in 0..samples {
+            space();
             let t = Instant::now();
             let sb = d.create_with(&json!({ "image": "busybox", "command": { "shell": LOOP } }))?;
             creates.push(us(t));

@@ -9,7 +9,8 @@
 //! batch (`FORKD_DENSITY_SETTLE_SECS`, default 10: the batch's first ticks and the
 //! kernel's work on its branches are not what one more costs): single forks, creates,
 //! execs, filesystem checkpoints, stops and removes (`FORKD_DENSITY_SAMPLES`, default 25,
-//! p50/p90: with fewer, one busy moment of the host moves a p50), the list and inspect
+//! p50/p90: with fewer, one busy moment of the host moves a p50; each a pause of
+//! `FORKD_DENSITY_SPACING_MS`, default 250, jittered, after the last, see `space`), the list and inspect
 //! requests, the whole `forkd ps` process, host memory per branch
 //! (MemAvailable drop / N), the daemon's RSS and how busy the host was while it settled
 //! (all CPUs, and the share of one its own PID 1 took); a sample of branches must answer
@@ -27,11 +28,15 @@
 //! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
 //! (default 1000) run: restore time at the first and the last 10, memory per container.
 //!
-//! Part 2, the QEMU guest (256 MiB, TCG) with `FORKD_KSM=on` and a memory cgroup for
-//! every branch (`FORKD_MEMCG=each`, whatever the environment says): 1, 4 and 16 branches
+//! Part 2, the QEMU guest (256 MiB, TCG), forked by requests that share memory
+//! (`share_memory`, on the default `FORKD_KSM=ask`), with a memory cgroup for every branch
+//! (`FORKD_MEMCG=each`, whatever the environment says): 1, 4 and 16 branches
 //! (`FORKD_DENSITY_QEMU`), host memory in total and per branch (MemAvailable drop and the
 //! branches' cgroup charge), the time until KSM's sharing settles and the CPU ksmd spent;
-//! every branch's guest counter must go on past the checkpoint's.
+//! and the guest checks of tests/guest.rs in every branch: its counter goes on past the
+//! checkpoint's, its serial log is one run (one boot, no restart or gap) carrying the
+//! secret the guest drew at boot, and branches diverge (QEMU killed in one, its log
+//! stops while the others count on).
 //!
 //! Part 1's daemon takes the environment's `FORKD_MEMCG` (`limited`, the default on cgroup
 //! v1: branches without a memory limit share one memory cgroup; `each`) and
@@ -88,6 +93,37 @@ fn list(name: &str, default: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// Waits between two samples of one row: `FORKD_DENSITY_SPACING_MS` (default 250, `0`
+/// for none) times a factor drawn from [0.5, 1.5). Samples taken back to back fall
+/// within half a second, inside one burst or one lull of what else the host runs (its
+/// PID 1 works in bursts of most of a second once thousands of network namespaces
+/// exist), so a row's p50 told which phase it landed on; spread over some 6 s, with no
+/// fixed period to fall in step with, it is the typical latency under the host's load.
+/// The pause is outside every timing.
+pub(crate) fn space() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static SPACING: OnceLock<u64> = OnceLock::new();
+    static RNG: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+    let ms = *SPACING.get_or_init(|| {
+        std::env::var("FORKD_DENSITY_SPACING_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(250)
+    });
+    if ms == 0 {
+        return;
+    }
+    // xorshift64, the same sequence in every run.
+    let mut x = RNG.load(Ordering::Relaxed);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    RNG.store(x, Ordering::Relaxed);
+    let factor = 0.5 + (x % 1000) as f64 / 1000.0;
+    std::thread::sleep(Duration::from_secs_f64(ms as f64 * factor / 1000.0));
+}
+
 pub(crate) fn us(t: Instant) -> u64 {
     t.elapsed().as_micros() as u64
 }
@@ -131,12 +167,19 @@ fn run() -> Result<()> {
         }
     }
     if parts.contains("qemu") {
-        // KSM on, and a memory cgroup for every branch, whose charges are reported.
-        let memcg = std::env::var_os("FORKD_MEMCG");
-        std::env::set_var("FORKD_KSM", "on");
+        // The daemon's default (`ask`): its forks ask to share memory. A memory cgroup for
+        // every branch, whose charges are reported.
+        let (memcg, ksm) = (
+            std::env::var_os("FORKD_MEMCG"),
+            std::env::var_os("FORKD_KSM"),
+        );
+        std::env::set_var("FORKD_KSM", "ask");
         std::env::set_var("FORKD_MEMCG", "each");
         let d = DaemonGuard::start(&bin)?;
-        std::env::remove_var("FORKD_KSM");
+        match ksm {
+            Some(v) => std::env::set_var("FORKD_KSM", v),
+            None => std::env::remove_var("FORKD_KSM"),
+        }
         match memcg {
             Some(v) => std::env::set_var("FORKD_MEMCG", v),
             None => std::env::remove_var("FORKD_MEMCG"),
@@ -149,6 +192,7 @@ fn run() -> Result<()> {
     let header = run.header(
         json!({
             "samples": samples,
+            "spacing_ms": std::env::var("FORKD_DENSITY_SPACING_MS").unwrap_or_else(|_| "250".into()),
             "parts": parts,
             // Whether sandboxes without a memory limit share one memory cgroup.
             "memcg": std::env::var("FORKD_MEMCG").unwrap_or_else(|_| "limited".into()),
@@ -253,6 +297,7 @@ fn branches(
         let mut row = |what: &str, v: Vec<u64>| report.row(&format!("N={n}: {what}"), v);
         let mut forks = Vec::new();
         for _ in 0..samples {
+            space();
             let t = Instant::now();
             alive.extend(fork(d, &ck.id, 1)?);
             forks.push(us(t));
@@ -261,6 +306,7 @@ fn branches(
         let (mut creates, mut execs, mut cks, mut stops, mut rms) =
             (vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..samples {
+            space();
             let t = Instant::now();
             let sb = d.create_with(&json!({ "image": "busybox", "command": { "shell": LOOP } }))?;
             creates.push(us(t));
@@ -289,6 +335,7 @@ fn branches(
         let rm_s = row("remove", rms);
         let (mut lists, mut bodies, mut inspects, mut ps) = (vec![], vec![], vec![], vec![]);
         for _ in 0..samples {
+            space();
             // The daemon's answer alone (received, not decoded), then as a typed client
             // sees it (decoded into descriptions).
             let t = Instant::now();
@@ -483,6 +530,7 @@ fn debian_branches(
     let per_kib = avail0.saturating_sub(common::mem_available_kib()?) as f64 / n.max(1) as f64;
     let mut forks = Vec::new();
     for _ in 0..samples {
+        space();
         let t = Instant::now();
         ids.extend(fork(d, &ck.id, 1)?);
         forks.push(us(t));
@@ -605,6 +653,41 @@ fn guest_counter(pid: i32) -> Option<u64> {
     common::read_guest_counter(Path::new(&format!("/proc/{pid}/root/guest/serial.log")))
 }
 
+fn guest_serial(pid: i32) -> Option<common::GuestSerial> {
+    common::GuestSerial::read(Path::new(&format!("/proc/{pid}/root/guest/serial.log")))
+}
+
+/// Kills QEMU in the first branch: its log must stop while every other branch's goes on
+/// (branches are separate machines, whatever pages they share). "yes", or what failed.
+fn diverging(d: &DaemonGuard, ids: &[String]) -> Result<String> {
+    let pids: Vec<i32> = ids
+        .iter()
+        .map(|id| Ok(d.inspect(id)?.init_pid.unwrap_or(0)))
+        .collect::<Result<_>>()?;
+    d.sh_ok(&ids[0], "pkill -KILL -x qemu-system-x86; while pgrep -x qemu-system-x86 >/dev/null; do sleep 0.1; done")?;
+    let frozen = guest_counter(pids[0]).unwrap_or(0);
+    let was: Vec<u64> = pids[1..]
+        .iter()
+        .map(|&p| guest_counter(p).unwrap_or(0))
+        .collect();
+    // The others' progress is the clock: once each has written a line more, the killed
+    // branch would have too, had its QEMU run on.
+    let mut stalled = 0;
+    for (&p, &w) in pids[1..].iter().zip(&was) {
+        if !common::wait_until(Duration::from_secs(60), || {
+            guest_counter(p).is_some_and(|c| c > w)
+        }) {
+            stalled += 1;
+        }
+    }
+    let now = guest_counter(pids[0]).unwrap_or(0);
+    Ok(match (now == frozen, stalled) {
+        (true, 0) => "yes".into(),
+        (false, _) => format!("no: the killed branch went on ({frozen} -> {now})"),
+        (true, n) => format!("no: {n} others stopped"),
+    })
+}
+
 /// Part 2.
 fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
     eprintln!("[2] QEMU guest branches with KSM, {counts:?}");
@@ -625,8 +708,12 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
     }) {
         bail!("the guest printed no counter within 120 s");
     }
-    // The counter at the checkpoint is at least the one read just before it.
+    // The counter at the checkpoint is at least the one read just before it; the secret
+    // is the one the guest drew at boot, which every branch must keep.
     let at_ck = guest_counter(pid).unwrap_or(0);
+    let secret = guest_serial(pid)
+        .and_then(|s| s.counters.first().map(|c| c.1.clone()))
+        .context("the guest's serial log has no secret")?;
     let ck = d.checkpoint(&sb.id, true, true)?;
     let mut rows = Vec::new();
     for &n in counts {
@@ -635,7 +722,19 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
         let avail0 = common::mem_available_kib()?;
         let ticks0 = ksmd_ticks();
         let t = Instant::now();
-        let ids = fork(d, &ck.id, n)?;
+        let ids: Vec<String> = d
+            .fork_with(
+                &ck.id,
+                &forkd::api::ForkRequest {
+                    count: Some(n),
+                    share_memory: Some(true),
+                    ..Default::default()
+                },
+            )?
+            .branches
+            .into_iter()
+            .map(|b| b.id)
+            .collect();
         let forked = t.elapsed();
         let unshared_kib = avail0.saturating_sub(common::mem_available_kib()?);
         // Settled: pages_sharing has not grown for 5 s (at most 180 s).
@@ -653,7 +752,7 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
         let cpu_s = ksmd_ticks().saturating_sub(ticks0) as f64 / 100.0;
         let total_kib = avail0.saturating_sub(common::mem_available_kib()?);
         let mut charged = 0u64;
-        let mut going = 0;
+        let (mut going, mut kept) = (0, 0);
         for id in &ids {
             let info = d.inspect(id)?;
             if info.memory_counted != Some(forkd::api::MemoryCounted::Cgroup) {
@@ -666,8 +765,18 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
             }) {
                 going += 1;
             }
+            match guest_serial(p).map(|s| s.not_one_run_of(&secret)) {
+                Some(None) => kept += 1,
+                Some(Some(why)) => eprintln!("  branch {id}: {why}"),
+                None => eprintln!("  branch {id}: no serial log"),
+            }
         }
-        eprintln!("  {n} branches: {} MiB after KSM ({} before), settled in {:.1} s, ksmd {cpu_s:.1} s CPU; {going}/{n} guests counting", total_kib / 1024, unshared_kib / 1024, settle.as_secs_f64());
+        let diverge = if ids.len() > 1 {
+            diverging(d, &ids)?
+        } else {
+            "-".to_string()
+        };
+        eprintln!("  {n} branches: {} MiB after KSM ({} before), settled in {:.1} s, ksmd {cpu_s:.1} s CPU; {going}/{n} guests counting, {kept}/{n} one run with the boot secret, diverge: {diverge}", total_kib / 1024, unshared_kib / 1024, settle.as_secs_f64());
         rows.push(vec![
             n.to_string(),
             common::fmt_us(forked.as_micros() as u64),
@@ -679,6 +788,8 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
             format!("{cpu_s:.1} s"),
             format!("{} ({} sharing)", ksm("pages_shared"), ksm("pages_sharing")),
             format!("{going}/{n}"),
+            format!("{kept}/{n}"),
+            diverge,
         ]);
         for id in &ids {
             d.remove(id)?;
@@ -697,6 +808,8 @@ fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
             "ksmd CPU",
             "KSM pages shared",
             "guests counting on",
+            "one run, the boot secret kept",
+            "branches diverge",
         ],
         rows,
     ));
