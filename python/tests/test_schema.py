@@ -54,3 +54,12 @@ def test_exec_request_fields_are_the_schemas() -> None:
     call = _ops.exec("id", "true", stdin=b"x", output_limit=5, merge_stderr=True)
     sent = json.loads(call.body or b"{}")
     assert set(sent) <= set(schemas()["ExecBody"]["properties"])
+
+
+def test_fork_request_fields_are_the_schemas() -> None:
+    call = _ops.fork("c", 2, lazy=True, labels={"a": "b"}, network="egress", share_memory=True)
+    sent = json.loads(call.body or b"{}")
+    assert set(sent) <= set(schemas()["ForkRequest"]["properties"]), sorted(sent)
+    assert sent["share_memory"] is True
+    # Left out, the daemon's default decides.
+    assert "share_memory" not in json.loads(_ops.fork("c").body or b"{}")
