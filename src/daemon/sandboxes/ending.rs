@@ -1,7 +1,7 @@
 //! How sandboxes end: a stop (SIGTERM, then SIGKILL after the grace period), a removal,
 //! the teardown both share, and the watcher that notices an init that exits on its own.
 
-use super::{init_root, Sandbox, ROOTFS};
+use super::{Sandbox, ROOTFS};
 use crate::api::{ApiError, SandboxStatus};
 use crate::daemon::lifecycle::{Begun, Held, Verb};
 use crate::daemon::{log, Daemon, Lock};
@@ -127,11 +127,14 @@ impl Daemon {
 
     /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
     ///
-    /// The watcher also holds the sandbox's root until the init has exited. The last
-    /// reference to an overlay mount unmounts it, and that syncs the filesystem under
-    /// it: the shared volume, with whatever every sandbox has written since its last
-    /// commit. Held here, that happens on the watcher's releasing thread after the exit
-    /// is seen, not inside the init's exit, which a stop waits for.
+    /// The watcher also holds the sandbox's mount namespace until the init has exited,
+    /// so that the namespace's end happens on the watcher's releasing thread after the
+    /// exit is seen, not inside the init's exit, which a stop waits for. The end of a
+    /// namespace unmounts its tree and waits for an expedited RCU grace period before it
+    /// frees the mounts, which takes longer the busier the host's CPUs are in the kernel;
+    /// and the last reference to an overlay mount unmounts it, which syncs the
+    /// filesystem under it: the shared volume, with whatever every sandbox has written
+    /// since its last commit.
     pub(in crate::daemon) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
         let Some(pid) = sb.record.locked().init_pid else {
             return;
@@ -139,12 +142,12 @@ impl Daemon {
         let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
             return;
         };
-        let root = hold_root(pid)
-            .map_err(|e| log::warn(&format!("sandbox {}: hold its root: {e}", sb.id)))
+        let mounts = hold_mounts(pid)
+            .map_err(|e| log::warn(&format!("sandbox {}: hold its mounts: {e}", sb.id)))
             .ok();
         let daemon = self.clone();
         let runtime = self.runtime.clone();
-        let watched = self.exits.watch_keeping(pidfd, root, move || {
+        let watched = self.exits.watch_keeping(pidfd, mounts, move || {
             // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
             drop(runtime.spawn_blocking(move || loop {
                 // A checkpoint in progress settles first; a stop or removal in progress
@@ -187,12 +190,8 @@ fn reap(pid: i32) {
     }
 }
 
-/// A reference to the root mount of the init `pid` (an `O_PATH` descriptor of its `/`).
-fn hold_root(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let root = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(init_root(pid))?;
-    Ok(root.into())
+/// A reference to the mount namespace of the init `pid`, and so to every mount in it, the
+/// root among them (a descriptor of `/proc/<pid>/ns/mnt`).
+fn hold_mounts(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    Ok(std::fs::File::open(format!("/proc/{pid}/ns/mnt"))?.into())
 }
