@@ -277,6 +277,7 @@ impl Daemon {
         req: CreateSandboxRequest,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
+        self.can_watch(1)?;
         let image = self.images.get(&req.image).map_err(|e| match e {
             forkd_layers::ImageError::NotFound(_) => {
                 ApiError::not_found(format!("no such image: {}", req.image))

@@ -14,14 +14,21 @@
 //! open there at all). The watcher's thread passes the number of each exited process on
 //! a channel to a second thread, in the process's table, which runs its callback.
 //!
-//! A watched process may come with a descriptor to keep past its exit
-//! ([`ExitWatcher::watch_keeping`]): a sandbox's root, whose last close unmounts an
-//! overlay and so syncs the filesystem under it. A third thread, sharing the watcher's
-//! table, closes each such descriptor after the callback of its process has been queued,
-//! so that what the close costs is never on the path of the exit's callback. Those that
-//! come close together are closed together, at most one burst a second, so that the syncs
-//! their closes cause are one, not one each; [`ExitWatcher::wait_released`] waits until
-//! they are all closed.
+//! A watched process may come with descriptors to keep past its exit
+//! ([`ExitWatcher::watch_keeping`], at most [`MAX_KEPT`]): a sandbox's namespaces, whose
+//! last close tears them down (a mount namespace unmounts its tree, an overlay among it,
+//! which syncs the filesystem under it; a network namespace is dismantled by a kernel
+//! worker). A third thread, sharing the watcher's table, closes them after the callback
+//! of their process has been queued, so that what the close costs is never on the path
+//! of the exit or of its callback. Those that come close together are closed together,
+//! at most one burst a second, so that the syncs their closes cause are one, not one
+//! each; [`ExitWatcher::wait_released`] waits until they are all closed.
+//!
+//! The watcher's table is bounded like any other by the process's `RLIMIT_NOFILE`, and a
+//! hand-over whose descriptors the table cannot take is lost. So the watcher counts
+//! what its table holds and refuses a hand-over that would not fit
+//! ([`ExitWatcher::room`]): a caller learns how many descriptors it may still hand over
+//! and keeps fewer, or refuses new work, rather than losing the watcher.
 
 use std::collections::HashMap;
 use std::io;
@@ -31,6 +38,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 type Callback = Box<dyn FnOnce() + Send>;
+
+/// The most descriptors one watched process may keep past its exit.
+pub const MAX_KEPT: usize = 3;
 
 /// How often, at most, kept descriptors are closed. A sandbox's root is one: its last
 /// close unmounts an overlay, which syncs the whole filesystem under it, every other
@@ -48,11 +58,19 @@ struct Shared {
     next: AtomicU64,
     /// What to run when the process handed over under that number exits.
     callbacks: Mutex<HashMap<u64, Callback>>,
-    /// Descriptors kept past an exit and not closed yet.
+    /// Processes whose kept descriptors are not closed yet.
     kept: Arc<Kept>,
+    /// Descriptors handed over and not yet closed by the watcher's threads.
+    held: Arc<std::sync::atomic::AtomicUsize>,
+    /// The process's limit on open descriptors (`RLIMIT_NOFILE`, soft), at start.
+    limit: usize,
 }
 
-/// How many kept descriptors are still open, and a signal for each one closed.
+/// Descriptors of the watcher's table kept free of hand-overs: stdio, the epoll set, the
+/// hand-over socket, and what a receive installs before it is counted.
+const RESERVED: usize = 64;
+
+/// How many processes' kept descriptors are still open, and a signal for each set closed.
 #[derive(Default)]
 struct Kept {
     open: Mutex<usize>,
@@ -79,6 +97,11 @@ impl ExitWatcher {
     /// Starts the thread (named `name`) that holds the pidfds, and the one that runs the
     /// callbacks (`name` and `-cb`).
     pub fn start(name: &str) -> io::Result<ExitWatcher> {
+        Self::start_limited(name, open_files_limit())
+    }
+
+    /// [`ExitWatcher::start`] with `limit` in place of the process's descriptor limit.
+    fn start_limited(name: &str, limit: usize) -> io::Result<ExitWatcher> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors the kernel writes.
         super::check(unsafe {
@@ -92,18 +115,21 @@ impl ExitWatcher {
         // SAFETY: the kernel just returned these descriptors; nobody else owns them.
         let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let kept = Arc::new(Kept::default());
+        let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             tx,
             next: AtomicU64::new(0),
             callbacks: Mutex::new(HashMap::new()),
             kept: kept.clone(),
+            held: held.clone(),
+            limit,
         });
         let (exited_tx, exited_rx) = std::sync::mpsc::channel::<u64>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let rx_raw = rx.as_raw_fd();
         std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || match Thread::start(rx_raw, kept) {
+            .spawn(move || match Thread::start(rx_raw, kept, held) {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok(()));
                     t.run(&exited_tx)
@@ -144,34 +170,55 @@ impl ExitWatcher {
     /// exited; at once if it already has. The pidfd is handed to the watcher's thread and
     /// the caller's descriptor closed.
     pub fn watch(&self, pidfd: OwnedFd, on_exit: impl FnOnce() + Send + 'static) -> io::Result<()> {
-        self.watch_keeping(pidfd, None, on_exit)
+        self.watch_keeping(pidfd, Vec::new(), on_exit)
     }
 
-    /// [`ExitWatcher::watch`], and `keep` (if any) is held, out of the process's
-    /// table, until the process has exited and its callback has been queued; it is then
-    /// closed on a thread of its own.
+    /// [`ExitWatcher::watch`], and `keep` (at most [`MAX_KEPT`] descriptors) is held, out
+    /// of the process's table, until the process has exited and its callback has been
+    /// queued; it is then closed on a thread of its own.
     pub fn watch_keeping(
         &self,
         pidfd: OwnedFd,
-        keep: Option<OwnedFd>,
+        keep: Vec<OwnedFd>,
         on_exit: impl FnOnce() + Send + 'static,
     ) -> io::Result<()> {
+        if keep.len() > MAX_KEPT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} descriptors to keep, at most {MAX_KEPT}", keep.len()),
+            ));
+        }
+        let n = 1 + keep.len();
+        let held = &self.shared.held;
+        if held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                (h + n + RESERVED <= self.shared.limit).then_some(h + n)
+            })
+            .is_err()
+        {
+            return Err(io::Error::other(format!(
+                "the exit watcher holds {} descriptors and may open {} (RLIMIT_NOFILE): no room for {n} more",
+                held.load(Ordering::Acquire),
+                self.shared.limit
+            )));
+        }
         let key = self.shared.next.fetch_add(1, Ordering::Relaxed);
         self.shared
             .callbacks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, Box::new(on_exit));
-        if keep.is_some() {
+        if !keep.is_empty() {
             self.shared.kept.add(1);
         }
-        if let Err(e) = send_fds(&self.shared.tx, key, &pidfd, keep.as_ref()) {
+        if let Err(e) = send_fds(&self.shared.tx, key, &pidfd, &keep) {
+            held.fetch_sub(n, Ordering::AcqRel);
             self.shared
                 .callbacks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&key);
-            if keep.is_some() {
+            if !keep.is_empty() {
                 self.shared.kept.add(-1);
             }
             return Err(e);
@@ -199,7 +246,15 @@ impl ExitWatcher {
         true
     }
 
-    /// How many kept descriptors are open (of processes running or just exited).
+    /// How many more descriptors a hand-over may bring (a pidfd and what it keeps) before
+    /// the watcher's table is full.
+    pub fn room(&self) -> usize {
+        self.shared
+            .limit
+            .saturating_sub(RESERVED + self.shared.held.load(Ordering::Acquire))
+    }
+
+    /// How many processes' kept descriptors are open (processes running or just exited).
     pub fn kept(&self) -> usize {
         *self
             .shared
@@ -228,16 +283,22 @@ impl ExitWatcher {
 struct Thread {
     epoll: OwnedFd,
     rx: OwnedFd,
-    pidfds: HashMap<u64, (OwnedFd, Option<OwnedFd>)>,
+    pidfds: HashMap<u64, (OwnedFd, Vec<OwnedFd>)>,
     /// To the thread that closes kept descriptors (it shares this thread's table).
-    release: std::sync::mpsc::Sender<OwnedFd>,
+    release: std::sync::mpsc::Sender<Vec<OwnedFd>>,
     kept: Arc<Kept>,
+    /// Descriptors handed over and not closed yet (shared with the watcher).
+    held: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Thread {
     /// Gives this thread a table of its own holding only stdio and `rx`, then makes the
     /// epoll set there and starts the releasing thread, which shares that table.
-    fn start(rx: RawFd, kept: Arc<Kept>) -> io::Result<Thread> {
+    fn start(
+        rx: RawFd,
+        kept: Arc<Kept>,
+        held: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> io::Result<Thread> {
         // SAFETY: unshare takes flags only; it affects this thread alone.
         super::check(unsafe { libc::unshare(libc::CLONE_FILES) } as libc::c_long)?;
         // Close this table's copies of everything else the process had open when it was
@@ -253,22 +314,23 @@ impl Thread {
         let fd = super::check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) } as libc::c_long)?;
         // SAFETY: the kernel just returned this descriptor; nobody else owns it.
         let epoll = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        let (release, released) = std::sync::mpsc::channel::<OwnedFd>();
+        let (release, released) = std::sync::mpsc::channel::<Vec<OwnedFd>>();
         let name = std::thread::current()
             .name()
             .map_or_else(|| "exits-release".to_string(), |n| format!("{n}-rel"));
         // Made from this thread, so it shares this thread's table (a thread shares the
         // table of the thread that makes it). Ends when `release` is dropped.
-        let counted = kept.clone();
+        let (counted, closed) = (kept.clone(), held.clone());
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || release_in_bursts(&released, &counted))?;
+            .spawn(move || release_in_bursts(&released, &counted, &closed))?;
         let t = Thread {
             epoll,
             rx,
             pidfds: HashMap::new(),
             release,
             kept,
+            held,
         };
         t.add(t.rx.as_raw_fd(), HANDOVER, libc::EPOLLIN as u32)?;
         Ok(t)
@@ -313,20 +375,29 @@ impl Thread {
                     continue;
                 }
                 // One-shot: the registration is spent; closing the pidfd removes it.
-                let kept = self.pidfds.remove(&key).and_then(|(_, keep)| keep);
+                let kept = self.pidfds.remove(&key).map(|(pidfd, keep)| {
+                    drop(pidfd);
+                    self.held.fetch_sub(1, Ordering::AcqRel);
+                    keep
+                });
                 if exited.send(key).is_err() {
                     return;
                 }
-                if let Some(fd) = kept {
-                    self.release_later(fd);
+                if let Some(fds) = kept {
+                    self.release_later(fds);
                 }
             }
         }
     }
 
-    /// Hands a kept descriptor to the releasing thread; closes it here if that is gone.
-    fn release_later(&self, fd: OwnedFd) {
-        if let Err(unsent) = self.release.send(fd) {
+    /// Hands a process's kept descriptors to the releasing thread; closes them here if
+    /// that is gone.
+    fn release_later(&self, fds: Vec<OwnedFd>) {
+        if fds.is_empty() {
+            return;
+        }
+        if let Err(unsent) = self.release.send(fds) {
+            self.held.fetch_sub(unsent.0.len(), Ordering::AcqRel);
             drop(unsent.0);
             self.kept.add(-1);
         }
@@ -344,14 +415,19 @@ impl Thread {
                         continue;
                     }
                     // Cannot be watched: reported as gone, which the callback checks.
+                    drop(pidfd);
+                    self.held.fetch_sub(1, Ordering::AcqRel);
                     if exited.send(key).is_err() {
                         return false;
                     }
-                    if let Some(fd) = keep {
-                        self.release_later(fd);
-                    }
+                    self.release_later(keep);
                 }
                 Ok(None) => return true,
+                // A message whose descriptors the table could not take (the budget
+                // keeps that from happening): that process goes unwatched, the rest
+                // does not.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => continue,
+                // Every sender is gone, or the socket failed.
                 Err(_) => return false,
             }
         }
@@ -362,7 +438,11 @@ impl Thread {
 /// [`RELEASE_SPACING`]. A descriptor that comes after a quiet spell is closed at once;
 /// one that comes sooner waits for the next burst, with every other that comes meanwhile.
 /// Ends when every sender is gone, after closing what it holds.
-fn release_in_bursts(released: &std::sync::mpsc::Receiver<OwnedFd>, counted: &Kept) {
+fn release_in_bursts(
+    released: &std::sync::mpsc::Receiver<Vec<OwnedFd>>,
+    counted: &Kept,
+    held: &std::sync::atomic::AtomicUsize,
+) {
     use std::sync::mpsc::RecvTimeoutError;
     let mut last: Option<Instant> = None;
     while let Ok(fd) = released.recv() {
@@ -380,11 +460,25 @@ fn release_in_bursts(released: &std::sync::mpsc::Receiver<OwnedFd>, counted: &Ke
             }
         }
         burst.extend(released.try_iter());
-        let n = burst.len();
+        let (n, fds) = (burst.len(), burst.iter().map(Vec::len).sum::<usize>());
         drop(burst);
+        held.fetch_sub(fds, Ordering::AcqRel);
         last = Some(Instant::now());
         counted.add(-(n as isize));
     }
+}
+
+/// The process's soft limit on open descriptors.
+fn open_files_limit() -> usize {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `r`, which lives across the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
+    }
+    usize::try_from(r.rlim_cur).unwrap_or(usize::MAX)
 }
 
 fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
@@ -392,9 +486,10 @@ fn close_range(first: libc::c_uint, last: libc::c_uint) -> io::Result<()> {
     super::check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
 }
 
-/// A message header over one buffer and a control buffer (room for one descriptor,
-/// aligned); the caller sets `msg_controllen`. The pointers are valid while both live.
-fn header(iov: &mut libc::iovec, control: &mut [u64; 4]) -> libc::msghdr {
+/// A message header over one buffer and a control buffer (room for one `SCM_RIGHTS`
+/// header and 1 + [`MAX_KEPT`] descriptors, aligned); the caller sets `msg_controllen`.
+/// The pointers are valid while both live.
+fn header(iov: &mut libc::iovec, control: &mut Control) -> libc::msghdr {
     // SAFETY: msghdr is plain data; zeroed is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov;
@@ -403,25 +498,31 @@ fn header(iov: &mut libc::iovec, control: &mut [u64; 4]) -> libc::msghdr {
     msg
 }
 
-/// One message: the key as 8 bytes, the pidfd and the kept descriptor (if any) as
+/// The control buffer: CMSG_SPACE of 1 + MAX_KEPT descriptors (16 bytes of header, 16 of
+/// descriptors), in u64s for alignment.
+type Control = [u64; 4];
+const _: () = assert!(16 + (1 + MAX_KEPT) * 4 <= std::mem::size_of::<Control>());
+
+/// One message: the key as 8 bytes, the pidfd and the kept descriptors (if any) as
 /// `SCM_RIGHTS`, in that order.
-fn send_fds(sock: &OwnedFd, key: u64, pidfd: &OwnedFd, keep: Option<&OwnedFd>) -> io::Result<()> {
+fn send_fds(sock: &OwnedFd, key: u64, pidfd: &OwnedFd, keep: &[OwnedFd]) -> io::Result<()> {
     let data = key.to_le_bytes();
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
     let fds: Vec<RawFd> = std::iter::once(pidfd.as_raw_fd())
-        .chain(keep.map(AsRawFd::as_raw_fd))
+        .chain(keep.iter().map(AsRawFd::as_raw_fd))
+        .take(1 + MAX_KEPT)
         .collect();
     let payload = std::mem::size_of_val(fds.as_slice()) as u32;
-    let mut control = [0u64; 4];
+    let mut control: Control = [0; 4];
     let mut msg = header(&mut iov, &mut control);
     // SAFETY: CMSG_SPACE only computes a size.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
-    // SAFETY: the control buffer (32 bytes, aligned) holds one cmsg with up to two
-    // descriptors (CMSG_SPACE(8) is 24); CMSG_FIRSTHDR points into it and CMSG_DATA at
-    // its payload.
+    // SAFETY: the control buffer (32 bytes, aligned) holds one cmsg with up to
+    // 1 + MAX_KEPT = 4 descriptors (CMSG_SPACE(16) is 32, checked above); CMSG_FIRSTHDR
+    // points into it and CMSG_DATA at its payload.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
@@ -445,8 +546,8 @@ fn send_fds(sock: &OwnedFd, key: u64, pidfd: &OwnedFd, keep: Option<&OwnedFd>) -
     }
 }
 
-/// A received message: the key, the pidfd, the kept descriptor if one came.
-type Received = (u64, OwnedFd, Option<OwnedFd>);
+/// A received message: the key, the pidfd, the kept descriptors that came with it.
+type Received = (u64, OwnedFd, Vec<OwnedFd>);
 
 /// The next message, if one is waiting.
 fn recv_fds(sock: &OwnedFd) -> io::Result<Option<Received>> {
@@ -455,7 +556,7 @@ fn recv_fds(sock: &OwnedFd) -> io::Result<Option<Received>> {
         iov_base: data.as_mut_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    let mut control = [0u64; 4];
+    let mut control: Control = [0; 4];
     let mut msg = header(&mut iov, &mut control);
     msg.msg_controllen = std::mem::size_of_val(&control);
     // SAFETY: `msg` points at live buffers for the duration of the call.
@@ -485,19 +586,25 @@ fn recv_fds(sock: &OwnedFd) -> io::Result<Option<Received>> {
             || (*cmsg).cmsg_level != libc::SOL_SOCKET
             || (*cmsg).cmsg_type != libc::SCM_RIGHTS
         {
-            return Err(io::Error::other("a hand-over without a descriptor"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a hand-over without a descriptor",
+            ));
         }
         let n = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
         let data = libc::CMSG_DATA(cmsg) as *const RawFd;
-        (0..n.min(2))
+        (0..n.min(1 + MAX_KEPT))
             .map(|i| OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))))
             .collect::<Vec<_>>()
             .into_iter()
     };
     let Some(pidfd) = fds.next() else {
-        return Err(io::Error::other("a hand-over without a descriptor"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a hand-over without a descriptor",
+        ));
     };
-    Ok(Some((u64::from_le_bytes(data), pidfd, fds.next())))
+    Ok(Some((u64::from_le_bytes(data), pidfd, fds.collect())))
 }
 
 #[cfg(test)]
@@ -576,37 +683,80 @@ mod tests {
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
     }
 
+    /// A hand-over that would take the table past its limit is refused, and the room it
+    /// takes comes back once the process has exited and its kept descriptors are closed.
+    #[test]
+    fn hand_overs_stay_within_the_descriptor_limit() {
+        let w = ExitWatcher::start_limited("exit-watcher-room", RESERVED + 4).unwrap();
+        assert_eq!(w.room(), 4);
+        let (mut child, pidfd) = sleeper("30");
+        let (_r1, w1) = pipe();
+        let (_r2, w2) = pipe();
+        let (tx, rx) = mpsc::channel();
+        w.watch_keeping(pidfd, vec![w1, w2], move || tx.send(()).unwrap())
+            .unwrap();
+        assert_eq!(w.room(), 1);
+        let (mut other, other_pidfd) = sleeper("30");
+        let (_r3, w3) = pipe();
+        let e = w
+            .watch_keeping(other_pidfd, vec![w3], || ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no room for 2 more"), "{e}");
+        assert_eq!((w.room(), w.len()), (1, 1));
+        child.kill().unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(w.wait_released(Duration::from_secs(10)));
+        assert_eq!(w.room(), 4);
+        other.kill().unwrap();
+        child.wait().unwrap();
+        other.wait().unwrap();
+    }
+
     #[test]
     fn kept_descriptors_are_held_until_the_exit_then_closed() {
         let w = ExitWatcher::start("exit-watcher-keep").unwrap();
-        let (r, wr) = pipe();
+        let pipes: Vec<(OwnedFd, OwnedFd)> = (0..MAX_KEPT).map(|_| pipe()).collect();
+        let (readers, writers): (Vec<_>, Vec<_>) = pipes.into_iter().unzip();
         let (mut child, pidfd) = sleeper("30");
+        // More than the watcher keeps for one process is refused, and nothing is kept.
+        let too_many: Vec<OwnedFd> = (0..=MAX_KEPT).map(|_| pipe().1).collect();
+        let (_other, other_pidfd) = sleeper("0");
+        let e = w
+            .watch_keeping(other_pidfd, too_many, || ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 3"), "{e}");
         let (tx, rx) = mpsc::channel();
-        w.watch_keeping(pidfd, Some(wr), move || tx.send(()).unwrap())
+        w.watch_keeping(pidfd, writers, move || tx.send(()).unwrap())
             .unwrap();
         assert_eq!(w.kept(), 1);
-        // The write end is held by the watcher alone: while the process runs, the pipe
+        // The write ends are held by the watcher alone: while the process runs, each pipe
         // has a writer (a read would block), and the process's table has no copy.
-        let mut p = libc::pollfd {
-            fd: r.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        assert_eq!(
-            unsafe { libc::poll(&mut p, 1, 100) },
-            0,
-            "writer closed early"
-        );
+        for r in &readers {
+            let mut p = libc::pollfd {
+                fd: r.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            assert_eq!(
+                unsafe { libc::poll(&mut p, 1, 100) },
+                0,
+                "writer closed early"
+            );
+        }
         assert!(!w.wait_released(Duration::from_millis(50)));
         child.kill().unwrap();
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert!(w.wait_released(Duration::from_secs(10)));
         assert_eq!(w.kept(), 0);
-        // The last writer is gone: the read end sees the end of the pipe.
-        let mut b = [0u8; 1];
+        // The last writers are gone: each read end sees the end of its pipe.
         use std::io::Read;
-        assert_eq!(std::fs::File::from(r).read(&mut b).unwrap(), 0);
+        for r in readers {
+            let mut b = [0u8; 1];
+            assert_eq!(std::fs::File::from(r).read(&mut b).unwrap(), 0);
+        }
         child.wait().unwrap();
     }
 
@@ -620,7 +770,7 @@ mod tests {
             let (r, wr) = pipe();
             let (child, pidfd) = sleeper("30");
             let tx = tx.clone();
-            w.watch_keeping(pidfd, Some(wr), move || tx.send(()).unwrap())
+            w.watch_keeping(pidfd, vec![wr], move || tx.send(()).unwrap())
                 .unwrap();
             ends.push(r);
             children.push(child);

@@ -89,6 +89,9 @@ impl Daemon {
             return;
         }
         if let Some(pid) = pid {
+            if forkd_sys::process_start_time(pid) == start {
+                self.release_network_later(pid);
+            }
             if let Ok(fd) = forkd_sys::pidfd_open(pid) {
                 if forkd_sys::process_start_time(pid) == start && !grace.is_zero() {
                     let _ =
@@ -128,13 +131,13 @@ impl Daemon {
     /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
     ///
     /// The watcher also holds the sandbox's mount namespace until the init has exited,
-    /// so that the namespace's end happens on the watcher's releasing thread after the
-    /// exit is seen, not inside the init's exit, which a stop waits for. The end of a
-    /// namespace unmounts its tree and waits for an expedited RCU grace period before it
-    /// frees the mounts, which takes longer the busier the host's CPUs are in the kernel;
-    /// and the last reference to an overlay mount unmounts it, which syncs the
-    /// filesystem under it: the shared volume, with whatever every sandbox has written
-    /// since its last commit.
+    /// so that its end happens on the watcher's releasing thread after the exit is seen,
+    /// not inside the init's exit, which a stop waits for: the end of a mount namespace
+    /// unmounts its tree and waits for an expedited RCU grace period before it frees the
+    /// mounts, and the last reference to an overlay mount unmounts it, which syncs the
+    /// filesystem under it (the shared volume, with whatever every sandbox has written
+    /// since its last commit). A stop does the same for the network namespace
+    /// (`end_processes`).
     pub(in crate::daemon) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
         let Some(pid) = sb.record.locked().init_pid else {
             return;
@@ -142,34 +145,39 @@ impl Daemon {
         let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
             return;
         };
-        let mounts = hold_mounts(pid)
-            .map_err(|e| log::warn(&format!("sandbox {}: hold its mounts: {e}", sb.id)))
-            .ok();
+        // The pidfd takes one descriptor of the watcher's table, the namespace another.
+        let mounts = if self.exits.room() >= 2 {
+            hold_namespace(pid, "mnt")
+        } else {
+            None
+        };
         let daemon = self.clone();
         let runtime = self.runtime.clone();
-        let watched = self.exits.watch_keeping(pidfd, mounts, move || {
-            // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
-            drop(runtime.spawn_blocking(move || loop {
-                // A checkpoint in progress settles first; a stop or removal in progress
-                // cleans up after the init itself.
-                if sb.record.locked().init_pid != Some(pid) {
-                    reap(pid);
-                    return;
-                }
-                match sb.begin(Verb::Exited) {
-                    Ok(Begun::Held(held)) => {
-                        log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
-                        let _ = daemon.stop_held(&sb, held, Duration::ZERO);
-                        return;
-                    }
-                    Ok(Begun::Nothing) => {
+        let watched = self
+            .exits
+            .watch_keeping(pidfd, mounts.into_iter().collect(), move || {
+                // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
+                drop(runtime.spawn_blocking(move || loop {
+                    // A checkpoint in progress settles first; a stop or removal in progress
+                    // cleans up after the init itself.
+                    if sb.record.locked().init_pid != Some(pid) {
                         reap(pid);
                         return;
                     }
-                    Err(_) => sb.wait_settled(),
-                }
-            }));
-        });
+                    match sb.begin(Verb::Exited) {
+                        Ok(Begun::Held(held)) => {
+                            log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
+                            let _ = daemon.stop_held(&sb, held, Duration::ZERO);
+                            return;
+                        }
+                        Ok(Begun::Nothing) => {
+                            reap(pid);
+                            return;
+                        }
+                        Err(_) => sb.wait_settled(),
+                    }
+                }));
+            });
         if let Err(e) = watched {
             log::warn(&format!("watch init {pid} for its exit: {e}"));
         }
@@ -190,8 +198,46 @@ fn reap(pid: i32) {
     }
 }
 
-/// A reference to the mount namespace of the init `pid`, and so to every mount in it, the
-/// root among them (a descriptor of `/proc/<pid>/ns/mnt`).
-fn hold_mounts(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
-    Ok(std::fs::File::open(format!("/proc/{pid}/ns/mnt"))?.into())
+/// A descriptor of the init `pid`'s namespace `ns` (`/proc/<pid>/ns/<ns>`), which keeps
+/// the namespace alive while it is open.
+fn hold_namespace(pid: i32, ns: &str) -> Option<std::os::fd::OwnedFd> {
+    std::fs::File::open(format!("/proc/{pid}/ns/{ns}"))
+        .ok()
+        .map(Into::into)
+}
+
+impl Daemon {
+    /// Holds the network namespace of the init `pid`, which is about to be ended, until
+    /// its exit has been seen, then lets the watcher's releasing thread close it. The
+    /// last reference to a network namespace wakes a kernel worker that dismantles it
+    /// (about a millisecond of CPU): dropped by the exiting init, that worker preempted
+    /// the init on its CPU, and with the host's other CPU busy, a stop waited for it.
+    /// Held only for the stop (two descriptors of the watcher's table while it lasts),
+    /// not for every sandbox alive, whose table `RLIMIT_NOFILE` bounds.
+    fn release_network_later(&self, pid: i32) {
+        if self.exits.room() < 2 {
+            return;
+        }
+        let (Ok(pidfd), Some(net)) = (forkd_sys::pidfd_open(pid), hold_namespace(pid, "net"))
+        else {
+            return;
+        };
+        if let Err(e) = self.exits.watch_keeping(pidfd, vec![net], || ()) {
+            log::warn(&format!("hold the network namespace of init {pid}: {e}"));
+        }
+    }
+
+    /// Refuses work that would start `n` more inits than the watcher of their exits can
+    /// take (its descriptor table is bounded by `RLIMIT_NOFILE`; each init needs a pidfd
+    /// there).
+    pub(in crate::daemon) fn can_watch(&self, n: usize) -> Result<(), ApiError> {
+        let room = self.exits.room();
+        if room < n {
+            return Err(ApiError::conflict(format!(
+                "this daemon watches {} sandboxes and its descriptor limit (RLIMIT_NOFILE) leaves room to watch {room} more, not {n}",
+                self.exits.len()
+            )));
+        }
+        Ok(())
+    }
 }
