@@ -662,6 +662,11 @@ fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
             .any(|l| l.ends_with(&format!(":memory:/forkd/{}", b.id))),
         "{cgroups}"
     );
+    // Its loop writes its first count a moment after the create answers.
+    let counting = wait_until(Duration::from_secs(10), || {
+        d.sh(&b.id, "cat /tmp/count > /dev/null && echo counting").1 == "counting\n"
+    });
+    assert!(counting, "the new sandbox's loop never wrote /tmp/count");
     let (code, out, _) = d.sh(
         &b.id,
         "echo ok; cat /tmp/count > /dev/null && echo counting",

@@ -89,11 +89,13 @@ impl Daemon {
             return;
         }
         if let Some(pid) = pid {
-            if forkd_sys::process_start_time(pid) == start {
-                self.release_network_later(pid);
-            }
             if let Ok(fd) = forkd_sys::pidfd_open(pid) {
-                if forkd_sys::process_start_time(pid) == start && !grace.is_zero() {
+                // Checked after the pidfd is open: it then names this init, not a reuse.
+                let ours = forkd_sys::process_start_time(pid) == start;
+                if ours {
+                    self.release_network_later(pid);
+                }
+                if ours && !grace.is_zero() {
                     let _ =
                         forkd_sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&fd), libc::SIGTERM);
                     // Over the moment the init exits, which the kernel lets happen only
