@@ -5,6 +5,8 @@
 #![forbid(unsafe_code)]
 
 mod common;
+#[path = "../benches/common/guest_serial.rs"]
+mod guest_serial;
 
 use common::*;
 use forkd::api::{BranchInfo, CheckpointInfo, ForkResult, ImageInfo, SandboxInfo};
@@ -238,62 +240,22 @@ fn print_branches(test: &str, branches: &[BranchInfo], took: Duration) {
 
 const SERIAL: &str = "/guest/serial.log";
 
-/// What a guest's serial log says: the boot lines' secrets and every counter line.
-#[derive(Debug, Default)]
-struct Serial {
-    boots: usize,
-    /// (counter, secret) in file order; complete lines only.
-    counters: Vec<(u64, String)>,
+/// What a guest's serial log says (`benches/common/guest_serial.rs`, shared with the
+/// benches).
+use guest_serial::GuestSerial as Serial;
+
+/// The checks a test makes of a serial log.
+trait OneRun {
+    fn check_one_run(&self, what: &str, text: &str);
 }
 
-impl Serial {
-    fn parse(text: &str) -> Serial {
-        let mut s = Serial::default();
-        // A line still being written has no newline yet: leave it out.
-        let complete = match text.rfind('\n') {
-            Some(i) => &text[..i],
-            None => "",
-        };
-        for line in complete.lines() {
-            let line = line.trim_end_matches('\r');
-            let Some(rest) = line
-                .find("forkd-guest ")
-                .map(|i| &line[i + "forkd-guest ".len()..])
-            else {
-                continue;
-            };
-            if rest.starts_with("boot secret=") {
-                s.boots += 1;
-            } else if let Some(rest) = rest.strip_prefix("counter=") {
-                let mut it = rest.split(' ');
-                let n = it.next().and_then(|n| n.parse().ok());
-                let secret = it.next().and_then(|x| x.strip_prefix("secret="));
-                if let (Some(n), Some(secret)) = (n, secret) {
-                    s.counters.push((n, secret.to_string()));
-                }
-            }
-        }
-        s
-    }
-
-    fn last(&self) -> u64 {
-        self.counters.last().map(|c| c.0).unwrap_or(0)
-    }
-
+impl OneRun for Serial {
     /// Counter lines must run 1, 2, 3, ... with no restart and no gap, one secret.
     fn check_one_run(&self, what: &str, text: &str) {
-        assert_eq!(self.boots, 1, "{what}: {} boot lines:\n{text}", self.boots);
-        for (i, (n, _)) in self.counters.iter().enumerate() {
-            assert_eq!(
-                *n,
-                i as u64 + 1,
-                "{what}: counter line {} says {n} (restart or gap):\n{text}",
-                i + 1
-            );
+        let secret = self.counters.first().map_or("", |c| c.1.as_str());
+        if let Some(why) = self.not_one_run_of(secret) {
+            panic!("{what}: {why}:\n{text}");
         }
-        let secrets: std::collections::BTreeSet<&str> =
-            self.counters.iter().map(|c| c.1.as_str()).collect();
-        assert_eq!(secrets.len(), 1, "{what}: secrets {secrets:?}");
     }
 }
 

@@ -23,6 +23,7 @@
 mod daemon;
 mod env;
 mod fixtures;
+mod guest_serial;
 mod host;
 pub mod plot;
 mod report;
@@ -38,7 +39,8 @@ pub use env::{
 };
 #[allow(unused_imports)]
 pub use fixtures::{
-    cache_dir, fixture_image, qemu_argv, read_guest_counter, root_and_debian, GuestSerial,
+    cache_dir, fixture_image, qemu_argv, read_guest_counter, read_guest_serial, root_and_debian,
+    GuestSerial,
 };
 #[allow(unused_imports)]
 pub use host::{

@@ -654,7 +654,7 @@ fn guest_counter(pid: i32) -> Option<u64> {
 }
 
 fn guest_serial(pid: i32) -> Option<common::GuestSerial> {
-    common::GuestSerial::read(Path::new(&format!("/proc/{pid}/root/guest/serial.log")))
+    common::read_guest_serial(Path::new(&format!("/proc/{pid}/root/guest/serial.log")))
 }
 
 /// Kills QEMU in the first branch: its log must stop while every other branch's goes on
