@@ -127,10 +127,6 @@ impl Sharing {
         Ok(sharing)
     }
 
-    pub fn mode(&self) -> Mode {
-        self.settings.mode
-    }
-
     /// Whether a fork whose request said `asked` shares its branches' memory; starts KSM
     /// at the first that does. The error says why a request that asks cannot.
     pub fn for_fork(&self, asked: Option<bool>) -> Result<bool, String> {

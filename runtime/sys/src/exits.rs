@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,10 +58,8 @@ struct Shared {
     next: AtomicU64,
     /// What to run when the process handed over under that number exits.
     callbacks: Mutex<HashMap<u64, Callback>>,
-    /// Processes whose kept descriptors are not closed yet.
+    /// What the watcher's table holds.
     kept: Arc<Kept>,
-    /// Descriptors handed over and not yet closed by the watcher's threads.
-    held: Arc<std::sync::atomic::AtomicUsize>,
     /// The process's limit on open descriptors (`RLIMIT_NOFILE`, soft), at start.
     limit: usize,
 }
@@ -70,11 +68,14 @@ struct Shared {
 /// hand-over socket, and what a receive installs before it is counted.
 const RESERVED: usize = 64;
 
-/// How many processes' kept descriptors are still open, and a signal for each set closed.
+/// What the watcher's table holds: how many processes' kept descriptors are still open,
+/// with a signal for each set closed, and how many descriptors were handed over and are
+/// not closed yet (pidfds and kept ones).
 #[derive(Default)]
 struct Kept {
     open: Mutex<usize>,
     closed: Condvar,
+    held: AtomicUsize,
 }
 
 impl Kept {
@@ -115,13 +116,11 @@ impl ExitWatcher {
         // SAFETY: the kernel just returned these descriptors; nobody else owns them.
         let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let kept = Arc::new(Kept::default());
-        let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             tx,
             next: AtomicU64::new(0),
             callbacks: Mutex::new(HashMap::new()),
             kept: kept.clone(),
-            held: held.clone(),
             limit,
         });
         let (exited_tx, exited_rx) = std::sync::mpsc::channel::<u64>();
@@ -129,7 +128,7 @@ impl ExitWatcher {
         let rx_raw = rx.as_raw_fd();
         std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || match Thread::start(rx_raw, kept, held) {
+            .spawn(move || match Thread::start(rx_raw, kept) {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok(()));
                     t.run(&exited_tx)
@@ -189,7 +188,7 @@ impl ExitWatcher {
             ));
         }
         let n = 1 + keep.len();
-        let held = &self.shared.held;
+        let held = &self.shared.kept.held;
         if held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
                 (h + n + RESERVED <= self.shared.limit).then_some(h + n)
@@ -251,7 +250,7 @@ impl ExitWatcher {
     pub fn room(&self) -> usize {
         self.shared
             .limit
-            .saturating_sub(RESERVED + self.shared.held.load(Ordering::Acquire))
+            .saturating_sub(RESERVED + self.shared.kept.held.load(Ordering::Acquire))
     }
 
     /// How many processes' kept descriptors are open (processes running or just exited).
@@ -287,18 +286,12 @@ struct Thread {
     /// To the thread that closes kept descriptors (it shares this thread's table).
     release: std::sync::mpsc::Sender<Vec<OwnedFd>>,
     kept: Arc<Kept>,
-    /// Descriptors handed over and not closed yet (shared with the watcher).
-    held: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Thread {
     /// Gives this thread a table of its own holding only stdio and `rx`, then makes the
     /// epoll set there and starts the releasing thread, which shares that table.
-    fn start(
-        rx: RawFd,
-        kept: Arc<Kept>,
-        held: Arc<std::sync::atomic::AtomicUsize>,
-    ) -> io::Result<Thread> {
+    fn start(rx: RawFd, kept: Arc<Kept>) -> io::Result<Thread> {
         // SAFETY: unshare takes flags only; it affects this thread alone.
         super::check(unsafe { libc::unshare(libc::CLONE_FILES) } as libc::c_long)?;
         // Close this table's copies of everything else the process had open when it was
@@ -320,17 +313,16 @@ impl Thread {
             .map_or_else(|| "exits-release".to_string(), |n| format!("{n}-rel"));
         // Made from this thread, so it shares this thread's table (a thread shares the
         // table of the thread that makes it). Ends when `release` is dropped.
-        let (counted, closed) = (kept.clone(), held.clone());
+        let counted = kept.clone();
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || release_in_bursts(&released, &counted, &closed))?;
+            .spawn(move || release_in_bursts(&released, &counted))?;
         let t = Thread {
             epoll,
             rx,
             pidfds: HashMap::new(),
             release,
             kept,
-            held,
         };
         t.add(t.rx.as_raw_fd(), HANDOVER, libc::EPOLLIN as u32)?;
         Ok(t)
@@ -377,7 +369,7 @@ impl Thread {
                 // One-shot: the registration is spent; closing the pidfd removes it.
                 let kept = self.pidfds.remove(&key).map(|(pidfd, keep)| {
                     drop(pidfd);
-                    self.held.fetch_sub(1, Ordering::AcqRel);
+                    self.kept.held.fetch_sub(1, Ordering::AcqRel);
                     keep
                 });
                 if exited.send(key).is_err() {
@@ -397,7 +389,7 @@ impl Thread {
             return;
         }
         if let Err(unsent) = self.release.send(fds) {
-            self.held.fetch_sub(unsent.0.len(), Ordering::AcqRel);
+            self.kept.held.fetch_sub(unsent.0.len(), Ordering::AcqRel);
             drop(unsent.0);
             self.kept.add(-1);
         }
@@ -416,7 +408,7 @@ impl Thread {
                     }
                     // Cannot be watched: reported as gone, which the callback checks.
                     drop(pidfd);
-                    self.held.fetch_sub(1, Ordering::AcqRel);
+                    self.kept.held.fetch_sub(1, Ordering::AcqRel);
                     if exited.send(key).is_err() {
                         return false;
                     }
@@ -438,11 +430,7 @@ impl Thread {
 /// [`RELEASE_SPACING`]. A descriptor that comes after a quiet spell is closed at once;
 /// one that comes sooner waits for the next burst, with every other that comes meanwhile.
 /// Ends when every sender is gone, after closing what it holds.
-fn release_in_bursts(
-    released: &std::sync::mpsc::Receiver<Vec<OwnedFd>>,
-    counted: &Kept,
-    held: &std::sync::atomic::AtomicUsize,
-) {
+fn release_in_bursts(released: &std::sync::mpsc::Receiver<Vec<OwnedFd>>, counted: &Kept) {
     use std::sync::mpsc::RecvTimeoutError;
     let mut last: Option<Instant> = None;
     while let Ok(fd) = released.recv() {
@@ -462,7 +450,7 @@ fn release_in_bursts(
         burst.extend(released.try_iter());
         let (n, fds) = (burst.len(), burst.iter().map(Vec::len).sum::<usize>());
         drop(burst);
-        held.fetch_sub(fds, Ordering::AcqRel);
+        counted.held.fetch_sub(fds, Ordering::AcqRel);
         last = Some(Instant::now());
         counted.add(-(n as isize));
     }

@@ -93,7 +93,7 @@ impl Daemon {
                 // Checked after the pidfd is open: it then names this init, not a reuse.
                 let ours = forkd_sys::process_start_time(pid) == start;
                 if ours {
-                    self.release_network_later(pid);
+                    self.release_network_later(pid, &fd);
                 }
                 if ours && !grace.is_zero() {
                     let _ =
@@ -216,12 +216,11 @@ impl Daemon {
     /// the init on its CPU, and with the host's other CPU busy, a stop waited for it.
     /// Held only for the stop (two descriptors of the watcher's table while it lasts),
     /// not for every sandbox alive, whose table `RLIMIT_NOFILE` bounds.
-    fn release_network_later(&self, pid: i32) {
+    fn release_network_later(&self, pid: i32, pidfd: &std::os::fd::OwnedFd) {
         if self.exits.room() < 2 {
             return;
         }
-        let (Ok(pidfd), Some(net)) = (forkd_sys::pidfd_open(pid), hold_namespace(pid, "net"))
-        else {
+        let (Ok(pidfd), Some(net)) = (pidfd.try_clone(), hold_namespace(pid, "net")) else {
             return;
         };
         if let Err(e) = self.exits.watch_keeping(pidfd, vec![net], || ()) {
