@@ -528,7 +528,7 @@ impl Daemon {
             .as_ref()
             .map(|c| std::os::fd::AsFd::as_fd(&c.netns));
         let pid = host::start_init(
-            &self.exe,
+            &self.setup_exe,
             &spec,
             netns,
             root.as_fd(),

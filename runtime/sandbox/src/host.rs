@@ -50,7 +50,7 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
     }
 }
 
-/// Starts the sandbox's init by running `exe __setup`; returns the init's host pid once the
+/// Starts the sandbox's init by running `exe __setup` (`forkd-init`); returns the init's host pid once the
 /// init listens on its control socket.
 ///
 /// `root` is the sandbox's root as a detached mount ([`forkd_sys::mount::overlay`]) and

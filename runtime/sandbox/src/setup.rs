@@ -1,6 +1,6 @@
 //! Building a sandbox around its init.
 //!
-//! The daemon runs `forkd __setup` (a fresh, single-threaded process) with a
+//! The daemon runs `forkd-init __setup` (a fresh, single-threaded process) with a
 //! [`SetupSpec`] on stdin. That process:
 //! 1. joins the sandbox's cgroup, so everything after it is accounted and limited;
 //! 2. enters a copy of an empty mount namespace (the daemon's: one read-only tmpfs and
@@ -105,7 +105,7 @@ pub enum SetupReply {
     Error { step: String, message: String },
 }
 
-/// Entry point of `forkd __setup`. Never returns.
+/// Entry point of `forkd-init __setup`. Never returns.
 pub fn setup_main() -> ! {
     let mut input = String::new();
     let reply = match std::io::stdin().read_to_string(&mut input) {
