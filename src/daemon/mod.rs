@@ -24,6 +24,7 @@ mod record;
 mod routes;
 mod sandboxes;
 mod sharing;
+mod spare_netns;
 mod table;
 
 use forkd_cgroups::Hierarchy;
@@ -91,6 +92,8 @@ pub struct Daemon {
     /// The sysfs every new sandbox binds as `/sys` (`forkd_sys::mount_quiet_sysfs`), or
     /// none if it could not be mounted: each sandbox then mounts its own.
     pub sysfs: Option<PathBuf>,
+    /// Network namespaces made ahead for the sandboxes and branches to come.
+    pub spare_netns: Arc<spare_netns::SpareNetns>,
     /// The network namespace of that sysfs, kept so that its loopback stays listed.
     _sysfs_netns: Option<std::os::fd::OwnedFd>,
     /// The mount namespace every new sandbox's is copied from: one empty read-only tmpfs
@@ -340,6 +343,8 @@ impl Daemon {
             Ok(_) => {}
         }
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
+        let spare_netns =
+            spare_netns::SpareNetns::start(spare_netns::SpareNetns::target_from_env()?)?;
         // The table's name comes from the data directory, so that daemons on one host
         // (one per state root) never share rules.
         let tag = {
@@ -402,6 +407,7 @@ impl Daemon {
             exits: forkd_sys::exits::ExitWatcher::start("init-exits")
                 .context("start the watcher of init exits")?,
             sysfs,
+            spare_netns,
             _sysfs_netns: sysfs_netns,
             empty_mntns,
             _lock: lock,

@@ -58,7 +58,9 @@ impl Daemon {
         hostname: &str,
     ) -> Result<Connected, ApiError> {
         let ctx = format!("sandbox {id}: network");
-        let netns = forkd_net::netlink::new_netns()
+        let netns = self
+            .spare_netns
+            .take()
             .map_err(|e| ApiError::from_chain(&format!("{ctx}: create a network namespace"), &e))?;
         // Held across the change: leases are made and given back one at a time, so the
         // table is never cleared under a lease being made.

@@ -380,7 +380,9 @@ impl Daemon {
     ) -> Result<Arc<Sandbox>, ApiError> {
         let res = self
             .prepare_root(dir, &record)
-            .and_then(|()| start(self, dir, &mut record))
+            .and_then(|()| {
+                start(self, dir, &mut record)
+            })
             .and_then(|()| {
                 record.create_us = started.elapsed().as_micros() as u64;
                 super::write_json_atomic(dir, "state.json", &record, super::Survive::DaemonCrash)
@@ -524,13 +526,21 @@ impl Daemon {
         if let Some(c) = &connected {
             record.lease = Some(c.lease.clone());
         }
-        let netns = connected
-            .as_ref()
-            .map(|c| std::os::fd::AsFd::as_fd(&c.netns));
+        let spare;
+        let netns = match &connected {
+            Some(c) => c.netns.as_fd(),
+            None => {
+                spare = self
+                    .spare_netns
+                    .take()
+                    .map_err(|e| ApiError::from_chain(&ctx("create a network namespace"), &e))?;
+                spare.as_fd()
+            }
+        };
         let pid = host::start_init(
             &self.setup_exe,
             &spec,
-            netns,
+            Some(netns),
             root.as_fd(),
             self.empty_mntns.as_fd(),
         )

@@ -126,7 +126,13 @@ pub fn interface_up(name: &CStr) -> io::Result<()> {
     // flags member of the union.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } as libc::c_long)?;
     // SAFETY: the flags member was just initialised by the kernel.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    if flags & libc::IFF_UP as libc::c_short != 0 {
+        // Already up (a namespace made ahead): setting it would only wait for the
+        // kernel's network lock.
+        return Ok(());
+    }
+    req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
     // SAFETY: as above; SIOCSIFFLAGS reads the flags member.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } as libc::c_long)?;
     Ok(())

@@ -264,10 +264,18 @@ impl Daemon {
             )?),
             None => None,
         };
-        let netns = connected.map(|c| {
-            rec.lease = Some(c.lease);
-            Arc::new(c.netns)
-        });
+        let netns = match connected {
+            Some(c) => {
+                rec.lease = Some(c.lease);
+                c.netns
+            }
+            None => self.spare_netns.take().map_err(|e| {
+                ApiError::from_chain(
+                    &format!("sandbox {}: create a network namespace", rec.id),
+                    &e,
+                )
+            })?,
+        };
         let images = plan.c.images();
         let work = dir.join("criu");
         std::fs::create_dir_all(&work)
@@ -296,7 +304,7 @@ impl Daemon {
                 .map(|p| (super::SYSFS_KEY.to_string(), p.clone()))
                 .collect(),
             cgroup_roots: cg.roots(),
-            netns,
+            netns: Some(Arc::new(netns)),
         });
         let restored = match restored {
             Ok(r) => r,

@@ -1,0 +1,128 @@
+//! Network namespaces made ahead of the creates and forks that take them.
+//!
+//! Every sandbox and every branch gets a network namespace of its own with only loopback
+//! up (or, with egress, that plus a veth: `network.rs`). Making one is `unshare` and
+//! bringing `lo` up, about 0.65 ms of a ~5 ms create, and taking `lo` up waits for the
+//! kernel's network lock, which the host's own work over thousands of namespaces holds at
+//! times (see docs/DESIGN.md, "Many sandboxes"). A thread of the daemon keeps a few made
+//! ahead, so a create or a fork takes one instead of making it. Each namespace is handed
+//! out once, by value, and nothing else holds it: once taken, it is the sandbox's alone,
+//! as a namespace made in place would be. When none is ready (a batch of forks drains
+//! them faster than the thread makes them), the caller makes its own as before.
+
+use super::log;
+use super::Lock as _;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// How many namespaces are kept ready unless `FORKD_SPARE_NETNS` says otherwise. Each is
+/// ~200 KiB of kernel memory; a few cover creates and single forks arriving one at a time.
+pub const DEFAULT_SPARE: usize = 4;
+
+/// How long the thread waits after a take before it makes the next namespace.
+const REFILL_AFTER: Duration = Duration::from_millis(20);
+
+/// The count `FORKD_SPARE_NETNS` asks for.
+fn target(value: Option<&str>) -> anyhow::Result<usize> {
+    match value {
+        None | Some("") => Ok(DEFAULT_SPARE),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n <= 64 => Ok(n),
+            _ => anyhow::bail!("FORKD_SPARE_NETNS={v:?}: expected a count from 0 to 64"),
+        },
+    }
+}
+
+pub struct SpareNetns {
+    ready: Mutex<Vec<OwnedFd>>,
+    /// Signalled when one is taken.
+    taken: Condvar,
+    target: usize,
+}
+
+impl SpareNetns {
+    /// `FORKD_SPARE_NETNS` (a count, 0 to turn it off) or [`DEFAULT_SPARE`].
+    pub fn target_from_env() -> anyhow::Result<usize> {
+        target(std::env::var("FORKD_SPARE_NETNS").ok().as_deref())
+    }
+
+    /// Starts the thread that keeps `target` namespaces ready (none with 0).
+    pub fn start(target: usize) -> anyhow::Result<Arc<Self>> {
+        let spare = Arc::new(SpareNetns {
+            ready: Mutex::new(Vec::with_capacity(target)),
+            taken: Condvar::new(),
+            target,
+        });
+        if target > 0 {
+            let s = spare.clone();
+            std::thread::Builder::new()
+                .name("spare-netns".into())
+                .spawn(move || s.fill())
+                .map_err(|e| anyhow::anyhow!("start the spare network namespace thread: {e}"))?;
+        }
+        Ok(spare)
+    }
+
+    /// A new network namespace with loopback up and nothing else: a ready one, or one
+    /// made now.
+    pub fn take(&self) -> std::io::Result<OwnedFd> {
+        let ready = self.ready.locked().pop();
+        match ready {
+            Some(ns) => {
+                self.taken.notify_one();
+                Ok(ns)
+            }
+            None => forkd_net::netlink::new_netns(),
+        }
+    }
+
+    fn fill(&self) {
+        let mut failing = false;
+        loop {
+            {
+                let mut ready = self.ready.locked();
+                while ready.len() >= self.target {
+                    ready = self
+                        .taken
+                        .wait(ready)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
+            // After the operation that took one has had time to finish: on a machine of
+            // few CPUs, making the next one beside it would slow it down.
+            std::thread::sleep(REFILL_AFTER);
+            // Made without the lock held: a take never waits for a namespace being made.
+            match forkd_net::netlink::new_netns() {
+                Ok(ns) => {
+                    failing = false;
+                    self.ready.locked().push(ns);
+                }
+                Err(e) => {
+                    // Creates and forks make their own meanwhile (and report the error
+                    // if it is theirs too).
+                    if !failing {
+                        log::warn(&format!("spare network namespaces: {e}; retrying"));
+                    }
+                    failing = true;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_count_is_checked() {
+        assert_eq!(super::target(None).unwrap(), super::DEFAULT_SPARE);
+        assert_eq!(super::target(Some("")).unwrap(), super::DEFAULT_SPARE);
+        assert_eq!(super::target(Some("0")).unwrap(), 0);
+        assert_eq!(super::target(Some(" 8 ")).unwrap(), 8);
+        for bad in ["-1", "65", "four"] {
+            let e = super::target(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("FORKD_SPARE_NETNS") && e.contains(bad), "{e}");
+        }
+    }
+}
