@@ -380,9 +380,7 @@ impl Daemon {
     ) -> Result<Arc<Sandbox>, ApiError> {
         let res = self
             .prepare_root(dir, &record)
-            .and_then(|()| {
-                start(self, dir, &mut record)
-            })
+            .and_then(|()| start(self, dir, &mut record))
             .and_then(|()| {
                 record.create_us = started.elapsed().as_micros() as u64;
                 super::write_json_atomic(dir, "state.json", &record, super::Survive::DaemonCrash)
@@ -517,10 +515,6 @@ impl Daemon {
             hostname: record.hostname.clone(),
             cgroup: Some(record.cgroup_in(&self.hierarchy)),
             name_files: connected.is_some(),
-            netns_fd: None,
-            // Set by start_init, which installs the descriptors.
-            root_fd: -1,
-            mntns_fd: -1,
             sysfs: self.sysfs.clone(),
         };
         if let Some(c) = &connected {

@@ -65,36 +65,50 @@ pub fn start_init(
     root: std::os::fd::BorrowedFd<'_>,
     mntns: std::os::fd::BorrowedFd<'_>,
 ) -> Result<i32, HostError> {
-    use std::os::fd::AsRawFd;
-    const NETNS_FD: i32 = 3;
-    const ROOT_FD: i32 = 4;
-    const MNTNS_FD: i32 = 5;
-    let mut cmd = Command::new(exe);
-    let mut spec = spec.clone();
-    let mut fds = vec![(root.as_raw_fd(), ROOT_FD), (mntns.as_raw_fd(), MNTNS_FD)];
-    spec.root_fd = ROOT_FD;
-    spec.mntns_fd = MNTNS_FD;
-    if let Some(ns) = netns {
-        fds.push((ns.as_raw_fd(), NETNS_FD));
-        spec.netns_fd = Some(NETNS_FD);
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let body = serde_json::to_vec(spec).expect("spec serialises");
+    if body.len() >= crate::setup::SPEC_LIMIT {
+        return Err(HostError::Setup {
+            step: "send spec".into(),
+            message: format!(
+                "the spec is {} bytes, over the set-up's {}",
+                body.len(),
+                crate::setup::SPEC_LIMIT
+            ),
+        });
     }
-    forkd_sys::inherit_fds(&mut cmd, fds);
-    let spec = &spec;
-    let mut child = cmd
+    let (ours, theirs) = UnixStream::pair().map_err(io_err("make a socket pair for", exe))?;
+    // Nothing to do between fork and exec, so the standard library spawns it with
+    // `posix_spawn` (see [`crate::setup::Handed`]).
+    let child = Command::new(exe)
         .arg("__setup")
-        .stdin(Stdio::piped())
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .env_clear()
         .spawn()
         .map_err(io_err("run set-up helper", exe))?;
-    let body = serde_json::to_vec(spec).expect("spec serialises");
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(&body)
-        .map_err(io_err("send spec to", exe))?;
+    let mut fds = vec![root.as_raw_fd(), mntns.as_raw_fd()];
+    fds.extend(netns.map(|n| n.as_raw_fd()));
+    let sent = sendmsg::<()>(
+        ours.as_raw_fd(),
+        &[io::IoSlice::new(&body)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(|e| io_err("send spec to", exe)(e.into()))
+    .and_then(|n| {
+        (&ours)
+            .write_all(&body[n..])
+            .map_err(io_err("send spec to", exe))
+    });
+    // The set-up reads until this end is closed.
+    drop(ours);
+    if let Err(e) = sent {
+        let _ = child.wait_with_output();
+        return Err(e);
+    }
     let out = child
         .wait_with_output()
         .map_err(io_err("wait for set-up helper", exe))?;
