@@ -50,8 +50,8 @@ pub fn unmount(target: &Path) -> Result<(), HostError> {
     }
 }
 
-/// Starts the sandbox's init by running `exe __setup` (`forkd-init`); returns the init's host pid once the
-/// init listens on its control socket.
+/// Starts the sandbox's init by running `exe __setup` (`exe` is `forkd-init`); returns the
+/// init's host pid once the init listens on its control socket.
 ///
 /// `root` is the sandbox's root as a detached mount ([`forkd_sys::mount::overlay`]) and
 /// `mntns` the empty mount namespace ([`forkd_sys::mount::empty_namespace`]): the set-up
