@@ -18,10 +18,8 @@
 //! branch holds a page equal to one of its own (docs/DESIGN.md).
 //!
 //! KSM costs CPU while it scans, so the daemon scans fast only while a fork batch settles
-//! (`FORKD_KSM_BOOST_PAGES` pages every `FORKD_KSM_SLEEP_MS`) and slowly otherwise
-//! (`FORKD_KSM_IDLE_PAGES`). A fork's pages have settled once KSM has passed over every
-//! mergeable page [`PASSES`] times since the fork (`full_scans`): the fast scan ends then,
-//! or `FORKD_KSM_BOOST_SECS` after the last fork at the latest. The knobs are the
+//! (`FORKD_KSM_BOOST_PAGES` pages every `FORKD_KSM_SLEEP_MS`, for `FORKD_KSM_BOOST_SECS`
+//! after the last fork) and slowly otherwise (`FORKD_KSM_IDLE_PAGES`). The knobs are the
 //! machine's (`/sys/kernel/mm/ksm`): the daemon sets them when it starts (`on`) or at the
 //! first fork that shares (`ask`), and puts back what it found when it stops (merged
 //! pages stay merged). See docs/DESIGN.md for the choice of KSM.
@@ -33,15 +31,6 @@ use std::time::{Duration, Instant};
 
 /// The kernel's KSM controls.
 const KSM: &str = "/sys/kernel/mm/ksm";
-
-/// Full passes of KSM's scanner after a fork that merge its pages. A new process joins
-/// the scan list just behind the scanner, so the pass under way may not reach it; the
-/// next sees each of its pages for the first time (KSM notes a checksum), and the one
-/// after merges those still unchanged with equal pages elsewhere.
-const PASSES: u64 = 3;
-
-/// How often the pacing thread looks at `full_scans` while it scans fast.
-const PASS_CHECK: Duration = Duration::from_millis(250);
 
 /// Which forks share their branches' memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,30 +88,10 @@ pub struct Sharing {
     running: Mutex<Option<Running>>,
 }
 
-/// A fast scan: until KSM's pass counter reaches `passes`, or `until` at the latest.
-#[derive(Debug, Clone, Copy)]
-struct Boost {
-    passes: u64,
-    until: Instant,
-}
-
-impl Boost {
-    fn over(&self, now: Instant, full_scans: Option<u64>) -> bool {
-        now >= self.until || full_scans.is_some_and(|n| n >= self.passes)
-    }
-}
-
-/// KSM's count of full passes over every mergeable page; none if it cannot be read
-/// (the boost then lasts its whole time).
-fn full_scans() -> Option<u64> {
-    read_knob("full_scans").ok()?.parse().ok()
-}
-
 /// KSM switched on by the daemon.
 struct Running {
-    /// The fast scan under way, if any; the pacing thread waits on the condition for
-    /// changes.
-    state: Arc<(Mutex<Option<Boost>>, Condvar)>,
+    /// Until when to scan fast; the pacing thread waits on the condition for changes.
+    state: Arc<(Mutex<Option<Instant>>, Condvar)>,
     /// What the knobs were before the daemon set them.
     found: Vec<(&'static str, String)>,
 }
@@ -211,7 +180,7 @@ impl Sharing {
             return Err(e.into());
         }
         log::info(&format!(
-            "KSM on: {} pages every {} ms after a fork that shares memory, for {PASSES} full passes or {} s at most; {} otherwise",
+            "KSM on: {} pages every {} ms for {} s after a fork that shares memory, {} otherwise",
             self.settings.boost_pages,
             self.settings.sleep_ms,
             self.settings.boost.as_secs(),
@@ -228,12 +197,8 @@ impl Sharing {
             return;
         };
         let (lock, cond) = &*r.state;
-        // Without the counter, the passes are never seen and the time bounds the boost.
-        let passes = full_scans().map_or(u64::MAX, |n| n.saturating_add(PASSES));
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(Boost {
-            passes,
-            until: Instant::now() + self.settings.boost,
-        });
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + self.settings.boost);
         cond.notify_one();
     }
 
@@ -259,17 +224,14 @@ fn put_back(found: &[(&'static str, String)]) {
     }
 }
 
-/// The pacing thread: boost rate while a boost lasts, idle rate after.
-fn pace(s: &Settings, state: &(Mutex<Option<Boost>>, Condvar)) {
+/// The pacing thread: boost rate until the deadline, idle rate after.
+fn pace(s: &Settings, state: &(Mutex<Option<Instant>>, Condvar)) {
     let (lock, cond) = state;
     let mut boosted = false;
-    let mut boost = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut until = lock.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         let now = Instant::now();
-        if boost.is_some_and(|b| b.over(now, full_scans())) {
-            *boost = None;
-        }
-        let want = boost.is_some();
+        let want = until.is_some_and(|t| t > now);
         if want != boosted {
             let pages = if want { s.boost_pages } else { s.idle_pages };
             if let Err(e) = write_knob("pages_to_scan", &pages.to_string()) {
@@ -277,13 +239,13 @@ fn pace(s: &Settings, state: &(Mutex<Option<Boost>>, Condvar)) {
             }
             boosted = want;
         }
-        boost = match *boost {
-            Some(b) => {
-                cond.wait_timeout(boost, (b.until - now).min(PASS_CHECK))
+        until = match *until {
+            Some(t) if t > now => {
+                cond.wait_timeout(until, t - now)
                     .unwrap_or_else(|e| e.into_inner())
                     .0
             }
-            None => cond.wait(boost).unwrap_or_else(|e| e.into_inner()),
+            _ => cond.wait(until).unwrap_or_else(|e| e.into_inner()),
         };
     }
 }
@@ -313,23 +275,6 @@ mod tests {
         let e = Settings::from_env().unwrap_err().to_string();
         assert!(e.contains("FORKD_KSM=\"sometimes\""), "{e}");
         std::env::remove_var("FORKD_KSM");
-    }
-
-    #[test]
-    fn a_boost_ends_after_its_passes_or_its_time() {
-        let now = Instant::now();
-        let b = Boost {
-            passes: 7,
-            until: now + Duration::from_secs(30),
-        };
-        assert!(!b.over(now, Some(4)));
-        assert!(!b.over(now, Some(6)));
-        assert!(b.over(now, Some(7)));
-        assert!(b.over(now, Some(9)));
-        // No counter: only the time ends it.
-        assert!(!b.over(now, None));
-        assert!(b.over(now + Duration::from_secs(30), None));
-        assert!(b.over(now + Duration::from_secs(31), Some(4)));
     }
 
     /// What a request gets under each mode, where KSM never has to start.
