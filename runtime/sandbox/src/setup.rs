@@ -3,9 +3,9 @@
 //! The daemon runs `forkd-init __setup` (a fresh, single-threaded process) with a
 //! [`SetupSpec`] and its descriptors ([`Handed`]) on stdin. That process:
 //! 1. joins the sandbox's cgroup, so everything after it is accounted and limited;
-//! 2. enters a copy of an empty mount namespace (the daemon's: one read-only tmpfs and
-//!    nothing else, so nothing of the host is in it), and unshares UTS, IPC, network,
-//!    cgroup and pid namespaces;
+//! 2. joins the network namespace it was handed (or unshares a new one), enters a copy
+//!    of an empty mount namespace (the daemon's: one read-only tmpfs and nothing else, so
+//!    nothing of the host is in it), and unshares UTS, IPC, cgroup and pid namespaces;
 //! 3. forks: the child is PID 1 of the new pid namespace. It stacks the overlay root on
 //!    the empty tmpfs and `chroot`s into it (no `pivot_root`, which walks every task on
 //!    the host), mounts `/proc`, makes a minimal `/dev` in the root filesystem (the
