@@ -113,10 +113,16 @@ pub(crate) fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Re
             .collect();
         let forked = t.elapsed();
         let unshared_kib = avail0.saturating_sub(common::mem_available_kib()?);
-        // Settled: pages_sharing has not grown for 5 s (at most 180 s).
+        // Settled: ksmd has been over every mergeable page twice since the fork (a page
+        // that matches no merged one is merged only once its checksum held over two
+        // passes, so a lull in the first pass is not the end), and pages_sharing has not
+        // grown for 5 s (at most 180 s).
         let t = Instant::now();
+        let passes0 = ksm("full_scans");
         let (mut last, mut since) = (ksm("pages_sharing"), Instant::now());
-        while t.elapsed() < Duration::from_secs(180) && since.elapsed() < Duration::from_secs(5) {
+        while t.elapsed() < Duration::from_secs(180)
+            && (since.elapsed() < Duration::from_secs(5) || ksm("full_scans") < passes0 + 2)
+        {
             std::thread::sleep(Duration::from_millis(500));
             let now = ksm("pages_sharing");
             if now > last + 64 {
@@ -124,7 +130,8 @@ pub(crate) fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Re
                 since = Instant::now();
             }
         }
-        let settle = t.elapsed().saturating_sub(Duration::from_secs(5));
+        // The settle time is until the last growth.
+        let settle = since.duration_since(t);
         let cpu_s = ksmd_ticks().saturating_sub(ticks0) as f64 / 100.0;
         let total_kib = avail0.saturating_sub(common::mem_available_kib()?);
         let mut charged = 0u64;
