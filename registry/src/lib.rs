@@ -1,0 +1,29 @@
+//! forkd-registry: the client side of the OCI distribution API, for `forkd image pull`.
+//!
+//! - [`reference`]: image references, parsed and fully qualified;
+//! - [`config`]: `registries.conf` (mirrors, insecure and blocked registries, search
+//!   registries, short-name aliases);
+//! - [`auth`]: credentials from the containers auth file and Docker's config (and their
+//!   helpers), and `forkd login`'s writes;
+//! - [`manifest`]: manifests, indexes, platforms and layer media types;
+//! - [`client`]: requests with authentication, retries and redirects, and streamed,
+//!   resumable, verified blobs.
+//!
+//! This is the one crate that speaks HTTP to the world outside the machine. It is
+//! blocking (its callers run it on worker threads) and knows nothing of the layer
+//! store: the daemon feeds its blob streams to `forkd-layers`.
+
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod manifest;
+pub mod reference;
+
+pub use client::{BlobReader, Client, ClientConfig, Resolved, RetryPolicy};
+pub use config::{Endpoint, RegistriesConf};
+pub use error::RegistryError;
+pub use manifest::{Compression, Platform};
+pub use reference::{Digest, Parsed, Reference};
