@@ -6,6 +6,8 @@
 //!   usable as an overlayfs lowerdir; imports from directories and tar
 //!   streams, and adoption of a sandbox's upper directory by rename.
 //! - [`extract`]: tar extraction that never writes outside its target.
+//! - [`blobs`]: layers streamed in as compressed blobs, and the index of which blobs
+//!   and `diff_id`s the store holds.
 //! - [`devices`]: the device nodes a sandbox root carries under `dev/`.
 //! - [`ImageStore`] and [`import_image`]: named layer stacks from a rootfs
 //!   directory, a tarball, an OCI image layout or a `docker save` archive.
@@ -15,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod blobs;
 pub mod copy;
 pub mod devices;
 pub mod error;
@@ -28,6 +31,7 @@ mod import;
 mod progress;
 mod store;
 
+pub use blobs::PendingLayer;
 pub use error::{ImageError, ImportError, LayerError};
 pub use export::export_tar;
 pub use extract::TarFlavor;
