@@ -106,12 +106,57 @@ pub struct ImportImageRequest {
     pub name: String,
 }
 
+/// `POST /v1/images/pull`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// `[registry/]repository[:tag][@sha256:...]`; a short name is resolved through
+    /// registries.conf (aliases, unqualified-search registries) or Docker Hub.
+    pub reference: String,
+    /// `os/arch[/variant]`; default `linux/amd64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
+    /// The image's name in forkd; default the fully qualified reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// One layer of a pull in progress.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PullLayer {
+    /// The compressed blob's digest.
+    pub digest: String,
+    pub size: u64,
+    /// Bytes received so far.
+    pub done: u64,
+    /// `waiting`, `present` (in the store before), `fetching`, `shared` (fetched by
+    /// another pull at the same time), `done`, `failed`.
+    pub state: String,
+}
+
+/// `GET /v1/pulls`: a pull in progress.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PullStatus {
+    /// As asked.
+    pub reference: String,
+    /// Fully qualified, once known.
+    pub resolved: Option<String>,
+    pub started: u64,
+    /// `resolving`, `layers`, `done`.
+    pub phase: String,
+    pub layers: Vec<PullLayer>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImageInfo {
     pub name: String,
     pub layers: Vec<String>,
     pub created: u64,
     pub source: String,
+    /// A pulled image's digest on its registry (of the index or manifest its reference
+    /// named).
+    #[serde(default)]
+    pub digest: Option<String>,
     /// Sandboxes using the image.
     pub used_by: Vec<String>,
     /// The run configuration (ENV, WORKDIR, USER, ENTRYPOINT, CMD, ...). Sandboxes of

@@ -13,6 +13,8 @@ pub enum Operation {
     ImportImage,
     BuildImage,
     ListBuilds,
+    PullImage,
+    ListPulls,
     InspectImage,
     RemoveImage,
     ListSandboxes,
@@ -75,13 +77,15 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 30] = [
+    pub const ALL: [Operation; 32] = [
         Operation::Version,
         Operation::Metrics,
         Operation::ListImages,
         Operation::ImportImage,
         Operation::BuildImage,
         Operation::ListBuilds,
+        Operation::PullImage,
+        Operation::ListPulls,
         Operation::InspectImage,
         Operation::RemoveImage,
         Operation::ListSandboxes,
@@ -162,6 +166,24 @@ impl Operation {
                 status: 200,
                 body: RequestBody::None,
                 answer: Answer::Json("[BuildStatus]"),
+                query: &[],
+            },
+            Operation::PullImage => OpSpec {
+                method: "POST",
+                path: "/v1/images/pull",
+                id: "pullImage",
+                status: 201,
+                body: RequestBody::Json("PullRequest"),
+                answer: Answer::Json("ImageInfo"),
+                query: &[],
+            },
+            Operation::ListPulls => OpSpec {
+                method: "GET",
+                path: "/v1/pulls",
+                id: "listPulls",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("[PullStatus]"),
                 query: &[],
             },
             Operation::InspectImage => OpSpec {

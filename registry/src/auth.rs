@@ -74,7 +74,9 @@ pub struct AuthFiles {
 }
 
 fn home() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from).filter(|p| p.is_absolute())
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
 }
 
 fn uid() -> u32 {
@@ -106,7 +108,10 @@ impl AuthFiles {
             if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
                 files.push(PathBuf::from(d).join("containers/auth.json"));
             }
-            files.push(PathBuf::from(format!("/run/containers/{}/auth.json", uid())));
+            files.push(PathBuf::from(format!(
+                "/run/containers/{}/auth.json",
+                uid()
+            )));
             match std::env::var_os("XDG_CONFIG_HOME").filter(|d| !d.is_empty()) {
                 Some(d) => files.push(PathBuf::from(d).join("containers/auth.json")),
                 None => {
@@ -129,7 +134,11 @@ impl AuthFiles {
     }
 
     /// The credential for `repository` on `registry`, if any file has one.
-    pub fn lookup(&self, registry: &str, repository: &str) -> Result<Option<Credential>, RegistryError> {
+    pub fn lookup(
+        &self,
+        registry: &str,
+        repository: &str,
+    ) -> Result<Option<Credential>, RegistryError> {
         for path in &self.files {
             let Some(file) = read_file(path)? else {
                 continue;
@@ -158,16 +167,22 @@ fn read_file(path: &Path) -> Result<Option<AuthFile>, RegistryError> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(Some(AuthFile::default()));
     }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| RegistryError::Config {
-        path: path.to_path_buf(),
-        reason: format!("not a credentials file: {e}"),
-    })
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| RegistryError::Config {
+            path: path.to_path_buf(),
+            reason: format!("not a credentials file: {e}"),
+        })
 }
 
 /// The names a registry may be written as in a file's keys.
 fn aliases(registry: &str) -> Vec<String> {
     if registry == DOCKER_HUB {
-        vec![DOCKER_HUB.into(), "index.docker.io".into(), DOCKER_HUB_API.into()]
+        vec![
+            DOCKER_HUB.into(),
+            "index.docker.io".into(),
+            DOCKER_HUB_API.into(),
+        ]
     } else {
         vec![registry.to_owned()]
     }
@@ -205,8 +220,11 @@ fn lookup_in(
         }
     }
     // Most specific key first: host/a/b/c, host/a/b, host/a, host.
-    let keys: BTreeMap<String, &AuthEntry> =
-        file.auths.iter().map(|(k, v)| (normalize_key(k), v)).collect();
+    let keys: BTreeMap<String, &AuthEntry> = file
+        .auths
+        .iter()
+        .map(|(k, v)| (normalize_key(k), v))
+        .collect();
     for name in &names {
         let mut scope = format!("{name}/{repository}");
         loop {
@@ -227,7 +245,11 @@ fn lookup_in(
     Ok(None)
 }
 
-fn decode_entry(e: &AuthEntry, path: &Path, registry: &str) -> Result<Option<Credential>, RegistryError> {
+fn decode_entry(
+    e: &AuthEntry,
+    path: &Path,
+    registry: &str,
+) -> Result<Option<Credential>, RegistryError> {
     let bad = |reason: &str| RegistryError::Credentials {
         registry: registry.to_owned(),
         from: path.display().to_string(),
@@ -261,7 +283,9 @@ fn decode_entry(e: &AuthEntry, path: &Path, registry: &str) -> Result<Option<Cre
 }
 
 fn split_auth(a: &str) -> Option<(String, String)> {
-    let raw = base64::engine::general_purpose::STANDARD.decode(a.trim()).ok()?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(a.trim())
+        .ok()?;
     let s = String::from_utf8(raw).ok()?;
     let (u, p) = s.split_once(':')?;
     Some((u.to_owned(), p.to_owned()))
@@ -283,7 +307,11 @@ fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>, Registry
         from: program.clone(),
         reason,
     };
-    if name.is_empty() || !name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')) {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
         return Err(bad(format!("{name:?} is not a helper name")));
     }
     let mut child = Command::new(&program)
@@ -300,7 +328,9 @@ fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>, Registry
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         // The helper protocol's way of saying it has nothing for this registry.
-        if stdout.contains("credentials not found") || String::from_utf8_lossy(&out.stderr).contains("credentials not found") {
+        if stdout.contains("credentials not found")
+            || String::from_utf8_lossy(&out.stderr).contains("credentials not found")
+        {
             return Ok(None);
         }
         return Err(bad(format!(
@@ -309,7 +339,8 @@ fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>, Registry
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    let a: HelperAnswer = serde_json::from_str(stdout.trim()).map_err(|e| bad(format!("bad answer: {e}")))?;
+    let a: HelperAnswer =
+        serde_json::from_str(stdout.trim()).map_err(|e| bad(format!("bad answer: {e}")))?;
     if a.secret.is_empty() {
         return Ok(None);
     }
@@ -323,7 +354,12 @@ fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>, Registry
 
 /// Writes `username:secret` for `registry` (or `registry/namespace`) into `path`,
 /// keeping everything else in it.
-pub fn store_login(path: &Path, key: &str, username: &str, secret: &str) -> Result<(), RegistryError> {
+pub fn store_login(
+    path: &Path,
+    key: &str,
+    username: &str,
+    secret: &str,
+) -> Result<(), RegistryError> {
     let mut file = read_file(path)?.unwrap_or_default();
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{secret}"));
     file.auths.insert(
@@ -354,7 +390,11 @@ fn write_file(path: &Path, file: &AuthFile) -> Result<(), RegistryError> {
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let io = |step: &'static str, p: &Path| {
         let p = p.to_path_buf();
-        move |source| RegistryError::Io { step, path: p, source }
+        move |source| RegistryError::Io {
+            step,
+            path: p,
+            source,
+        }
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::DirBuilder::new()
@@ -362,7 +402,10 @@ fn write_file(path: &Path, file: &AuthFile) -> Result<(), RegistryError> {
         .mode(0o700)
         .create(dir)
         .map_err(io("creating", dir))?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("auth.json");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("auth.json");
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let json = serde_json::to_vec_pretty(file).expect("an auth file serializes");
     let mut f = std::fs::OpenOptions::new()
@@ -426,14 +469,26 @@ mod tests {
         let c = files.lookup("127.0.0.1:5000", "team/app").unwrap().unwrap();
         assert_eq!((c.username.as_str(), c.secret.as_str()), ("team", "two"));
         assert_eq!(c.from, first.display().to_string());
-        let c = files.lookup("127.0.0.1:5000", "other/app").unwrap().unwrap();
+        let c = files
+            .lookup("127.0.0.1:5000", "other/app")
+            .unwrap()
+            .unwrap();
         assert_eq!(c.username, "all");
-        let c = files.lookup(DOCKER_HUB, "library/busybox").unwrap().unwrap();
+        let c = files
+            .lookup(DOCKER_HUB, "library/busybox")
+            .unwrap()
+            .unwrap();
         assert_eq!((c.username.as_str(), c.secret.as_str()), ("hub", "three"));
         assert!(files.lookup("ghcr.io", "x/y").unwrap().is_none());
         let e = files.lookup("broken.example", "x").unwrap_err().to_string();
-        assert!(e.contains("broken.example") && e.contains("config.json"), "{e}");
-        assert!(!format!("{c:?}").contains("three"), "Debug never shows the secret");
+        assert!(
+            e.contains("broken.example") && e.contains("config.json"),
+            "{e}"
+        );
+        assert!(
+            !format!("{c:?}").contains("three"),
+            "Debug never shows the secret"
+        );
     }
 
     #[test]
@@ -443,13 +498,21 @@ mod tests {
         std::fs::create_dir_all(f.parent().unwrap()).unwrap();
         std::fs::write(&f, r#"{"auths":{"a.example":{"auth":"eDp5"}},"credHelpers":{"b.example":"pass"},"extra":1}"#).unwrap();
         store_login(&f, "127.0.0.1:5000", "u", "p:w").unwrap();
-        let files = AuthFiles { files: vec![f.clone()] };
+        let files = AuthFiles {
+            files: vec![f.clone()],
+        };
         let c = files.lookup("127.0.0.1:5000", "x").unwrap().unwrap();
         assert_eq!((c.username.as_str(), c.secret.as_str()), ("u", "p:w"));
         let text = std::fs::read_to_string(&f).unwrap();
-        assert!(text.contains("a.example") && text.contains("credHelpers") && text.contains("extra"), "{text}");
+        assert!(
+            text.contains("a.example") && text.contains("credHelpers") && text.contains("extra"),
+            "{text}"
+        );
         use std::os::unix::fs::PermissionsExt as _;
-        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert!(remove_login(&f, "127.0.0.1:5000").unwrap());
         assert!(!remove_login(&f, "127.0.0.1:5000").unwrap());
         assert!(files.lookup("127.0.0.1:5000", "x").unwrap().is_none());
@@ -459,7 +522,11 @@ mod tests {
     fn a_missing_helper_is_named() {
         let d = tmpdir("helper");
         let f = d.join("config.json");
-        std::fs::write(&f, r#"{"credHelpers":{"127.0.0.1:5000":"forkd-test-none"}}"#).unwrap();
+        std::fs::write(
+            &f,
+            r#"{"credHelpers":{"127.0.0.1:5000":"forkd-test-none"}}"#,
+        )
+        .unwrap();
         let files = AuthFiles { files: vec![f] };
         let e = files.lookup("127.0.0.1:5000", "x").unwrap_err().to_string();
         assert!(e.contains("docker-credential-forkd-test-none"), "{e}");

@@ -220,7 +220,11 @@ fn authority(url: &str) -> &str {
 }
 
 fn retry_after(resp: &Response<Body>) -> Option<Duration> {
-    header(resp, "retry-after")?.trim().parse::<u64>().ok().map(Duration::from_secs)
+    header(resp, "retry-after")?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 fn retryable(status: u16) -> bool {
@@ -229,7 +233,11 @@ fn retryable(status: u16) -> bool {
 
 fn excerpt(resp: Response<Body>) -> String {
     let mut body = resp.into_body();
-    let bytes = body.with_config().limit(4096).read_to_vec().unwrap_or_default();
+    let bytes = body
+        .with_config()
+        .limit(4096)
+        .read_to_vec()
+        .unwrap_or_default();
     let text = String::from_utf8_lossy(&bytes);
     // A registry's JSON errors: {"errors":[{"code":..,"message":..}]}.
     #[derive(serde::Deserialize)]
@@ -296,7 +304,13 @@ impl Client {
         let system = std::env::var_os("SSL_CERT_FILE")
             .map(PathBuf::from)
             .into_iter()
-            .chain(["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"].map(PathBuf::from));
+            .chain(
+                [
+                    "/etc/ssl/certs/ca-certificates.crt",
+                    "/etc/pki/tls/certs/ca-bundle.crt",
+                ]
+                .map(PathBuf::from),
+            );
         for f in system {
             if let Ok(pem) = std::fs::read(&f) {
                 roots.extend(ureq::tls::parse_pem(&pem).filter_map(|i| match i {
@@ -314,7 +328,10 @@ impl Client {
             let mut names: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
             names.sort();
             for p in &names {
-                let bad = |reason: String| RegistryError::Config { path: p.clone(), reason };
+                let bad = |reason: String| RegistryError::Config {
+                    path: p.clone(),
+                    reason,
+                };
                 match p.extension().and_then(|e| e.to_str()) {
                     Some("crt") => {
                         let pem = std::fs::read(p).map_err(|e| bad(e.to_string()))?;
@@ -379,7 +396,10 @@ impl Client {
     }
 
     fn credential(&self, ep: &Endpoint) -> Result<Option<Credential>, RegistryError> {
-        let key = (ep.reference.registry.clone(), ep.reference.repository.clone());
+        let key = (
+            ep.reference.registry.clone(),
+            ep.reference.repository.clone(),
+        );
         if let Some(c) = lock(&self.creds).get(&key) {
             return Ok(c.clone());
         }
@@ -436,7 +456,9 @@ impl Client {
             }
             return Ok(resp);
         }
-        Err(ureq::Error::Io(io::Error::other(format!("more than {MAX_REDIRECTS} redirects"))))
+        Err(ureq::Error::Io(io::Error::other(format!(
+            "more than {MAX_REDIRECTS} redirects"
+        ))))
     }
 
     /// The base URL of an endpoint's registry, finding out the scheme of an insecure one.
@@ -472,7 +494,10 @@ impl Client {
     /// repository, or the registry's basic credentials once a challenge asked for them.
     fn cached_auth(&self, ep: &Endpoint) -> Option<String> {
         let tokens = lock(&self.tokens);
-        let repo = (ep.reference.registry.clone(), ep.reference.repository.clone());
+        let repo = (
+            ep.reference.registry.clone(),
+            ep.reference.repository.clone(),
+        );
         if let Some(t) = tokens.get(&repo).filter(|t| t.until > Instant::now()) {
             return Some(t.header.clone());
         }
@@ -501,7 +526,8 @@ impl Client {
             use base64::Engine as _;
             format!(
                 "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.username, c.secret))
+                base64::engine::general_purpose::STANDARD
+                    .encode(format!("{}:{}", c.username, c.secret))
             )
         };
         match ch.scheme.as_str() {
@@ -528,7 +554,11 @@ impl Client {
                 if let Some(s) = ch.params.get("service") {
                     query = format!("service={}&{query}", encode(s));
                 }
-                let url = if realm.contains('?') { format!("{realm}&{query}") } else { format!("{realm}?{query}") };
+                let url = if realm.contains('?') {
+                    format!("{realm}&{query}")
+                } else {
+                    format!("{realm}?{query}")
+                };
                 let token_host = authority(realm).to_owned();
                 let agent = self.agent(&token_host, !ep.insecure)?;
                 let transport = |e: ureq::Error| RegistryError::Transport {
@@ -553,7 +583,11 @@ impl Client {
                             .send(form.as_bytes())
                             .map_err(transport)?
                     }
-                    Some(c) => agent.get(&url).header("Authorization", basic_of(c)).call().map_err(transport)?,
+                    Some(c) => agent
+                        .get(&url)
+                        .header("Authorization", basic_of(c))
+                        .call()
+                        .map_err(transport)?,
                     None => agent.get(&url).call().map_err(transport)?,
                 };
                 let status = resp.status().as_u16();
@@ -588,22 +622,28 @@ impl Client {
                     .limit(1 << 20)
                     .read_to_vec()
                     .map_err(transport)?;
-                let a: Answer = serde_json::from_slice(&bytes).map_err(|e| RegistryError::Invalid {
-                    reference: call.reference(),
-                    what: format!("token from {realm}"),
-                    reason: e.to_string(),
-                })?;
-                let token = a.access_token.or(a.token).filter(|t| !t.is_empty()).ok_or_else(|| {
-                    RegistryError::Invalid {
+                let a: Answer =
+                    serde_json::from_slice(&bytes).map_err(|e| RegistryError::Invalid {
+                        reference: call.reference(),
+                        what: format!("token from {realm}"),
+                        reason: e.to_string(),
+                    })?;
+                let token = a
+                    .access_token
+                    .or(a.token)
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| RegistryError::Invalid {
                         reference: call.reference(),
                         what: format!("token from {realm}"),
                         reason: "no token in the answer".into(),
-                    }
-                })?;
+                    })?;
                 // Renewed a little before it expires; 60 s when the server does not say.
                 let life = a.expires_in.unwrap_or(60).max(10);
                 lock(&self.tokens).insert(
-                    (ep.reference.registry.clone(), ep.reference.repository.clone()),
+                    (
+                        ep.reference.registry.clone(),
+                        ep.reference.repository.clone(),
+                    ),
                     Token {
                         header: format!("Bearer {token}"),
                         until: Instant::now() + Duration::from_secs(life - life / 10),
@@ -611,12 +651,21 @@ impl Client {
                 );
                 Ok(())
             }
-            other => Err(auth_err(401, format!("unsupported authentication scheme {other:?}"))),
+            other => Err(auth_err(
+                401,
+                format!("unsupported authentication scheme {other:?}"),
+            )),
         }
     }
 
     fn no_credentials(&self, ep: &Endpoint) -> String {
-        let files: Vec<String> = self.config.auth.files.iter().map(|p| p.display().to_string()).collect();
+        let files: Vec<String> = self
+            .config
+            .auth
+            .files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
         format!(
             "the registry {} wants credentials and none were found (looked in {}; `forkd login {}` stores some)",
             ep.reference.registry,
@@ -663,7 +712,9 @@ impl Client {
                     }
                     if status == 401 || status == 403 {
                         let reason = match &cred {
-                            Some(c) => format!("bad credentials from {} ({})", c.from, excerpt(resp)),
+                            Some(c) => {
+                                format!("bad credentials from {} ({})", c.from, excerpt(resp))
+                            }
                             None if status == 401 => self.no_credentials(ep),
                             None => format!("access denied ({})", excerpt(resp)),
                         };
@@ -697,7 +748,10 @@ impl Client {
     /// The digest a tag or digest names on an endpoint now, from one `HEAD` (the
     /// `Docker-Content-Digest` header); `None` if the registry does not say.
     pub fn head(&self, ep: &Endpoint) -> Result<Option<Digest>, RegistryError> {
-        let call = Call { endpoint: ep, step: "manifest HEAD" };
+        let call = Call {
+            endpoint: ep,
+            step: "manifest HEAD",
+        };
         let resp = self.request(
             &call,
             "HEAD",
@@ -706,7 +760,9 @@ impl Client {
         )?;
         match resp.status().as_u16() {
             200 => Ok(header(&resp, "docker-content-digest").and_then(|d| d.parse().ok())),
-            404 => Err(RegistryError::ManifestUnknown { reference: call.reference() }),
+            404 => Err(RegistryError::ManifestUnknown {
+                reference: call.reference(),
+            }),
             s => Err(RegistryError::Http {
                 reference: call.reference(),
                 step: call.step.into(),
@@ -718,9 +774,21 @@ impl Client {
     }
 
     /// GETs a manifest or index by tag or digest, verifying its digest.
-    fn get_manifest(&self, ep: &Endpoint, what: &str) -> Result<(Vec<u8>, Option<String>, Digest), RegistryError> {
-        let call = Call { endpoint: ep, step: "manifest" };
-        let resp = self.request(&call, "GET", &format!("manifests/{what}"), &[("Accept", manifest::ACCEPT.to_owned())])?;
+    fn get_manifest(
+        &self,
+        ep: &Endpoint,
+        what: &str,
+    ) -> Result<(Vec<u8>, Option<String>, Digest), RegistryError> {
+        let call = Call {
+            endpoint: ep,
+            step: "manifest",
+        };
+        let resp = self.request(
+            &call,
+            "GET",
+            &format!("manifests/{what}"),
+            &[("Accept", manifest::ACCEPT.to_owned())],
+        )?;
         let status = resp.status().as_u16();
         if status == 404 {
             let shown = match (&ep.reference.tag, what.starts_with("sha256:")) {
@@ -772,7 +840,11 @@ impl Client {
 
     /// Finds the image manifest of `reference` for `platform`, trying each endpoint
     /// (mirrors first) until one has it.
-    pub fn resolve(&self, reference: &Reference, platform: &Platform) -> Result<Resolved, RegistryError> {
+    pub fn resolve(
+        &self,
+        reference: &Reference,
+        platform: &Platform,
+    ) -> Result<Resolved, RegistryError> {
         let endpoints = self.config.registries.endpoints(reference)?;
         let mut last = None;
         for ep in endpoints {
@@ -785,27 +857,33 @@ impl Client {
         Err(last.expect("there is always the registry itself"))
     }
 
-    fn resolve_at(&self, ep: &Endpoint, reference: &Reference, platform: &Platform) -> Result<Resolved, RegistryError> {
+    fn resolve_at(
+        &self,
+        ep: &Endpoint,
+        reference: &Reference,
+        platform: &Platform,
+    ) -> Result<Resolved, RegistryError> {
         let shown = reference.to_string();
         let (bytes, ct, digest) = self.get_manifest(ep, &ep.reference.manifest_ref())?;
-        let (manifest, manifest_digest) = match manifest::parse_document(&shown, ct.as_deref(), &bytes)? {
-            Document::Manifest(m) => (m, digest.clone()),
-            Document::Index(idx) => {
-                let d = manifest::select_platform(&shown, &idx, platform)?;
-                let md = manifest::descriptor_digest(&shown, &d)?;
-                let (bytes, ct, got) = self.get_manifest(ep, &md.to_string())?;
-                debug_assert_eq!(got, md);
-                match manifest::parse_document(&shown, ct.as_deref(), &bytes)? {
-                    Document::Manifest(m) => (m, md),
-                    Document::Index(_) => {
-                        return Err(RegistryError::Unsupported {
-                            reference: shown,
-                            what: format!("the index entry for {platform} is itself an index"),
-                        })
+        let (manifest, manifest_digest) =
+            match manifest::parse_document(&shown, ct.as_deref(), &bytes)? {
+                Document::Manifest(m) => (m, digest.clone()),
+                Document::Index(idx) => {
+                    let d = manifest::select_platform(&shown, &idx, platform)?;
+                    let md = manifest::descriptor_digest(&shown, &d)?;
+                    let (bytes, ct, got) = self.get_manifest(ep, &md.to_string())?;
+                    debug_assert_eq!(got, md);
+                    match manifest::parse_document(&shown, ct.as_deref(), &bytes)? {
+                        Document::Manifest(m) => (m, md),
+                        Document::Index(_) => {
+                            return Err(RegistryError::Unsupported {
+                                reference: shown,
+                                what: format!("the index entry for {platform} is itself an index"),
+                            })
+                        }
                     }
                 }
-            }
-        };
+            };
         Ok(Resolved {
             endpoint: ep.clone(),
             reference: reference.clone(),
@@ -816,7 +894,12 @@ impl Client {
     }
 
     /// Fetches a small blob whole (an image config), verified.
-    pub fn fetch_small(&self, ep: &Endpoint, d: &Descriptor, limit: u64) -> Result<Vec<u8>, RegistryError> {
+    pub fn fetch_small(
+        &self,
+        ep: &Endpoint,
+        d: &Descriptor,
+        limit: u64,
+    ) -> Result<Vec<u8>, RegistryError> {
         let shown = ep.reference.to_string();
         let digest = manifest::descriptor_digest(&shown, d)?;
         if d.size > limit {
@@ -828,17 +911,23 @@ impl Client {
         }
         let mut r = self.open_blob(ep, &digest, d.size)?;
         let mut out = Vec::with_capacity(d.size as usize);
-        r.read_to_end(&mut out).map_err(|e| RegistryError::Transport {
-            reference: shown.clone(),
-            step: format!("blob {digest}"),
-            url: ep.reference.name(),
-            reason: e.to_string(),
-        })?;
+        r.read_to_end(&mut out)
+            .map_err(|e| RegistryError::Transport {
+                reference: shown.clone(),
+                step: format!("blob {digest}"),
+                url: ep.reference.name(),
+                reason: e.to_string(),
+            })?;
         Ok(out)
     }
 
     /// Opens a streamed, resumable, verified read of a blob.
-    pub fn open_blob(&self, ep: &Endpoint, digest: &Digest, size: u64) -> Result<BlobReader<'_>, RegistryError> {
+    pub fn open_blob(
+        &self,
+        ep: &Endpoint,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<BlobReader<'_>, RegistryError> {
         let mut r = BlobReader {
             client: self,
             endpoint: ep.clone(),
@@ -873,7 +962,9 @@ impl Client {
 }
 
 fn backoff(p: &RetryPolicy, attempt: u32) -> Duration {
-    p.base.saturating_mul(1u32 << attempt.saturating_sub(1).min(16)).min(p.max_wait)
+    p.base
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+        .min(p.max_wait)
 }
 
 /// A blob as a stream (see the module's header).
@@ -932,7 +1023,10 @@ impl BlobReader<'_> {
                 return Err(io::Error::other(RegistryError::Invalid {
                     reference: self.endpoint.reference.to_string(),
                     what: format!("blob {}", self.digest),
-                    reason: format!("asked for bytes from {} and got a range from {start:?}", self.offset),
+                    reason: format!(
+                        "asked for bytes from {} and got a range from {start:?}",
+                        self.offset
+                    ),
                 }));
             }
         } else if status == StatusCode::OK {
@@ -995,10 +1089,15 @@ impl BlobReader<'_> {
         if self.resumes > MAX_RESUMES {
             return Err(io::Error::new(
                 why.kind(),
-                format!("blob {}: gave up after {MAX_RESUMES} resumes: {why}", self.digest),
+                format!(
+                    "blob {}: gave up after {MAX_RESUMES} resumes: {why}",
+                    self.digest
+                ),
             ));
         }
-        std::thread::sleep(backoff(&self.client.config.retry, self.resumes).min(Duration::from_secs(5)));
+        std::thread::sleep(
+            backoff(&self.client.config.retry, self.resumes).min(Duration::from_secs(5)),
+        );
         self.connect()
     }
 }
@@ -1025,7 +1124,10 @@ impl Read for BlobReader<'_> {
                 let n = (self.skip as usize).min(scratch.len());
                 match body.read(&mut scratch[..n]) {
                     Ok(0) => {
-                        let e = io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended early");
+                        let e = io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the connection ended early",
+                        );
                         self.resume_after(e)?;
                     }
                     Ok(k) => self.skip -= k as u64,
@@ -1038,7 +1140,10 @@ impl Read for BlobReader<'_> {
                 Ok(0) => {
                     let e = io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        format!("the connection ended at byte {} of {}", self.offset, self.size),
+                        format!(
+                            "the connection ended at byte {} of {}",
+                            self.offset, self.size
+                        ),
                     );
                     self.resume_after(e)?;
                 }

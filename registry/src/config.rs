@@ -153,13 +153,18 @@ impl RegistriesConf {
                 return Err(bad("a [[registry]] needs a prefix or a location".into()));
             };
             if key.contains("://") {
-                return Err(bad(format!("{key:?}: a registry is host[:port][/path], without a scheme")));
+                return Err(bad(format!(
+                    "{key:?}: a registry is host[:port][/path], without a scheme"
+                )));
             }
             if key.starts_with("*.") && key.contains('/') {
                 return Err(bad(format!("{key:?}: a wildcard prefix names hosts only")));
             }
             for m in &r.mirror {
-                if !matches!(m.pull_from_mirror.as_deref(), None | Some("all" | "digest-only" | "tag-only")) {
+                if !matches!(
+                    m.pull_from_mirror.as_deref(),
+                    None | Some("all" | "digest-only" | "tag-only")
+                ) {
                     return Err(bad(format!(
                         "mirror {}: pull-from-mirror is all, digest-only or tag-only, not {:?}",
                         m.location,
@@ -167,7 +172,8 @@ impl RegistriesConf {
                     )));
                 }
             }
-            self.registries.retain(|old| old.prefix.as_ref().or(old.location.as_ref()) != Some(key));
+            self.registries
+                .retain(|old| old.prefix.as_ref().or(old.location.as_ref()) != Some(key));
             self.registries.push(r.clone());
         }
         if let Some(s) = file.unqualified_search_registries {
@@ -180,7 +186,11 @@ impl RegistriesConf {
             Parsed::parse(&v)
                 .ok()
                 .filter(|p| !p.is_short())
-                .ok_or_else(|| bad(format!("alias {k:?} = {v:?}: not a fully qualified reference")))?;
+                .ok_or_else(|| {
+                    bad(format!(
+                        "alias {k:?} = {v:?}: not a fully qualified reference"
+                    ))
+                })?;
             self.aliases.insert(k, v);
         }
         self.files.push(path.to_path_buf());
@@ -191,7 +201,11 @@ impl RegistriesConf {
         if self.files.is_empty() {
             "no registries.conf".into()
         } else {
-            self.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            self.files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     }
 
@@ -247,10 +261,18 @@ impl RegistriesConf {
                 files: self.describe_files(),
             });
         }
-        let prefix = entry.prefix.as_ref().or(entry.location.as_ref()).expect("checked on load");
+        let prefix = entry
+            .prefix
+            .as_ref()
+            .or(entry.location.as_ref())
+            .expect("checked on load");
         let rewrite = |location: &str| -> Reference {
             let name = r.name();
-            let rest = if prefix.starts_with("*.") { &name[r.registry.len()..] } else { &name[prefix.len()..] };
+            let rest = if prefix.starts_with("*.") {
+                &name[r.registry.len()..]
+            } else {
+                &name[prefix.len()..]
+            };
             let full = format!("{location}{rest}");
             let (reg, repo) = full.split_once('/').unwrap_or((&full, ""));
             r.with_location(reg, repo)
@@ -272,7 +294,11 @@ impl RegistriesConf {
             }
         }
         let location = entry.location.clone().unwrap_or_else(|| prefix.clone());
-        let own = if prefix.starts_with("*.") { r.clone() } else { rewrite(&location) };
+        let own = if prefix.starts_with("*.") {
+            r.clone()
+        } else {
+            rewrite(&location)
+        };
         out.push(Endpoint {
             insecure: entry.insecure || is_loopback(&own.registry),
             reference: own,
@@ -300,7 +326,9 @@ pub fn is_loopback(host_port: &str) -> bool {
     };
     host == "localhost"
         || host == "::1"
-        || host.parse::<std::net::Ipv4Addr>().is_ok_and(|a| a.is_loopback())
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 #[cfg(test)]
@@ -322,12 +350,27 @@ unqualified-search-registries = ["127.0.0.1:5000", "quay.example"]
 "py" = "127.0.0.1:6000/lib/python"
 "#,
         );
-        let names = |s: &str| c.candidates(s).unwrap().iter().map(|r| r.to_string()).collect::<Vec<_>>();
+        let names = |s: &str| {
+            c.candidates(s)
+                .unwrap()
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names("py:3.13"), ["127.0.0.1:6000/lib/python:3.13"]);
-        assert_eq!(names("busybox"), ["127.0.0.1:5000/busybox:latest", "quay.example/busybox:latest"]);
+        assert_eq!(
+            names("busybox"),
+            [
+                "127.0.0.1:5000/busybox:latest",
+                "quay.example/busybox:latest"
+            ]
+        );
         assert_eq!(names("ghcr.io/x/y:1"), ["ghcr.io/x/y:1"]);
         let empty = RegistriesConf::default();
-        assert_eq!(empty.candidates("busybox").unwrap()[0].to_string(), "docker.io/library/busybox:latest");
+        assert_eq!(
+            empty.candidates("busybox").unwrap()[0].to_string(),
+            "docker.io/library/busybox:latest"
+        );
     }
 
     #[test]
@@ -359,28 +402,45 @@ insecure = true
         );
         let hub = Reference::parse_qualified("docker.io/library/busybox:1").unwrap();
         let eps = c.endpoints(&hub).unwrap();
-        let shown: Vec<_> = eps.iter().map(|e| (e.reference.to_string(), e.insecure, e.mirror)).collect();
+        let shown: Vec<_> = eps
+            .iter()
+            .map(|e| (e.reference.to_string(), e.insecure, e.mirror))
+            .collect();
         assert_eq!(
             shown,
             [
-                ("127.0.0.1:5001/hub/library/busybox:1".to_owned(), true, true),
+                (
+                    "127.0.0.1:5001/hub/library/busybox:1".to_owned(),
+                    true,
+                    true
+                ),
                 ("docker.io/library/busybox:1".to_owned(), false, false)
             ],
             "a digest-only mirror is skipped for a tag"
         );
-        let by_digest = Reference::parse_qualified(&format!("docker.io/library/busybox@sha256:{}", "0".repeat(64))).unwrap();
+        let by_digest = Reference::parse_qualified(&format!(
+            "docker.io/library/busybox@sha256:{}",
+            "0".repeat(64)
+        ))
+        .unwrap();
         assert_eq!(c.endpoints(&by_digest).unwrap().len(), 3);
 
         let team = Reference::parse_qualified("example.com/team/app:2").unwrap();
         let eps = c.endpoints(&team).unwrap();
-        assert_eq!(eps[0].reference.to_string(), "internal.example:8443/mirrored/team/app:2");
+        assert_eq!(
+            eps[0].reference.to_string(),
+            "internal.example:8443/mirrored/team/app:2"
+        );
         assert!(eps[0].insecure);
         // Not a prefix on a component boundary.
         let other = Reference::parse_qualified("example.com/teamwork/app").unwrap();
         assert_eq!(c.endpoints(&other).unwrap()[0].reference, other);
         let secret = Reference::parse_qualified("example.com/team/secret/x").unwrap();
         let e = c.endpoints(&secret).unwrap_err().to_string();
-        assert!(e.contains("blocked") && e.contains("/test/registries.conf"), "{e}");
+        assert!(
+            e.contains("blocked") && e.contains("/test/registries.conf"),
+            "{e}"
+        );
         let wild = Reference::parse_qualified("r1.corp.example/a/b").unwrap();
         let eps = c.endpoints(&wild).unwrap();
         assert_eq!(eps[0].reference, wild);
@@ -391,23 +451,41 @@ insecure = true
     fn bad_files_are_refused_by_name() {
         let mut c = RegistriesConf::default();
         let p = Path::new("/x/registries.conf");
-        let e = c.merge(p, "[registries.search]\nregistries = ['a']").unwrap_err().to_string();
-        assert!(e.contains("version 1") && e.contains("/x/registries.conf"), "{e}");
-        let e = c.merge(p, "[[registry]]\ninsecure = true").unwrap_err().to_string();
+        let e = c
+            .merge(p, "[registries.search]\nregistries = ['a']")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("version 1") && e.contains("/x/registries.conf"),
+            "{e}"
+        );
+        let e = c
+            .merge(p, "[[registry]]\ninsecure = true")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("prefix or a location"), "{e}");
         let e = c
             .merge(p, "[[registry]]\nlocation='a.b'\n[[registry.mirror]]\nlocation='m.n'\npull-from-mirror='some'")
             .unwrap_err()
             .to_string();
         assert!(e.contains("pull-from-mirror"), "{e}");
-        let e = c.merge(p, "[aliases]\nx = 'short'").unwrap_err().to_string();
+        let e = c
+            .merge(p, "[aliases]\nx = 'short'")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fully qualified"), "{e}");
         assert!(c.merge(p, "this is = = not toml").is_err());
     }
 
     #[test]
     fn loopback_hosts() {
-        for h in ["localhost", "localhost:5000", "127.0.0.1:5000", "127.1.2.3", "[::1]:5000"] {
+        for h in [
+            "localhost",
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.1.2.3",
+            "[::1]:5000",
+        ] {
             assert!(is_loopback(h), "{h}");
         }
         for h in ["example.com", "10.0.0.1:5000", "[fe80::1]:5000"] {

@@ -93,7 +93,11 @@ struct Probe {
 
 /// Reads a manifest or an index, by its `mediaType`, else the answer's content type,
 /// else its shape.
-pub fn parse_document(reference: &str, content_type: Option<&str>, bytes: &[u8]) -> Result<Document, RegistryError> {
+pub fn parse_document(
+    reference: &str,
+    content_type: Option<&str>,
+    bytes: &[u8],
+) -> Result<Document, RegistryError> {
     let invalid = |reason: String| RegistryError::Invalid {
         reference: reference.to_owned(),
         what: "manifest".into(),
@@ -108,7 +112,8 @@ pub fn parse_document(reference: &str, content_type: Option<&str>, bytes: &[u8])
             what: "Docker schema 1 manifests are not supported (deprecated since 2017; push the image again with a current client)".into(),
         });
     }
-    let is_index = mt == OCI_INDEX || mt == DOCKER_LIST || (mt.is_empty() && probe.manifests.is_some());
+    let is_index =
+        mt == OCI_INDEX || mt == DOCKER_LIST || (mt.is_empty() && probe.manifests.is_some());
     if is_index {
         return serde_json::from_slice(bytes)
             .map(Document::Index)
@@ -124,7 +129,10 @@ pub fn parse_document(reference: &str, content_type: Option<&str>, bytes: &[u8])
     if !m.config.media_type.is_empty() && !IMAGE_CONFIGS.contains(&m.config.media_type.as_str()) {
         return Err(RegistryError::Unsupported {
             reference: reference.to_owned(),
-            what: format!("not a container image (its config is {})", m.config.media_type),
+            what: format!(
+                "not a container image (its config is {})",
+                m.config.media_type
+            ),
         });
     }
     Ok(Document::Manifest(m))
@@ -179,11 +187,13 @@ impl FromStr for Platform {
     type Err = RegistryError;
     fn from_str(s: &str) -> Result<Platform, RegistryError> {
         let parts: Vec<&str> = s.split('/').collect();
-        let ok = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_');
+        let ok =
+            |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_');
         if !(2..=3).contains(&parts.len()) || !parts.iter().all(|p| ok(p)) {
             return Err(RegistryError::BadReference {
                 reference: s.to_owned(),
-                reason: "a platform is OS/ARCH[/VARIANT], such as linux/amd64 or linux/arm64/v8".into(),
+                reason: "a platform is OS/ARCH[/VARIANT], such as linux/amd64 or linux/arm64/v8"
+                    .into(),
             });
         }
         Ok(Platform {
@@ -213,21 +223,40 @@ fn default_variant(arch: &str) -> Option<&'static str> {
 }
 
 fn is_attestation(d: &Descriptor) -> bool {
-    d.annotations.get("vnd.docker.reference.type").is_some_and(|t| t == "attestation-manifest")
-        || d.platform.as_ref().is_some_and(|p| p.os == "unknown" && p.architecture == "unknown")
+    d.annotations
+        .get("vnd.docker.reference.type")
+        .is_some_and(|t| t == "attestation-manifest")
+        || d.platform
+            .as_ref()
+            .is_some_and(|p| p.os == "unknown" && p.architecture == "unknown")
 }
 
 /// The manifest of `want` in an index: an exact variant first, then an entry that
 /// leaves the variant out. Attestation manifests are skipped.
-pub fn select_platform(reference: &str, index: &Index, want: &Platform) -> Result<Descriptor, RegistryError> {
+pub fn select_platform(
+    reference: &str,
+    index: &Index,
+    want: &Platform,
+) -> Result<Descriptor, RegistryError> {
     let candidates: Vec<&Descriptor> = index
         .manifests
         .iter()
         .filter(|d| !is_attestation(d))
-        .filter(|d| d.media_type.is_empty() || d.media_type == OCI_MANIFEST || d.media_type == DOCKER_MANIFEST)
+        .filter(|d| {
+            d.media_type.is_empty()
+                || d.media_type == OCI_MANIFEST
+                || d.media_type == DOCKER_MANIFEST
+        })
         .collect();
-    let variant_of = |p: &PlatformJson| p.variant.clone().or_else(|| default_variant(&p.architecture).map(str::to_owned));
-    let want_variant = want.variant.clone().or_else(|| default_variant(&want.architecture).map(str::to_owned));
+    let variant_of = |p: &PlatformJson| {
+        p.variant
+            .clone()
+            .or_else(|| default_variant(&p.architecture).map(str::to_owned))
+    };
+    let want_variant = want
+        .variant
+        .clone()
+        .or_else(|| default_variant(&want.architecture).map(str::to_owned));
     let same_arch = |d: &&&Descriptor| {
         d.platform
             .as_ref()
@@ -238,10 +267,9 @@ pub fn select_platform(reference: &str, index: &Index, want: &Platform) -> Resul
         .filter(same_arch)
         .find(|d| d.platform.as_ref().and_then(variant_of) == want_variant);
     let loose = || {
-        candidates
-            .iter()
-            .filter(same_arch)
-            .find(|d| want.variant.is_none() || d.platform.as_ref().is_some_and(|p| p.variant.is_none()))
+        candidates.iter().filter(same_arch).find(|d| {
+            want.variant.is_none() || d.platform.as_ref().is_some_and(|p| p.variant.is_none())
+        })
     };
     if let Some(d) = exact.or_else(loose) {
         return Ok((*d).clone());
@@ -257,16 +285,22 @@ pub fn select_platform(reference: &str, index: &Index, want: &Platform) -> Resul
     Err(RegistryError::NoPlatform {
         reference: reference.to_owned(),
         platform: want.to_string(),
-        available: if available.is_empty() { "nothing".into() } else { available.join(", ") },
+        available: if available.is_empty() {
+            "nothing".into()
+        } else {
+            available.join(", ")
+        },
     })
 }
 
 /// A descriptor's digest, sha256 only.
 pub fn descriptor_digest(reference: &str, d: &Descriptor) -> Result<Digest, RegistryError> {
-    d.digest.parse().map_err(|e: RegistryError| RegistryError::Unsupported {
-        reference: reference.to_owned(),
-        what: e.to_string(),
-    })
+    d.digest
+        .parse()
+        .map_err(|e: RegistryError| RegistryError::Unsupported {
+            reference: reference.to_owned(),
+            what: e.to_string(),
+        })
 }
 
 /// The `rootfs.diff_ids` and the platform of an image config.
@@ -307,32 +341,71 @@ mod tests {
 
     #[test]
     fn platforms_are_matched_with_variants_and_attestations_skipped() {
-        let mut idx = index(&[("unknown", "unknown", None), ("linux", "arm64", Some("v8")), ("linux", "amd64", None), ("linux", "arm", Some("v7"))]);
-        idx.manifests[0].annotations.insert("vnd.docker.reference.type".into(), "attestation-manifest".into());
+        let mut idx = index(&[
+            ("unknown", "unknown", None),
+            ("linux", "arm64", Some("v8")),
+            ("linux", "amd64", None),
+            ("linux", "arm", Some("v7")),
+        ]);
+        idx.manifests[0].annotations.insert(
+            "vnd.docker.reference.type".into(),
+            "attestation-manifest".into(),
+        );
         let pick = |p: &str| select_platform("r", &idx, &p.parse().unwrap()).map(|d| d.digest);
         assert!(pick("linux/amd64").unwrap().ends_with('2'));
-        assert!(pick("linux/arm64").unwrap().ends_with('1'), "arm64 means v8");
+        assert!(
+            pick("linux/arm64").unwrap().ends_with('1'),
+            "arm64 means v8"
+        );
         assert!(pick("linux/arm64/v8").unwrap().ends_with('1'));
         assert!(pick("linux/arm/v7").unwrap().ends_with('3'));
         let e = pick("linux/s390x").unwrap_err().to_string();
-        assert!(e.contains("no linux/s390x in the index") && e.contains("linux/arm/v7") && !e.contains("unknown"), "{e}");
+        assert!(
+            e.contains("no linux/s390x in the index")
+                && e.contains("linux/arm/v7")
+                && !e.contains("unknown"),
+            "{e}"
+        );
         assert!(pick("linux/arm/v6").is_err());
     }
 
     #[test]
     fn media_types_are_sorted_or_refused_by_name() {
-        assert_eq!(layer_compression("application/vnd.oci.image.layer.v1.tar+zstd"), Ok(Compression::Zstd));
-        assert_eq!(layer_compression("application/vnd.docker.image.rootfs.diff.tar.gzip"), Ok(Compression::Gzip));
-        assert!(layer_compression("application/vnd.docker.image.rootfs.foreign.diff.tar.gzip").unwrap_err().contains("foreign"));
-        assert!(layer_compression("application/vnd.oci.image.layer.v1.tar+gzip+encrypted").unwrap_err().contains("encrypted"));
-        let e = parse_document("r", None, br#"{"schemaVersion":1,"fsLayers":[]}"#).err().unwrap().to_string();
+        assert_eq!(
+            layer_compression("application/vnd.oci.image.layer.v1.tar+zstd"),
+            Ok(Compression::Zstd)
+        );
+        assert_eq!(
+            layer_compression("application/vnd.docker.image.rootfs.diff.tar.gzip"),
+            Ok(Compression::Gzip)
+        );
+        assert!(
+            layer_compression("application/vnd.docker.image.rootfs.foreign.diff.tar.gzip")
+                .unwrap_err()
+                .contains("foreign")
+        );
+        assert!(
+            layer_compression("application/vnd.oci.image.layer.v1.tar+gzip+encrypted")
+                .unwrap_err()
+                .contains("encrypted")
+        );
+        let e = parse_document("r", None, br#"{"schemaVersion":1,"fsLayers":[]}"#)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("schema 1"), "{e}");
         let art = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.cncf.helm.config.v1+json","digest":"sha256:00","size":1},"layers":[]}"#;
         let e = parse_document("r", None, art).err().unwrap().to_string();
         assert!(e.contains("not a container image"), "{e}");
         let idx = br#"{"schemaVersion":2,"manifests":[]}"#;
-        assert!(matches!(parse_document("r", None, idx), Ok(Document::Index(_))));
+        assert!(matches!(
+            parse_document("r", None, idx),
+            Ok(Document::Index(_))
+        ));
         assert!("linux".parse::<Platform>().is_err());
-        assert_eq!("linux/arm64/v8".parse::<Platform>().unwrap().to_string(), "linux/arm64/v8");
+        assert_eq!(
+            "linux/arm64/v8".parse::<Platform>().unwrap().to_string(),
+            "linux/arm64/v8"
+        );
     }
 }

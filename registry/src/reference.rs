@@ -56,7 +56,9 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 }
 
 fn is_hex64(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    s.len() == 64
+        && s.bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 
 impl FromStr for Digest {
@@ -66,9 +68,7 @@ impl FromStr for Digest {
             digest: s.to_owned(),
             reason: why.to_owned(),
         };
-        let (alg, hex) = s
-            .split_once(':')
-            .ok_or_else(|| bad("not ALGORITHM:HEX"))?;
+        let (alg, hex) = s.split_once(':').ok_or_else(|| bad("not ALGORITHM:HEX"))?;
         if alg != "sha256" {
             return Err(bad("only sha256 digests are supported"));
         }
@@ -299,7 +299,8 @@ fn is_alnum_lower(c: u8) -> bool {
 }
 
 fn valid_domain(d: &str) -> bool {
-    let valid_port = |p: &str| !p.is_empty() && p.len() <= 5 && p.bytes().all(|c| c.is_ascii_digit());
+    let valid_port =
+        |p: &str| !p.is_empty() && p.len() <= 5 && p.bytes().all(|c| c.is_ascii_digit());
     if let Some(rest) = d.strip_prefix('[') {
         // [IPv6] or [IPv6]:port
         let Some((h, after)) = rest.split_once(']') else {
@@ -336,10 +337,18 @@ mod tests {
     #[test]
     fn short_names_expand_as_docker_does() {
         assert_eq!(q("busybox"), "docker.io/library/busybox:latest");
-        assert_eq!(q("python:3.13-slim-bookworm"), "docker.io/library/python:3.13-slim-bookworm");
-        assert_eq!(q("swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"),
-            "docker.io/swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest");
-        assert_eq!(q("index.docker.io/library/ubuntu:24.04"), "docker.io/library/ubuntu:24.04");
+        assert_eq!(
+            q("python:3.13-slim-bookworm"),
+            "docker.io/library/python:3.13-slim-bookworm"
+        );
+        assert_eq!(
+            q("swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"),
+            "docker.io/swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
+        );
+        assert_eq!(
+            q("index.docker.io/library/ubuntu:24.04"),
+            "docker.io/library/ubuntu:24.04"
+        );
         assert_eq!(q("docker.io/ubuntu"), "docker.io/library/ubuntu:latest");
     }
 
@@ -359,7 +368,10 @@ mod tests {
         assert_eq!(p.tag.as_deref(), Some("latest"));
         let p = Parsed::parse("[::1]:5000/app:1").unwrap();
         assert_eq!(p.registry.as_deref(), Some("[::1]:5000"));
-        assert_eq!(Parsed::parse("ghcr.io/x/y").unwrap().registry.as_deref(), Some("ghcr.io"));
+        assert_eq!(
+            Parsed::parse("ghcr.io/x/y").unwrap().registry.as_deref(),
+            Some("ghcr.io")
+        );
     }
 
     #[test]

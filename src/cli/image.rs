@@ -1,8 +1,10 @@
-//! `forkd image import|build|ls|rm|inspect`.
+//! `forkd image import|build|pull|ls|rm|inspect`.
 
 use super::Ctx;
 use crate::api::url::encode_segment as url_encode_segment;
-use crate::api::{BuildRequest, BuildResult, BuildStatus, BuildStep, ImageInfo};
+use crate::api::{
+    BuildRequest, BuildResult, BuildStatus, BuildStep, ImageInfo, PullRequest, PullStatus,
+};
 use clap::Subcommand;
 
 #[derive(Subcommand)]
@@ -35,6 +37,17 @@ pub enum ImageCmd {
         /// Kill a RUN step (and fail the build) after this many seconds
         #[arg(long, value_name = "SECS")]
         step_timeout: Option<u64>,
+    },
+    /// Pull an image from a registry (Docker Hub, a registry of your own, a mirror)
+    Pull {
+        /// [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST]; short names as podman resolves them
+        reference: String,
+        /// OS/ARCH[/VARIANT] of the image to take from a multi-platform index
+        #[arg(long, default_value = "linux/amd64")]
+        platform: String,
+        /// The image's name here (default: the fully qualified reference)
+        #[arg(long)]
+        name: Option<String>,
     },
     /// List images
     Ls {
@@ -148,6 +161,41 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 println!("{}", r.image.name);
             }
         }
+        ImageCmd::Pull {
+            reference,
+            platform,
+            name,
+        } => {
+            let req = PullRequest {
+                reference: reference.clone(),
+                platform: Some(platform),
+                name,
+            };
+            let progress = (!ctx.json).then(|| watch_pull(ctx, &reference));
+            let t = std::time::Instant::now();
+            let res: Result<ImageInfo, _> = ctx.client.call(
+                "POST",
+                "/v1/images/pull",
+                Some(&serde_json::to_value(&req)?),
+            );
+            if let Some((stop, handle)) = progress {
+                drop(stop);
+                let _ = handle.join();
+            }
+            let img = res?;
+            if ctx.json {
+                ctx.print_json(&img);
+            } else {
+                eprintln!(
+                    "pulled {} ({} layers, {}) in {:.1}s",
+                    img.name,
+                    img.layers.len(),
+                    img.digest.as_deref().unwrap_or("-"),
+                    t.elapsed().as_secs_f64()
+                );
+                println!("{}", img.name);
+            }
+        }
         ImageCmd::Ls { quiet } => {
             let imgs: Vec<ImageInfo> = ctx.client.call("GET", "/v1/images", None)?;
             if ctx.json {
@@ -155,13 +203,21 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
             } else if quiet {
                 imgs.iter().for_each(|i| println!("{}", i.name));
             } else {
-                println!("{:<32} {:>6} {:>9}  SOURCE", "NAME", "LAYERS", "SANDBOXES");
+                println!(
+                    "{:<40} {:>6} {:>9}  {:<19}  SOURCE",
+                    "NAME", "LAYERS", "SANDBOXES", "DIGEST"
+                );
                 for i in imgs {
+                    let digest = match &i.digest {
+                        Some(d) => d.chars().take(19).collect(),
+                        None => "-".to_string(),
+                    };
                     println!(
-                        "{:<32} {:>6} {:>9}  {}",
+                        "{:<40} {:>6} {:>9}  {:<19}  {}",
                         i.name,
                         i.layers.len(),
                         i.used_by.len(),
+                        digest,
                         i.source
                     );
                 }
@@ -225,6 +281,48 @@ fn watch_build(
             }
         }
         shown
+    });
+    (stop, handle)
+}
+
+/// Prints a pull's layers as the daemon reports them (polling `GET /v1/pulls`): a line
+/// when a layer starts, and one when it ends.
+fn watch_pull(
+    ctx: &Ctx,
+    reference: &str,
+) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let client = ctx.client.clone();
+    let reference = reference.to_string();
+    let handle = std::thread::spawn(move || {
+        let mut shown: std::collections::HashMap<String, String> = Default::default();
+        let mut last_report = std::time::Instant::now();
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            stopped.recv_timeout(std::time::Duration::from_millis(200))
+        {
+            let Ok(pulls) = client.call::<Vec<PullStatus>>("GET", "/v1/pulls", None) else {
+                continue;
+            };
+            let Some(p) = pulls.iter().find(|p| p.reference == reference) else {
+                continue;
+            };
+            let periodic = last_report.elapsed().as_secs() >= 5;
+            for l in &p.layers {
+                let short: String = l.digest.chars().take(19).collect();
+                if shown.get(&l.digest) != Some(&l.state) || (periodic && l.state == "fetching") {
+                    eprintln!(
+                        "{short}  {:<8}  {:>7.1} / {:.1} MiB",
+                        l.state,
+                        l.done as f64 / 1048576.0,
+                        l.size as f64 / 1048576.0
+                    );
+                    shown.insert(l.digest.clone(), l.state.clone());
+                }
+            }
+            if periodic {
+                last_report = std::time::Instant::now();
+            }
+        }
     });
     (stop, handle)
 }

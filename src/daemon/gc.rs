@@ -53,6 +53,10 @@ impl Daemon {
             freed += info.size_bytes;
             removed.push(info.id.to_string());
         }
+        // Pull index entries (blob -> diff_id -> layer) whose layer is gone.
+        self.layers
+            .prune_index()
+            .map_err(|e| ApiError::from_chain("prune the layer index", &e))?;
         // Runtime-layer cache entries pointing at removed layers.
         if let Ok(rd) = std::fs::read_dir(self.data.join("runtime")) {
             for e in rd.flatten() {

@@ -18,6 +18,7 @@ impl Daemon {
             name: img.name,
             created: img.created,
             source: img.source,
+            digest: img.digest,
             config: img.config.into(),
         }
     }

@@ -20,6 +20,7 @@ mod images;
 mod lifecycle;
 mod metrics;
 mod network;
+mod pull;
 mod record;
 mod routes;
 mod sandboxes;
@@ -78,6 +79,8 @@ pub struct Daemon {
     pub metrics: metrics::Metrics,
     /// Image builds in progress.
     pub builds: build::Builds,
+    /// Image pulls in progress, and the bound on blob fetches.
+    pub pulls: pull::Pulls,
     /// Memory shared between branches (KSM): which forks share, and KSM's pacing.
     pub sharing: sharing::Sharing,
     /// Sandbox egress: the pool, the nftables table, `nft`.
@@ -401,6 +404,7 @@ impl Daemon {
             sandboxes: Mutex::new(table::SandboxTable::default()),
             metrics: metrics::Metrics::default(),
             builds: build::Builds::default(),
+            pulls: pull::Pulls::default(),
             egress,
             leases: Mutex::new(HashMap::new()),
             runtime,

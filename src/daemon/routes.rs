@@ -218,6 +218,8 @@ fn handle(
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
         O::BuildImage => Ok(Reply::json(&d.build_image(req.json()?)?)),
         O::ListBuilds => Ok(Reply::json(&d.builds.list())),
+        O::PullImage => Ok(Reply::json(&d.pull_image(req.json()?)?)),
+        O::ListPulls => Ok(Reply::json(&d.pulls.list())),
         O::InspectImage => Ok(Reply::json(&d.image_info(&param("name"))?)),
         O::RemoveImage => {
             d.remove_image(&param("name"))?;

@@ -6,7 +6,8 @@ use forkd::api::{
     CheckpointInfo, CheckpointRequest, CopyResult, CreateSandboxRequest, DetachedExec, ExecBody,
     ExecRecord, ExecResult, ExportRequest, ExportResult, ForkMode, ForkRequest, ForkResult,
     GcResult, GrantInfo, GrantRequest, ImageConfig, ImageInfo, ImportImageRequest, OpStats,
-    Refusal, Removed, SandboxInfo, SandboxStatus, StopRequest, VersionInfo,
+    PullLayer, PullRequest, PullStatus, Refusal, Removed, SandboxInfo, SandboxStatus, StopRequest,
+    VersionInfo,
 };
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
@@ -139,14 +140,47 @@ fn response_types_serialise_to_their_schemas() {
             source: "/srv/alpine.tar".into(),
             used_by: vec!["0123456789abcdef".into()],
             config: Default::default(),
+            digest: None,
         },
     );
+    check_serialised(
+        &doc,
+        "ImageInfo",
+        &ImageInfo {
+            name: "docker.io/library/alpine:3.20".into(),
+            layers: vec!["a".repeat(64)],
+            created: 1_700_000_000,
+            source: "registry:docker.io/library/alpine:3.20".into(),
+            used_by: Vec::new(),
+            config: Default::default(),
+            digest: Some(format!("sha256:{}", "c".repeat(64))),
+        },
+    );
+    for resolved in [None, Some("docker.io/library/alpine:3.20".to_string())] {
+        check_serialised(
+            &doc,
+            "PullStatus",
+            &PullStatus {
+                reference: "alpine:3.20".into(),
+                resolved,
+                started: 1_700_000_000,
+                phase: "layers".into(),
+                layers: vec![PullLayer {
+                    digest: format!("sha256:{}", "d".repeat(64)),
+                    size: 3_000_000,
+                    done: 1_048_576,
+                    state: "fetching".into(),
+                }],
+            },
+        );
+    }
     let built = ImageInfo {
         name: "task:env".into(),
         layers: vec!["a".repeat(64)],
         created: 1_700_000_000,
         source: "build:/srv/task/Dockerfile".into(),
         used_by: Vec::new(),
+        digest: None,
         config: ImageConfig {
             env: vec!["PATH=/bin".into()],
             cmd: vec!["sh".into()],
@@ -333,6 +367,7 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<ExecBody>(&doc, "ExecBody");
     check_request::<ExecRequest>(&doc, "ExecRequest");
     check_request::<ImportImageRequest>(&doc, "ImportImageRequest");
+    check_request::<PullRequest>(&doc, "PullRequest");
     check_request::<StopRequest>(&doc, "StopRequest");
     check_request::<Limits>(&doc, "Limits");
     check_request::<CheckpointRequest>(&doc, "CheckpointRequest");

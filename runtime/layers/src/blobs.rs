@@ -66,14 +66,21 @@ fn check_hex(what: &str, hex: &str) -> Result<(), LayerError> {
         Err(LayerError::io(
             "indexing",
             Path::new(what),
-            io::Error::new(io::ErrorKind::InvalidInput, format!("{hex:?} is not a sha256 hex digest")),
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{hex:?} is not a sha256 hex digest"),
+            ),
         ))
     }
 }
 
 impl LayerStore {
     /// Extracts a layer blob as it is read (see the module's header).
-    pub fn stage_blob<R: Read>(&self, blob: R, progress: &mut dyn FnMut(Progress)) -> Result<PendingLayer, LayerError> {
+    pub fn stage_blob<R: Read>(
+        &self,
+        blob: R,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PendingLayer, LayerError> {
         let mut counter = Counter::new(progress);
         let (tar, _) = decompress(blob).map_err(|e| LayerError::Tar {
             offset: 0,
@@ -107,7 +114,11 @@ impl LayerStore {
     }
 
     /// Seals a pending layer into the store.
-    pub fn seal_pending(&self, mut p: PendingLayer, progress: &mut dyn FnMut(Progress)) -> Result<LayerId, LayerError> {
+    pub fn seal_pending(
+        &self,
+        mut p: PendingLayer,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<LayerId, LayerError> {
         let mut counter = Counter::new(progress);
         let staging = p.staging.take().expect("a pending layer is sealed once");
         self.seal_or_discard(staging, &mut counter)
@@ -154,7 +165,11 @@ impl LayerStore {
         if fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
             return Ok(());
         }
-        let tmp = dir.join(format!(".{key}.{}.{:?}", std::process::id(), std::thread::current().id()));
+        let tmp = dir.join(format!(
+            ".{key}.{}.{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let written = fs::File::create(&tmp).and_then(|mut f| f.write_all(value.as_bytes()));
         if let Err(e) = written.and_then(|_| fs::rename(&tmp, &path)) {
             let _ = fs::remove_file(&tmp);

@@ -5,8 +5,9 @@
 //!
 //! `<root>/<file name>.json`, one record per image, written atomically
 //! (temporary file, fsync, rename, fsync of the directory). The file name is
-//! the image name with `/` spelled `+` and `:` spelled `@`; neither is allowed
-//! in a name, so the mapping is one-to-one and a name never becomes a path.
+//! the image name with `/` spelled `+`, `:` spelled `@` and `@` spelled `%`; `+` and
+//! `%` are not allowed in a name, so the mapping is one-to-one and a name never becomes
+//! a path.
 //! Temporary files start with `.`, which a name cannot.
 //!
 //! Record: `{"version": 1, "name": .., "layers": [bottom .. top], "created":
@@ -24,7 +25,8 @@ use crate::error::ImageError;
 use crate::id::LayerId;
 
 const RECORD_VERSION: u32 = 1;
-const MAX_NAME: usize = 128;
+/// A name and `.json` fit one file name (255 bytes).
+const MAX_NAME: usize = 240;
 
 /// The run configuration an image carries (from its OCI or Docker config).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +72,10 @@ pub struct Image {
     pub source: String,
     #[serde(default)]
     pub config: ImageConfig,
+    /// For a pulled image: the digest of what its reference named on the registry (an
+    /// index or a manifest), so a pull of the same tag can tell it is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -79,7 +85,7 @@ struct Record {
     image: Image,
 }
 
-/// Checks an image name: 1 to 128 characters of `[A-Za-z0-9._:/-]`, not
+/// Checks an image name: 1 to 240 characters of `[A-Za-z0-9._:/@-]`, not
 /// starting with `.` or `-`, with no empty, `.` or `..` path component.
 pub fn validate_image_name(name: &str) -> Result<(), ImageError> {
     let bad = |reason| {
@@ -89,13 +95,13 @@ pub fn validate_image_name(name: &str) -> Result<(), ImageError> {
         })
     };
     if name.is_empty() || name.len() > MAX_NAME {
-        return bad("must be 1 to 128 characters");
+        return bad("must be 1 to 240 characters");
     }
     if !name
         .bytes()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'/' | b'-'))
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'/' | b'-' | b'@'))
     {
-        return bad("only letters, digits and . _ : / - are allowed");
+        return bad("only letters, digits and . _ : / - @ are allowed");
     }
     if name.starts_with('.') || name.starts_with('-') {
         return bad("must not start with '.' or '-'");
@@ -114,6 +120,7 @@ fn file_stem(name: &str) -> String {
         .map(|c| match c {
             '/' => '+',
             ':' => '@',
+            '@' => '%',
             c => c,
         })
         .collect()
@@ -124,6 +131,7 @@ fn name_from_stem(stem: &str) -> String {
         .map(|c| match c {
             '+' => '/',
             '@' => ':',
+            '%' => '@',
             c => c,
         })
         .collect()
@@ -308,13 +316,16 @@ mod tests {
             "sp ace",
             "pct%",
             "plus+",
-            "at@x",
-            &"a".repeat(129),
+            &"a".repeat(241),
         ] {
             assert!(validate_image_name(bad).is_err(), "{bad:?} accepted");
         }
         assert_eq!(file_stem("library/debian:12"), "library+debian@12");
         assert_eq!(name_from_stem("library+debian@12"), "library/debian:12");
+        let pinned = format!("docker.io/library/busybox@sha256:{}", "0".repeat(64));
+        assert!(validate_image_name(&pinned).is_ok());
+        assert_eq!(name_from_stem(&file_stem(&pinned)), pinned);
+        assert!(!file_stem(&pinned).contains(':') && !file_stem(&pinned).contains('/'));
     }
 
     #[test]
@@ -332,6 +343,7 @@ mod tests {
                 cmd: vec!["sh".into()],
                 ..Default::default()
             },
+            digest: None,
         };
         store.put(&img).unwrap();
         assert!(d.path().join("library+debian@12.json").is_file());

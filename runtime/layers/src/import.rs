@@ -84,6 +84,7 @@ pub fn import_image(
         created: now_secs(),
         source: format!("{kind}:{}", shown.display()),
         config,
+        digest: None,
     };
     images.put(&image)?;
     Ok(image)
@@ -261,6 +262,14 @@ fn config_from_oci(c: &ImageConfiguration) -> ImageConfig {
             ..Default::default()
         },
         None => ImageConfig::default(),
+    }
+}
+
+/// The run settings of an image config document (OCI or Docker), as a registry serves it.
+pub fn parse_image_config(bytes: &[u8]) -> Result<ImageConfig, serde_json::Error> {
+    match ImageConfiguration::from_reader(bytes) {
+        Ok(c) => Ok(config_from_oci(&c)),
+        Err(_) => lenient_config(bytes),
     }
 }
 

@@ -38,6 +38,6 @@ pub use extract::TarFlavor;
 pub use hash::{tree_hash, TREE_FORMAT};
 pub use id::{LayerId, TreeHash};
 pub use image::{validate_image_name, Image, ImageConfig, ImageStore};
-pub use import::import_image;
+pub use import::{import_image, parse_image_config};
 pub use progress::{Progress, REPORT_EVERY};
 pub use store::{LayerInfo, LayerStore, MIN_PREFIX};

@@ -27,12 +27,18 @@ fn a_blob_is_extracted_as_it_streams_and_its_diff_id_is_the_tars_digest() {
         assert_eq!(pending.tar_bytes, tar.len() as u64);
         ids.push(st.layers.seal_pending(pending, &mut quiet()).unwrap());
     }
-    assert!(ids.iter().all(|i| *i == ids[0]), "one tree whatever the compression");
+    assert!(
+        ids.iter().all(|i| *i == ids[0]),
+        "one tree whatever the compression"
+    );
     let tree = st.layers.path(&ids[0]);
     assert_eq!(std::fs::read(tree.join("etc/motd")).unwrap(), b"hello\n");
     // The OCI whiteout became an overlayfs one (a 0/0 character device).
     use std::os::unix::fs::FileTypeExt;
-    assert!(std::fs::symlink_metadata(tree.join("etc/gone")).unwrap().file_type().is_char_device());
+    assert!(std::fs::symlink_metadata(tree.join("etc/gone"))
+        .unwrap()
+        .file_type()
+        .is_char_device());
     assert_eq!(tree_hash(&tree).unwrap(), ids[0].tree_hash());
 }
 
@@ -42,7 +48,10 @@ fn a_dropped_pending_layer_and_a_broken_blob_leave_nothing() {
         return;
     }
     let st = State::new();
-    let pending = st.layers.stage_blob(&gzip(&layer_tar())[..], &mut quiet()).unwrap();
+    let pending = st
+        .layers
+        .stage_blob(&gzip(&layer_tar())[..], &mut quiet())
+        .unwrap();
     drop(pending);
     let mut cut = gzip(&layer_tar());
     cut.truncate(cut.len() / 2);
@@ -67,10 +76,16 @@ fn the_index_maps_blobs_to_diff_ids_to_layers_while_the_layer_lives() {
     assert_eq!(st.layers.layer_of_diff(&diff), Some(id));
     // Another compression of the same tar is found by its diff_id.
     assert!(st.layers.layer_of_blob(&sha256_hex(&zstd(&tar))).is_none());
-    assert!(st.layers.record_blob("../x", &diff, &id).is_err(), "keys are digests, never paths");
+    assert!(
+        st.layers.record_blob("../x", &diff, &id).is_err(),
+        "keys are digests, never paths"
+    );
     assert!(st.layers.layer_of_blob("../../etc/passwd").is_none());
     assert_eq!(st.layers.prune_index().unwrap(), 0);
     st.layers.remove(&id).unwrap();
-    assert!(st.layers.layer_of_blob(&blob_hex).is_none(), "a removed layer is not found");
+    assert!(
+        st.layers.layer_of_blob(&blob_hex).is_none(),
+        "a removed layer is not found"
+    );
     assert_eq!(st.layers.prune_index().unwrap(), 2);
 }

@@ -329,6 +329,7 @@ impl Daemon {
                         created: super::now_secs(),
                         source: format!("build:{}", file.display()),
                         config: state.config.clone(),
+                        digest: None,
                     };
                     self.images
                         .put(&image)
