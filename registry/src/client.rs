@@ -119,6 +119,14 @@ impl Scheme {
     }
 }
 
+/// The scheme each insecure host answered on, for the life of the process: a registry
+/// does not change between plain HTTP and TLS under a running daemon.
+fn schemes() -> &'static Mutex<HashMap<String, Scheme>> {
+    static SCHEMES: std::sync::OnceLock<Mutex<HashMap<String, Scheme>>> =
+        std::sync::OnceLock::new();
+    SCHEMES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
 struct Token {
     header: String,
     until: Instant,
@@ -129,8 +137,6 @@ pub struct Client {
     config: ClientConfig,
     /// One agent (connection pool, TLS setup) per host and verification setting.
     agents: Mutex<HashMap<(String, bool), Agent>>,
-    /// The scheme an insecure host answered on.
-    schemes: Mutex<HashMap<String, Scheme>>,
     /// Bearer tokens by (registry, repository).
     tokens: Mutex<HashMap<(String, String), Token>>,
     /// Credentials looked up, by (registry, repository).
@@ -279,7 +285,6 @@ impl Client {
         Client {
             config,
             agents: Mutex::new(HashMap::new()),
-            schemes: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
             creds: Mutex::new(HashMap::new()),
         }
@@ -467,7 +472,7 @@ impl Client {
         if !call.endpoint.insecure {
             return Ok(format!("https://{host}"));
         }
-        if let Some(s) = lock(&self.schemes).get(&host) {
+        if let Some(s) = lock(schemes()).get(&host) {
             return Ok(format!("{}://{host}", s.as_str()));
         }
         // Which scheme answers: an unverified TLS handshake first, then plain HTTP.
@@ -476,7 +481,7 @@ impl Client {
             let url = format!("{}://{host}/v2/", scheme.as_str());
             match self.send_once(call, "GET", &url, &[], None) {
                 Ok(_) => {
-                    lock(&self.schemes).insert(host.clone(), scheme);
+                    lock(schemes()).insert(host.clone(), scheme);
                     return Ok(format!("{}://{host}", scheme.as_str()));
                 }
                 Err(e) => failures.push(format!("{}: {e}", scheme.as_str())),
