@@ -134,6 +134,21 @@ def list_builds() -> Call[list[t.BuildStatus]]:
     return json_call("GET", "/v1/builds", lambda d: [t.BuildStatus.from_json(x) for x in d])
 
 
+def pull_image(reference: str, *, platform: Optional[str] = None, name: Optional[str] = None) -> Call[t.ImageInfo]:
+    """`pullImage`: from a registry, as registries.conf and the daemon's credentials say."""
+    body: dict[str, Any] = {"reference": reference}
+    if platform is not None:
+        body["platform"] = platform
+    if name is not None:
+        body["name"] = name
+    return json_call("POST", "/v1/images/pull", t.ImageInfo.from_json, body, timeout=None)
+
+
+def list_pulls() -> Call[list[t.PullStatus]]:
+    """`listPulls`: pulls in progress."""
+    return json_call("GET", "/v1/pulls", lambda d: [t.PullStatus.from_json(x) for x in d])
+
+
 def inspect_image(name: str) -> Call[t.ImageInfo]:
     """`inspectImage`."""
     return json_call("GET", f"/v1/images/{segment(name)}", t.ImageInfo.from_json)

@@ -101,6 +101,14 @@ class AsyncClient:
         """Builds in progress, with the steps each has finished."""
         return await self._send(_ops.list_builds())
 
+    async def pull_image(self, reference: str, *, platform: Optional[str] = None, name: Optional[str] = None) -> t.ImageInfo:
+        """Pulls `reference` from its registry (default platform linux/amd64); see `forkd image pull`."""
+        return await self._send(_ops.pull_image(reference, platform=platform, name=name))
+
+    async def list_pulls(self) -> list[t.PullStatus]:
+        """Pulls in progress, with each layer's state."""
+        return await self._send(_ops.list_pulls())
+
     async def inspect_image(self, name: str) -> t.ImageInfo:
         """One image."""
         return await self._send(_ops.inspect_image(name))

@@ -91,6 +91,14 @@ class Client:
         """Builds in progress, with the steps each has finished."""
         return self._send(_ops.list_builds())
 
+    def pull_image(self, reference: str, *, platform: Optional[str] = None, name: Optional[str] = None) -> t.ImageInfo:
+        """Pulls `reference` from its registry (default platform linux/amd64); see `forkd image pull`."""
+        return self._send(_ops.pull_image(reference, platform=platform, name=name))
+
+    def list_pulls(self) -> list[t.PullStatus]:
+        """Pulls in progress, with each layer's state."""
+        return self._send(_ops.list_pulls())
+
     def inspect_image(self, name: str) -> t.ImageInfo:
         """One image."""
         return self._send(_ops.inspect_image(name))

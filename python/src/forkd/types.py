@@ -101,6 +101,7 @@ class ImageInfo(_Model):
     source: str = ""
     used_by: list[str] = field(default_factory=list)
     config: ImageConfig = field(default_factory=ImageConfig)
+    digest: Optional[str] = None
 
 
 @dataclass
@@ -132,6 +133,27 @@ class BuildStatus(_Model):
     started: int = 0
     steps: list[BuildStep] = field(default_factory=list)
     current: Optional[str] = None
+
+
+@dataclass
+class PullLayer(_Model):
+    """One layer of a pull: `state` is waiting, present, fetching, shared, done or failed."""
+
+    digest: str = ""
+    size: int = 0
+    done: int = 0
+    state: str = ""
+
+
+@dataclass
+class PullStatus(_Model):
+    """A pull in progress (`listPulls`)."""
+
+    reference: str = ""
+    resolved: Optional[str] = None
+    started: int = 0
+    phase: str = ""
+    layers: list[PullLayer] = field(default_factory=list)
 
 
 @dataclass
@@ -355,6 +377,8 @@ SCHEMAS: dict[str, type[_Model]] = {
     "BuildStep": BuildStep,
     "BuildResult": BuildResult,
     "BuildStatus": BuildStatus,
+    "PullLayer": PullLayer,
+    "PullStatus": PullStatus,
     "Limits": Limits,
     "SandboxInfo": SandboxInfo,
     "Network": Network,
