@@ -8,281 +8,11 @@
 
 mod common;
 
+use common::registry::*;
 use common::*;
 use forkd::api::ImageInfo;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
-
-/// A docker-registry serving plain HTTP on a loopback port, storing under `dir`.
-struct Registry {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Registry {
-    fn start(dir: &Path) -> Option<Registry> {
-        let bin = Path::new("/usr/bin/docker-registry");
-        if !require(
-            "registry",
-            bin.exists(),
-            "docker-registry missing (run fixtures/setup.sh packages)",
-        ) {
-            return None;
-        }
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let config = dir.join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.join("data").display()
-            ),
-        )
-        .unwrap();
-        let log = dir.join("registry.log");
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::from(
-                std::fs::File::options().append(true).open(&log).unwrap(),
-            ))
-            .spawn()
-            .unwrap();
-        let r = Registry {
-            child,
-            port,
-            dir: dir.to_path_buf(),
-            log,
-        };
-        assert!(
-            wait_until(Duration::from_secs(20), || ureq::get(&r.url("/v2/"))
-                .call()
-                .is_ok()),
-            "the registry did not answer: {}",
-            std::fs::read_to_string(&r.log).unwrap_or_default()
-        );
-        Some(r)
-    }
-
-    fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// Uploads a blob (monolithic POST then PUT); returns its digest.
-    fn blob(&self, repo: &str, bytes: &[u8]) -> String {
-        let digest = format!("sha256:{}", sha256(bytes));
-        let resp = ureq::post(&self.url(&format!("/v2/{repo}/blobs/uploads/")))
-            .send_empty()
-            .unwrap();
-        let loc = resp.headers()["location"].to_str().unwrap().to_string();
-        let loc = if loc.starts_with("http") {
-            loc
-        } else {
-            self.url(&loc)
-        };
-        let sep = if loc.contains('?') { '&' } else { '?' };
-        ureq::put(&format!("{loc}{sep}digest={digest}"))
-            .header("Content-Type", "application/octet-stream")
-            .send(bytes)
-            .unwrap();
-        digest
-    }
-
-    /// Puts a manifest or index under `reference`; returns its digest.
-    fn manifest(
-        &self,
-        repo: &str,
-        reference: &str,
-        media_type: &str,
-        doc: &serde_json::Value,
-    ) -> String {
-        let bytes = serde_json::to_vec(doc).unwrap();
-        ureq::put(&self.url(&format!("/v2/{repo}/manifests/{reference}")))
-            .header("Content-Type", media_type)
-            .send(&bytes[..])
-            .unwrap();
-        format!("sha256:{}", sha256(&bytes))
-    }
-
-    /// The requests forkd made so far: (method, path).
-    fn requests(&self) -> Vec<(String, String)> {
-        // The access log: `... "GET /v2/x/manifests/1 HTTP/1.1" 200 ... "forkd/0.1.0"`.
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("\"forkd/"))
-            .filter_map(|l| {
-                let req = l.split('"').nth(1)?;
-                let mut it = req.split(' ');
-                Some((it.next()?.to_string(), it.next()?.to_string()))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-fn sha256(b: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect()
-}
-
-fn gzip(b: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(b).unwrap();
-    e.finish().unwrap()
-}
-
-/// A tar of (path, contents) files.
-fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-struct Pushed {
-    index: String,
-    manifest: String,
-    layers: Vec<String>,
-}
-
-/// Pushes an image of `layers` (media type, uncompressed tar, blob) with an index
-/// listing it for linux/amd64 beside an arm64 entry and an attestation manifest.
-fn push_image(
-    reg: &Registry,
-    repo: &str,
-    tag: &str,
-    layers: &[(&str, Vec<u8>, Vec<u8>)],
-    env: &str,
-) -> Pushed {
-    let mut descs = Vec::new();
-    let mut diff_ids = Vec::new();
-    let mut digests = Vec::new();
-    for (mt, tar, blob) in layers {
-        let d = reg.blob(repo, blob);
-        descs.push(serde_json::json!({"mediaType": mt, "digest": d, "size": blob.len()}));
-        diff_ids.push(format!("sha256:{}", sha256(tar)));
-        digests.push(d);
-    }
-    let config = serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin:/usr/bin", env], "WorkingDir": "/etc", "Cmd": ["sh"]},
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    });
-    let config_bytes = serde_json::to_vec(&config).unwrap();
-    let config_digest = reg.blob(repo, &config_bytes);
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_bytes.len()},
-        "layers": descs,
-    });
-    let m = reg.manifest(
-        repo,
-        &format!("{tag}-amd64"),
-        "application/vnd.oci.image.manifest.v1+json",
-        &manifest,
-    );
-    let msize = serde_json::to_vec(&manifest).unwrap().len();
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [
-            // An attestation first, and another platform: neither may be taken.
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m, "size": msize,
-             "platform": {"os": "unknown", "architecture": "unknown"},
-             "annotations": {"vnd.docker.reference.type": "attestation-manifest"}},
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m, "size": msize,
-             "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m, "size": msize,
-             "platform": {"os": "linux", "architecture": "amd64"}},
-        ],
-    });
-    let i = reg.manifest(repo, tag, "application/vnd.oci.image.index.v1+json", &index);
-    Pushed {
-        index: i,
-        manifest: m,
-        layers: digests,
-    }
-}
-
-fn base_layer() -> (&'static str, Vec<u8>, Vec<u8>) {
-    let tar = std::fs::read(busybox_tar()).unwrap();
-    let blob = gzip(&tar);
-    ("application/vnd.oci.image.layer.v1.tar+gzip", tar, blob)
-}
-
-fn top_layer(text: &str) -> (&'static str, Vec<u8>, Vec<u8>) {
-    let tar = tar_of(&[("etc/pulled", text.as_bytes()), ("bin/.wh.vi", b"")]);
-    let blob = zstd::encode_all(&tar[..], 3).unwrap();
-    ("application/vnd.oci.image.layer.v1.tar+zstd", tar, blob)
-}
-
-fn pull(d: &TestDaemon, args: &[&str]) -> (bool, String, String) {
-    let mut all = vec!["image", "pull"];
-    all.extend_from_slice(args);
-    let out = d.cli(&all);
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn daemon_with_registry(name: &str, reg: &Registry) -> TestDaemon {
-    let conf = reg.dir.join("registries.conf");
-    std::fs::write(
-        &conf,
-        format!("unqualified-search-registries = [\"{}\"]\n", reg.host()),
-    )
-    .unwrap();
-    TestDaemon::start_with_env(
-        name,
-        &[
-            ("FORKD_REGISTRIES_CONF", conf.to_str().unwrap()),
-            // No credentials of the machine's own reach the test registry.
-            (
-                "REGISTRY_AUTH_FILE",
-                reg.dir.join("auth.json").to_str().unwrap(),
-            ),
-            ("DOCKER_CONFIG", reg.dir.to_str().unwrap()),
-        ],
-    )
-}
 
 #[test]
 fn a_pushed_image_is_pulled_run_and_pulled_again_with_one_head() {
@@ -468,5 +198,398 @@ fn a_corrupt_blob_fails_the_pull_and_leaves_nothing() {
     assert!(
         !now.iter().any(|(_, p)| p.ends_with(&pushed.layers[0])),
         "the base was kept: {now:?}"
+    );
+}
+
+/// The `Authorization` a push needs on an htpasswd registry that provisioned its own user.
+fn htpasswd_push_auth(log: &str) -> Option<String> {
+    let password = log.split("password=").nth(1)?.split_whitespace().next()?;
+    Some(format!(
+        "Basic {}",
+        forkd::api::b64::encode(format!("docker:{password}").as_bytes())
+    ))
+}
+
+#[test]
+fn credentials_come_from_the_users_files_and_forkd_login() {
+    let name = "credentials_come_from_the_users_files_and_forkd_login";
+    if !can_run(name) {
+        return;
+    }
+    let dir = Path::new("/tmp/forkd-test-registry-creds");
+    let extra = format!(
+        "auth:\n  htpasswd:\n    realm: forkd-test\n    path: {}/htpasswd\n",
+        dir.display()
+    );
+    let Some(reg) = Registry::start_with(dir, &extra, Some(htpasswd_push_auth)) else {
+        return;
+    };
+    let password = reg
+        .push_auth
+        .as_deref()
+        .and_then(|a| forkd::api::b64::decode(a.trim_start_matches("Basic ")).ok())
+        .map(|b| {
+            String::from_utf8(b)
+                .unwrap()
+                .trim_start_matches("docker:")
+                .to_string()
+        })
+        .unwrap();
+    push_image(
+        &reg,
+        "forkd/app",
+        "1",
+        &[base_layer(), top_layer("secret\n")],
+        "A=1",
+    );
+    let d = daemon_with_registry("registry-creds", &reg);
+    let reference = format!("{}/forkd/app:1", reg.host());
+
+    let (ok, _, err) = pull(&d, &[&reference]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("401 on {reference}")) && err.contains("none were found"),
+        "{err}"
+    );
+
+    // Docker's config with a wrong password: the error names the file.
+    let docker = reg.dir.join("config.json");
+    let b64 = |s: &str| forkd::api::b64::encode(s.as_bytes());
+    std::fs::write(
+        &docker,
+        serde_json::json!({"auths": {reg.host(): {"auth": b64("docker:wrong")}}}).to_string(),
+    )
+    .unwrap();
+    let (ok, _, err) = pull(&d, &[&reference]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("bad credentials from {}", docker.display())),
+        "{err}"
+    );
+
+    // forkd login checks before it stores: a wrong password stores nothing.
+    let authfile = reg.dir.join("auth.json");
+    let login = |pw: &str| {
+        let mut child = std::process::Command::new(BIN)
+            .args(["login", "-u", "docker", "--password-stdin", "--authfile"])
+            .arg(&authfile)
+            .arg(reg.host())
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{pw}\n").as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = login("wrong");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad credentials"),
+        "{out:?}"
+    );
+    assert!(!authfile.exists(), "nothing stored");
+    let out = login(&password);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&authfile).unwrap();
+    assert!(
+        text.contains(&reg.host()) && !text.contains(&password),
+        "stored as base64: {text}"
+    );
+
+    // The containers auth file comes before Docker's config.
+    let (ok, _, err) = pull(&d, &[&reference]);
+    assert!(ok, "{err}");
+
+    let out = d.cli(&[
+        "logout",
+        "--authfile",
+        authfile.to_str().unwrap(),
+        &reg.host(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let (ok, _, err) = pull(&d, &[&reference]);
+    assert!(
+        !ok,
+        "after logout the wrong password of Docker's config is used again"
+    );
+    assert!(err.contains("bad credentials"), "{err}");
+}
+
+#[test]
+fn bearer_tokens_and_redirects_carry_credentials_only_to_their_hosts() {
+    let name = "bearer_tokens_and_redirects_carry_credentials_only_to_their_hosts";
+    if !can_run(name) {
+        return;
+    }
+    let dir = Path::new("/tmp/forkd-test-registry-bearer");
+    let hosts = Path::new("/tmp/forkd-test-registry-bearer-hosts");
+    let _ = std::fs::remove_dir_all(hosts);
+    std::fs::create_dir_all(hosts).unwrap();
+    // The token server also serves the registry's storage: the redirect's target.
+    let token = Host::start(
+        hosts,
+        "token",
+        &["token", dir.join("data").to_str().unwrap()],
+    );
+    let extra = format!(
+        "auth:\n  silly:\n    realm: http://127.0.0.1:{0}/token\n    service: forkd-test\nmiddleware:\n  storage:\n    - name: redirect\n      options:\n        baseurl: http://127.0.0.1:{0}/\n",
+        token.port
+    );
+    let Some(reg) = Registry::start_with(dir, &extra, Some(|_| Some("Bearer push".to_string())))
+    else {
+        return;
+    };
+    push_image(
+        &reg,
+        "forkd/app",
+        "1",
+        &[base_layer(), top_layer("via a token\n")],
+        "A=1",
+    );
+    std::fs::write(
+        reg.dir.join("config.json"),
+        serde_json::json!({"auths": {reg.host(): {"auth": forkd::api::b64::encode(b"user:pass")}}})
+            .to_string(),
+    )
+    .unwrap();
+    let d = daemon_with_registry("registry-bearer", &reg);
+    let (ok, out, err) = pull(&d, &["forkd/app:1"]);
+    assert!(ok, "{err}");
+    let sb = d.create(serde_json::json!({ "image": out }));
+    assert_eq!(d.sh(&sb.id, "cat /etc/pulled").1, "via a token\n");
+
+    let seen = token.requests();
+    let tokens: Vec<_> = seen
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap().starts_with("/token"))
+        .collect();
+    assert!(!tokens.is_empty(), "{seen:?}");
+    for t in &tokens {
+        let path = t["path"].as_str().unwrap();
+        assert!(
+            path.contains("service=forkd-test")
+                && path.contains("scope=repository%3Aforkd%2Fapp%3Apull"),
+            "{path}"
+        );
+        assert_eq!(
+            t["auth"].as_str(),
+            Some(format!("Basic {}", forkd::api::b64::encode(b"user:pass")).as_str())
+        );
+    }
+    let files: Vec<_> = seen
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap().contains("/blobs/"))
+        .collect();
+    assert_eq!(
+        files.len(),
+        3,
+        "the two layers and the config came from the redirect's target: {seen:?}"
+    );
+    assert!(
+        files.iter().all(|r| r["auth"].is_null()),
+        "no credentials went to another host: {files:?}"
+    );
+}
+
+#[test]
+fn dropped_connections_resume_and_rate_limits_are_waited_out() {
+    let name = "dropped_connections_resume_and_rate_limits_are_waited_out";
+    if !can_run(name) {
+        return;
+    }
+    let Some(reg) = Registry::start(Path::new("/tmp/forkd-test-registry-faults")) else {
+        return;
+    };
+    let hosts = reg.dir.join("hosts");
+    std::fs::create_dir_all(&hosts).unwrap();
+    push_image(
+        &reg,
+        "forkd/app",
+        "1",
+        &[base_layer(), top_layer("resumed\n")],
+        "A=1",
+    );
+    for (faults, want_status) in [("cut,429", 206), ("cut,ignore-range", 200)] {
+        let proxy = Host::start(&hosts, faults, &["proxy", &reg.port.to_string(), faults]);
+        let d = TestDaemon::start_with_env(
+            &format!("registry-faults-{want_status}"),
+            &[
+                (
+                    "REGISTRY_AUTH_FILE",
+                    hosts.join("none.json").to_str().unwrap(),
+                ),
+                ("DOCKER_CONFIG", hosts.to_str().unwrap()),
+            ],
+        );
+        let reference = format!("127.0.0.1:{}/forkd/app:1", proxy.port);
+        let (ok, _, err) = pull(&d, &[&reference]);
+        assert!(ok, "{faults}: {err}");
+        let sb = d.create(serde_json::json!({ "image": reference }));
+        assert_eq!(
+            d.sh(&sb.id, "cat /etc/pulled; /bin/busybox true && echo ok")
+                .1,
+            "resumed\nok\n"
+        );
+        let seen = proxy.requests();
+        if faults.contains("429") {
+            let first = seen
+                .iter()
+                .position(|r| r["fault"] == "429")
+                .expect("a 429 was answered");
+            assert!(
+                seen[first + 1..].iter().any(|r| r["path"]
+                    .as_str()
+                    .unwrap()
+                    .contains("/manifests/")
+                    && r["status"] == 200),
+                "the manifest was asked again: {seen:?}"
+            );
+        }
+        let cuts: Vec<&str> = seen
+            .iter()
+            .filter(|r| r["fault"] == "cut")
+            .map(|r| r["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(cuts.len(), 3, "every blob was cut once: {seen:?}");
+        for path in cuts {
+            let resumed = seen
+                .iter()
+                .find(|r| r["path"] == path && !r["range"].is_null());
+            let resumed =
+                resumed.unwrap_or_else(|| panic!("{path} was not resumed with a Range: {seen:?}"));
+            assert!(
+                resumed["range"].as_str().unwrap().starts_with("bytes="),
+                "{resumed}"
+            );
+            assert_eq!(resumed["status"], want_status, "{faults}: {resumed}");
+        }
+    }
+}
+
+#[test]
+fn concurrent_pulls_fetch_a_shared_layer_once_and_a_killed_pull_leaves_no_half_layer() {
+    let name = "concurrent_pulls_fetch_a_shared_layer_once_and_a_killed_pull_leaves_no_half_layer";
+    if !can_run(name) {
+        return;
+    }
+    let Some(reg) = Registry::start(Path::new("/tmp/forkd-test-registry-shared")) else {
+        return;
+    };
+    let hosts = reg.dir.join("hosts");
+    std::fs::create_dir_all(&hosts).unwrap();
+    let a = push_image(
+        &reg,
+        "forkd/a",
+        "1",
+        &[base_layer(), top_layer("a\n")],
+        "A=1",
+    );
+    push_image(
+        &reg,
+        "forkd/b",
+        "1",
+        &[base_layer(), top_layer("b\n")],
+        "B=1",
+    );
+    let proxy = Host::start(&hosts, "slow", &["proxy", &reg.port.to_string(), "slow"]);
+    let mut d = TestDaemon::start_with_env(
+        "registry-shared",
+        &[
+            (
+                "REGISTRY_AUTH_FILE",
+                hosts.join("none.json").to_str().unwrap(),
+            ),
+            ("DOCKER_CONFIG", hosts.to_str().unwrap()),
+        ],
+    );
+    let host = format!("127.0.0.1:{}", proxy.port);
+    let pulls: Vec<_> = ["forkd/a:1", "forkd/b:1"]
+        .iter()
+        .map(|r| {
+            let client = d.client.clone();
+            let body = serde_json::json!({ "reference": format!("{host}/{r}") });
+            std::thread::spawn(move || {
+                client.call::<ImageInfo>("POST", "/v1/images/pull", Some(&body))
+            })
+        })
+        .collect();
+    for p in pulls {
+        p.join().unwrap().expect("pull");
+    }
+    let base_gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().ends_with(&a.layers[0]))
+        .count();
+    assert_eq!(
+        base_gets, 1,
+        "the shared base was fetched once for both pulls"
+    );
+
+    // A pull killed with the daemon, mid-layer.
+    // 4 MiB that do not compress: some 3 s through the slow proxy.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..4 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let big = tar_of(&[("big", &noise)]);
+    let big_layer = (
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+        big.clone(),
+        gzip(&big),
+    );
+    push_image(
+        &reg,
+        "forkd/c",
+        "1",
+        &[base_layer(), big_layer, top_layer("c\n")],
+        "C=1",
+    );
+    let client = d.client.clone();
+    let body = serde_json::json!({ "reference": format!("{host}/forkd/c:1") });
+    let bg = std::thread::spawn(move || {
+        client.call::<ImageInfo>("POST", "/v1/images/pull", Some(&body))
+    });
+    let started = wait_until(Duration::from_secs(30), || {
+        d.client
+            .call::<Vec<forkd::api::PullStatus>>("GET", "/v1/pulls", None)
+            .map(|ps| {
+                ps.iter()
+                    .any(|p| p.layers.iter().any(|l| l.state == "fetching" && l.done > 0))
+            })
+            .unwrap_or(false)
+    });
+    assert!(started, "the pull never got going");
+    d.kill9();
+    let _ = bg.join();
+    d.spawn();
+    let tmp = d.data().join("layers/tmp");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "no half layer after the restart: {left:?}");
+    let images: Vec<ImageInfo> = d.client.call("GET", "/v1/images", None).unwrap();
+    assert!(
+        !images.iter().any(|i| i.name.contains("forkd/c")),
+        "no image"
+    );
+    let (ok, out, err) = pull(&d, &[&format!("{host}/forkd/c:1")]);
+    assert!(ok, "{err}");
+    let sb = d.create(serde_json::json!({ "image": out }));
+    assert_eq!(
+        d.sh(&sb.id, "cat /etc/pulled; wc -c < /big")
+            .1
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["c", "4194304"]
     );
 }

@@ -750,6 +750,94 @@ impl Client {
         }
     }
 
+    /// Checks credentials against a registry as `docker login` does: `GET /v2/`, and for
+    /// a bearer challenge a token for no repository. `Ok` when the registry accepts them
+    /// (or asks for none).
+    pub fn check_login(&self, registry: &str, cred: &Credential) -> Result<(), RegistryError> {
+        let probe = Reference {
+            registry: registry.to_owned(),
+            repository: "forkd-login".into(),
+            tag: None,
+            digest: None,
+        };
+        let endpoint = self
+            .config
+            .registries
+            .endpoints(&probe)?
+            .pop()
+            .expect("the registry itself is always last");
+        let call = Call {
+            endpoint: &endpoint,
+            step: "login",
+        };
+        let shown = registry.to_owned();
+        let transport = |url: &str, e: ureq::Error| RegistryError::Transport {
+            reference: shown.clone(),
+            step: "login".into(),
+            url: url.to_owned(),
+            reason: e.to_string(),
+        };
+        let base = self.base_url(&call)?;
+        let url = format!("{base}/v2/");
+        let resp = self
+            .send_once(&call, "GET", &url, &[], None)
+            .map_err(|e| transport(&url, e))?;
+        let status = resp.status().as_u16();
+        if status == 200 {
+            return Ok(());
+        }
+        let bad = |status: u16| RegistryError::Auth {
+            reference: shown.clone(),
+            status,
+            reason: format!("bad credentials for {} ({})", cred.username, cred.from),
+        };
+        let challenge = header(&resp, "www-authenticate").and_then(parse_challenge);
+        let basic = {
+            use base64::Engine as _;
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD
+                    .encode(format!("{}:{}", cred.username, cred.secret))
+            )
+        };
+        match challenge {
+            Some(ch) if ch.scheme == "bearer" => {
+                let realm = ch.params.get("realm").cloned().unwrap_or_default();
+                let mut url = realm.clone();
+                if let Some(svc) = ch.params.get("service") {
+                    url.push(if url.contains('?') { '&' } else { '?' });
+                    url.push_str(&format!("service={}", encode(svc)));
+                }
+                let agent = self.agent(authority(&realm), !endpoint.insecure)?;
+                let resp = agent
+                    .get(&url)
+                    .header("Authorization", &basic)
+                    .call()
+                    .map_err(|e| transport(&realm, e))?;
+                match resp.status().as_u16() {
+                    200 => Ok(()),
+                    s => Err(bad(s)),
+                }
+            }
+            Some(ch) if ch.scheme == "basic" => {
+                let resp = self
+                    .send_once(&call, "GET", &url, &[], Some(&basic))
+                    .map_err(|e| transport(&url, e))?;
+                match resp.status().as_u16() {
+                    200 => Ok(()),
+                    s => Err(bad(s)),
+                }
+            }
+            _ => Err(RegistryError::Http {
+                reference: shown.clone(),
+                step: "login".into(),
+                url,
+                status,
+                detail: excerpt(resp),
+            }),
+        }
+    }
+
     /// The digest a tag or digest names on an endpoint now, from one `HEAD` (the
     /// `Docker-Content-Digest` header); `None` if the registry does not say.
     pub fn head(&self, ep: &Endpoint) -> Result<Option<Digest>, RegistryError> {

@@ -8,6 +8,7 @@ mod doctor;
 mod eval;
 mod exec;
 mod image;
+mod login;
 mod sandbox;
 
 use crate::client::{Client, ClientError};
@@ -96,6 +97,10 @@ enum Command {
     Fork(checkpoint::ForkArgs),
     /// Remove layers that no image, sandbox or checkpoint uses
     Gc,
+    /// Store credentials for a registry (checked against it first), as podman does
+    Login(login::LoginArgs),
+    /// Remove stored credentials for a registry
+    Logout(login::LogoutArgs),
     /// Show per-operation latency recorded by the daemon
     Metrics,
     /// The evaluator: experiments on clean and inherited start states, and their report
@@ -174,6 +179,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Fork(args) => checkpoint::fork(&ctx, args),
+        Command::Login(args) => login::login(args),
+        Command::Logout(args) => login::logout(args),
         Command::Demo(args) => demo::run(args),
         Command::Metrics => {
             let m: serde_json::Value = ctx.client.call("GET", "/v1/metrics", None)?;

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod registry;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_forkd");
 
 /// Returns false (after printing SKIP) when the test cannot run here; panics in CI.
