@@ -86,12 +86,26 @@ fn a_pushed_image_is_pulled_run_and_pulled_again_with_one_head() {
     assert_eq!(blobs(&now), 1, "only the config: {now:?}");
 
     // A second image over the same base: only its own layer is fetched.
-    let second = push_image(
+    // Docker's media types this time, over the same base, and an uncompressed layer.
+    let plain_top = tar_of(&[("etc/pulled", b"other\n")]);
+    let second = push_image_as(
         &reg,
         "forkd/other",
         "2",
-        &[base_layer(), top_layer("other\n")],
+        &[
+            (
+                "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                base_layer().1,
+                base_layer().2,
+            ),
+            (
+                "application/vnd.docker.image.rootfs.diff.tar",
+                plain_top.clone(),
+                plain_top,
+            ),
+        ],
         "FROM_CONFIG=two",
+        true,
     );
     let before = reg.requests().len();
     let (ok, _, err) = pull(&d, &[&format!("{}/forkd/other:2", reg.host())]);
@@ -112,6 +126,13 @@ fn a_pushed_image_is_pulled_run_and_pulled_again_with_one_head() {
         !fetched.iter().any(|p| p.ends_with(&pushed.layers[0])),
         "the shared base is not fetched again"
     );
+    let other = format!("{}/forkd/other:2", reg.host());
+    let sb = d.create(serde_json::json!({ "image": other }));
+    assert_eq!(
+        d.sh(&sb.id, "cat /etc/pulled; echo $FROM_CONFIG").1,
+        "other\ntwo\n"
+    );
+    d.remove(&sb.id);
 
     // Errors name the reference and the step.
     let (ok, _, err) = pull(&d, &["forkd/app:nope"]);
@@ -592,4 +613,141 @@ fn concurrent_pulls_fetch_a_shared_layer_once_and_a_killed_pull_leaves_no_half_l
             .collect::<Vec<_>>(),
         ["c", "4194304"]
     );
+}
+
+#[test]
+fn a_tls_registry_is_verified_with_the_cas_of_certs_d() {
+    let name = "a_tls_registry_is_verified_with_the_cas_of_certs_d";
+    if !can_run(name)
+        || !require(
+            name,
+            Path::new("/usr/bin/openssl").exists(),
+            "openssl missing (run fixtures/setup.sh packages)",
+        )
+    {
+        return;
+    }
+    // Pushed over plain HTTP to one registry; served over TLS by another from the same storage.
+    let Some(plain) = Registry::start(Path::new("/tmp/forkd-test-registry-tls-plain")) else {
+        return;
+    };
+    push_image(
+        &plain,
+        "forkd/app",
+        "1",
+        &[base_layer(), top_layer("over tls\n")],
+        "A=1",
+    );
+    let pki = plain.dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("/usr/bin/openssl")
+            .args(args)
+            .current_dir(&pki)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=forkd test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(pki.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    let extra = format!(
+        "  tls:\n    certificate: {0}/server.crt\n    key: {0}/server.key\n",
+        pki.display()
+    );
+    let Some(tls) = Registry::start_on(
+        Path::new("/tmp/forkd-test-registry-tls"),
+        &plain.dir.join("data"),
+        &extra,
+        None,
+    ) else {
+        return;
+    };
+    let certs = plain.dir.join("certs.d");
+    std::fs::create_dir_all(certs.join(tls.host())).unwrap();
+    std::fs::copy(pki.join("ca.crt"), certs.join(tls.host()).join("ca.crt")).unwrap();
+    let empty = plain.dir.join("no-certs.d");
+    std::fs::create_dir_all(&empty).unwrap();
+    // A loopback registry is verified when registries.conf says it is not insecure.
+    let conf = plain.dir.join("registries.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[[registry]]\nlocation = \"{}\"\ninsecure = false\n",
+            tls.host()
+        ),
+    )
+    .unwrap();
+    let reference = format!("{}/forkd/app:1", tls.host());
+    for (certs_dir, works) in [(&certs, true), (&empty, false)] {
+        let d = TestDaemon::start_with_env(
+            &format!("registry-tls-{works}"),
+            &[
+                ("FORKD_REGISTRIES_CONF", conf.to_str().unwrap()),
+                ("FORKD_CERTS_DIRS", certs_dir.to_str().unwrap()),
+                (
+                    "REGISTRY_AUTH_FILE",
+                    plain.dir.join("none.json").to_str().unwrap(),
+                ),
+                ("DOCKER_CONFIG", plain.dir.to_str().unwrap()),
+            ],
+        );
+        let (ok, _, err) = pull(&d, &[&reference]);
+        assert_eq!(ok, works, "{err}");
+        if works {
+            let sb = d.create(serde_json::json!({ "image": reference }));
+            assert_eq!(d.sh(&sb.id, "cat /etc/pulled").1, "over tls\n");
+        } else {
+            assert!(
+                err.contains("UnknownIssuer") || err.contains("certificate"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -735,7 +735,7 @@ impl Client {
                     retry_after(&resp).unwrap_or_else(|| backoff(policy, attempt))
                 }
                 Err(e) => {
-                    if attempt >= policy.attempts {
+                    if attempt >= policy.attempts || !transient(&e) {
                         return Err(RegistryError::Transport {
                             reference: call.reference(),
                             step: call.step.to_owned(),
@@ -1051,6 +1051,25 @@ impl Client {
             },
         })?;
         Ok(r)
+    }
+}
+
+/// Whether a failed request may succeed if tried again: a connection refused, reset or
+/// timed out may; a certificate that does not verify, or a malformed answer, will not.
+fn transient(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::Interrupted
+        ),
+        ureq::Error::Timeout(_) | ureq::Error::ConnectionFailed => true,
+        _ => false,
     }
 }
 

@@ -19,8 +19,10 @@
 //! nothing here prompts: a short name with no alias is tried on each search registry in
 //! turn, as podman does without a terminal in `permissive` mode.
 //!
-//! Registries with no entry are reached over HTTPS only, except loopback addresses
-//! (`localhost`, `127.0.0.0/8`, `::1`), which may answer in plain HTTP as Docker allows.
+//! Registries with no entry, or an entry that does not say `insecure`, are reached over
+//! verified HTTPS only, except loopback addresses (`localhost`, `127.0.0.0/8`, `::1`),
+//! which may answer in plain HTTP as Docker allows; `insecure = false` makes a loopback
+//! registry verified too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,8 +61,10 @@ pub struct RegistryEntry {
     pub prefix: Option<String>,
     #[serde(default)]
     pub location: Option<String>,
+    /// Absent: loopback registries may speak plain HTTP, others may not. Given, it
+    /// decides for loopback ones too.
     #[serde(default)]
-    pub insecure: bool,
+    pub insecure: Option<bool>,
     #[serde(default)]
     pub blocked: bool,
     #[serde(default)]
@@ -74,7 +78,7 @@ pub struct RegistryEntry {
 pub struct Mirror {
     pub location: String,
     #[serde(default)]
-    pub insecure: bool,
+    pub insecure: Option<bool>,
     #[serde(default)]
     pub pull_from_mirror: Option<String>,
 }
@@ -288,7 +292,9 @@ impl RegistriesConf {
             if applies {
                 out.push(Endpoint {
                     reference: rewrite(&m.location),
-                    insecure: m.insecure || is_loopback(m.location.split('/').next().unwrap_or("")),
+                    insecure: m
+                        .insecure
+                        .unwrap_or_else(|| is_loopback(m.location.split('/').next().unwrap_or(""))),
                     mirror: true,
                 });
             }
@@ -300,7 +306,7 @@ impl RegistriesConf {
             rewrite(&location)
         };
         out.push(Endpoint {
-            insecure: entry.insecure || is_loopback(&own.registry),
+            insecure: entry.insecure.unwrap_or_else(|| is_loopback(&own.registry)),
             reference: own,
             mirror: false,
         });

@@ -23,10 +23,22 @@ impl Registry {
         Self::start_with(dir, "", None)
     }
 
-    /// A registry with `extra` YAML at the top level of its configuration (auth,
-    /// middleware); `push_auth` gives the header pushes need, from its log once it runs.
+    /// A registry with `extra` YAML at the end of its configuration (top-level keys such
+    /// as auth and middleware; indented, keys of `http:` such as `tls`); `push_auth`
+    /// gives the header pushes need, from its log once it runs.
     pub fn start_with(
         dir: &Path,
+        extra: &str,
+        push_auth: Option<fn(&str) -> Option<String>>,
+    ) -> Option<Registry> {
+        Self::start_on(dir, &dir.join("data"), extra, push_auth)
+    }
+
+    /// Like [`Registry::start_with`], serving the storage under `data` (which another
+    /// registry may serve too).
+    pub fn start_on(
+        dir: &Path,
+        data: &Path,
         extra: &str,
         push_auth: Option<fn(&str) -> Option<String>>,
     ) -> Option<Registry> {
@@ -49,7 +61,7 @@ impl Registry {
             &config,
             format!(
                 "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{extra}",
-                dir.join("data").display()
+                data.display()
             ),
         )
         .unwrap();
@@ -204,7 +216,7 @@ pub struct Pushed {
     pub layers: Vec<String>,
 }
 
-/// Pushes an image of `layers` (media type, uncompressed tar, blob) with an index
+/// Pushes an image of `layers` (media type, uncompressed tar, blob) with an OCI index
 /// listing it for linux/amd64 beside an arm64 entry and an attestation manifest.
 pub fn push_image(
     reg: &Registry,
@@ -213,6 +225,31 @@ pub fn push_image(
     layers: &[(&str, Vec<u8>, Vec<u8>)],
     env: &str,
 ) -> Pushed {
+    push_image_as(reg, repo, tag, layers, env, false)
+}
+
+/// [`push_image`] with Docker's schema 2 media types (a manifest list) when `docker`.
+pub fn push_image_as(
+    reg: &Registry,
+    repo: &str,
+    tag: &str,
+    layers: &[(&str, Vec<u8>, Vec<u8>)],
+    env: &str,
+    docker: bool,
+) -> Pushed {
+    let (index_type, manifest_type, config_type) = if docker {
+        (
+            "application/vnd.docker.distribution.manifest.list.v2+json",
+            "application/vnd.docker.distribution.manifest.v2+json",
+            "application/vnd.docker.container.image.v1+json",
+        )
+    } else {
+        (
+            "application/vnd.oci.image.index.v1+json",
+            "application/vnd.oci.image.manifest.v1+json",
+            "application/vnd.oci.image.config.v1+json",
+        )
+    };
     let mut descs = Vec::new();
     let mut diff_ids = Vec::new();
     let mut digests = Vec::new();
@@ -231,32 +268,27 @@ pub fn push_image(
     let config_digest = reg.blob(repo, &config_bytes);
     let manifest = serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_bytes.len()},
+        "mediaType": manifest_type,
+        "config": {"mediaType": config_type, "digest": config_digest, "size": config_bytes.len()},
         "layers": descs,
     });
-    let m = reg.manifest(
-        repo,
-        &format!("{tag}-amd64"),
-        "application/vnd.oci.image.manifest.v1+json",
-        &manifest,
-    );
+    let m = reg.manifest(repo, &format!("{tag}-amd64"), manifest_type, &manifest);
     let msize = serde_json::to_vec(&manifest).unwrap().len();
     let index = serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "mediaType": index_type,
         "manifests": [
             // An attestation first, and another platform: neither may be taken.
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m, "size": msize,
+            {"mediaType": manifest_type, "digest": m, "size": msize,
              "platform": {"os": "unknown", "architecture": "unknown"},
              "annotations": {"vnd.docker.reference.type": "attestation-manifest"}},
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m, "size": msize,
+            {"mediaType": manifest_type, "digest": m, "size": msize,
              "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m, "size": msize,
+            {"mediaType": manifest_type, "digest": m, "size": msize,
              "platform": {"os": "linux", "architecture": "amd64"}},
         ],
     });
-    let i = reg.manifest(repo, tag, "application/vnd.oci.image.index.v1+json", &index);
+    let i = reg.manifest(repo, tag, index_type, &index);
     Pushed {
         index: i,
         manifest: m,
