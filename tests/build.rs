@@ -289,10 +289,10 @@ fn image_build_failures_name_the_line_and_leave_nothing_behind() {
         ("FROM busybox\nRUN true\nCOPY ../outside-secret /x\n", 3, &["'..'", "leaves the build context"]),
         ("FROM busybox\nRUN true\nCOPY hostetc/passwd /x\n", 3, &["symlink", "not followed"]),
         ("FROM busybox\nCOPY /etc/passwd /x\n", 2, &["no such file or directory in the build context"]),
-        ("FROM busybox\nRUN --network=host true\n", 2, &["no network"]),
+        ("FROM busybox\nRUN --network=host true\n", 2, &["default) or none"]),
         ("FROM busybox\nADD http://example.invalid/x /x\n", 2, &["URL"]),
         ("FROM no-such-image\n", 1, &["no such image"]),
-        ("FROM busybox\nCOPY --from=nowhere /a /b\n", 2, &["no such stage or image"]),
+        ("FROM busybox\nCOPY --from=nowhere /a /b\n", 2, &["no such stage", "no such image here"]),
     ];
     let images_before: Vec<ImageInfo> = d.client.call("GET", "/v1/images", None).unwrap();
     let layers_before = layers(&d);
@@ -352,13 +352,7 @@ fn image_build_failures_name_the_line_and_leave_nothing_behind() {
         "{err}"
     );
     assert_eq!(layers(&d), layers_before);
-    // Refusals before any work: network, a relative context.
-    let err = build(
-        &d,
-        serde_json::json!({ "context": ctx, "name": "x", "network": true }),
-    )
-    .unwrap_err();
-    assert!(err.contains("network"), "{err}");
+    // Refusals before any work: a relative context.
     let err = build(&d, serde_json::json!({ "context": "rel/dir", "name": "x" })).unwrap_err();
     assert!(err.contains("absolute"), "{err}");
     assert_eq!(layers(&d), layers_before);

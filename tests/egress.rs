@@ -523,3 +523,39 @@ fn no_rule_or_link_outlives_a_daemon_kill() {
     d.remove(&keep.id);
     d.remove(&lose.id);
 }
+
+#[test]
+fn a_build_with_network_reaches_a_remote_in_its_run_steps() {
+    let name = "a_build_with_network_reaches_a_remote_in_its_run_steps";
+    if !can_run_egress(name) {
+        return;
+    }
+    let remote = Remote::start("bld", 61);
+    let d = TestDaemon::start("egress-build");
+    let ctx = std::env::temp_dir().join(format!("forkd-egress-build-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ctx);
+    std::fs::create_dir_all(&ctx).unwrap();
+    let url = format!("http://{}:8080/index.html", remote.addr(1));
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!(
+            "FROM busybox\nRUN wget -q -O /fetched {url}\nRUN --network=none wget -q -T 3 -O /offline {url} || echo none > /offline\n"
+        ),
+    )
+    .unwrap();
+    let build =
+        |network: bool, tag: &str| -> Result<forkd::api::BuildResult, forkd::client::ClientError> {
+            let body = serde_json::json!({
+                "context": ctx, "name": tag, "network": network, "no_cache": true,
+            });
+            d.client.call("POST", "/v1/images/build", Some(&body))
+        };
+    let built = build(true, "net:1").expect("a build with network");
+    assert_eq!(built.steps.iter().filter(|s| s.cache == "miss").count(), 2);
+    let sb = d.create(serde_json::json!({ "image": "net:1" }));
+    assert_eq!(d.sh(&sb.id, "cat /fetched /offline").1, "remote-61\nnone\n");
+    // Without network the first RUN cannot fetch, and the build fails at its line.
+    let e = build(false, "net:2").unwrap_err().to_string();
+    assert!(e.contains("line 2"), "{e}");
+    let _ = std::fs::remove_dir_all(&ctx);
+}

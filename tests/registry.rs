@@ -751,3 +751,75 @@ fn a_tls_registry_is_verified_with_the_cas_of_certs_d() {
         }
     }
 }
+
+#[test]
+fn a_build_pulls_its_missing_base_and_copy_from_images() {
+    let name = "a_build_pulls_its_missing_base_and_copy_from_images";
+    if !can_run(name) {
+        return;
+    }
+    let Some(reg) = Registry::start(Path::new("/tmp/forkd-test-registry-build")) else {
+        return;
+    };
+    push_image(
+        &reg,
+        "forkd/base",
+        "1",
+        &[base_layer(), top_layer("base\n")],
+        "FROM_BASE=1",
+    );
+    push_image(&reg, "forkd/tool", "2", &[top_layer("tool\n")], "T=1");
+    let d = daemon_with_registry("registry-build", &reg);
+    let ctx = reg.dir.join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!(
+            "FROM forkd/base:1\nCOPY --from={}/forkd/tool:2 /etc/pulled /tool\nRUN echo $FROM_BASE > /env\n",
+            reg.host()
+        ),
+    )
+    .unwrap();
+    let out = d.cli(&["image", "build", "-t", "app:1", ctx.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sb = d.create(serde_json::json!({ "image": "app:1" }));
+    assert_eq!(
+        d.sh(&sb.id, "cat /etc/pulled /tool /env").1,
+        "base\ntool\n1\n"
+    );
+    let images: Vec<ImageInfo> = d.client.call("GET", "/v1/images", None).unwrap();
+    let names: Vec<&str> = images.iter().map(|i| i.name.as_str()).collect();
+    let base = format!("{}/forkd/base:1", reg.host());
+    assert!(
+        names.contains(&base.as_str()),
+        "the base was pulled and kept: {names:?}"
+    );
+    d.remove(&sb.id);
+    // Built again: the base is here now, so the registry sees nothing.
+    let before = reg.requests().len();
+    let out = d.cli(&["image", "build", "-t", "app:1", ctx.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        reg.requests().len(),
+        before,
+        "{:?}",
+        &reg.requests()[before..]
+    );
+    // A base that is nowhere: the error says what was tried.
+    std::fs::write(ctx.join("Dockerfile"), "FROM forkd/nowhere:1\n").unwrap();
+    let out = d.cli(&["image", "build", "-t", "app:2", ctx.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("line 1") && err.contains("manifest unknown"),
+        "{err}"
+    );
+}

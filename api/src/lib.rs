@@ -216,7 +216,8 @@ pub struct BuildRequest {
     /// Run every step, looking nothing up in the step cache.
     #[serde(default)]
     pub no_cache: bool,
-    /// RUN steps with network access. Not available yet: asking for it is a 400.
+    /// RUN steps with egress (the outside world through NAT, never the host or other
+    /// sandboxes); `RUN --network=none` still runs without. Default: none.
     #[serde(default)]
     pub network: bool,
     /// Limits for the sandboxes steps run in.

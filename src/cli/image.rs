@@ -37,6 +37,10 @@ pub enum ImageCmd {
         /// Kill a RUN step (and fail the build) after this many seconds
         #[arg(long, value_name = "SECS")]
         step_timeout: Option<u64>,
+        /// RUN steps' network: `none` (loopback only) or `egress` (the outside world
+        /// through NAT, never the host or other sandboxes)
+        #[arg(long, default_value = "none", value_parser = ["none", "egress"])]
+        network: String,
     },
     /// Pull an image from a registry (Docker Hub, a registry of your own, a mirror)
     Pull {
@@ -92,6 +96,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
             target,
             no_cache,
             step_timeout,
+            network,
         } => {
             let abs = std::fs::canonicalize(&context)
                 .map_err(|e| anyhow::anyhow!("build context {context}: {e}"))?;
@@ -125,6 +130,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 target,
                 no_cache,
                 step_timeout_secs: step_timeout,
+                network: network == "egress",
                 ..Default::default()
             };
             let progress = if ctx.json {

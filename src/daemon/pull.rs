@@ -170,6 +170,40 @@ impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
 
 impl Daemon {
     pub fn pull_image(&self, req: PullRequest) -> Result<ImageInfo, ApiError> {
+        let _store = self.store_lock.read_locked();
+        self.pull_held(req).map(|img| self.image_to_info(img))
+    }
+
+    /// The image a build's `FROM` or `COPY --from` names: the image of that name; else
+    /// one pulled before under the fully qualified reference the name means; else
+    /// pulled now, as `docker build` pulls a missing base. The caller holds the store
+    /// lock for reading.
+    pub(super) fn image_for_build(&self, name: &str) -> Result<Image, ApiError> {
+        if let Ok(img) = self.images.get(name) {
+            return Ok(img);
+        }
+        let config = ClientConfig::from_env().map_err(|e| api_error(&e))?;
+        let candidates = config
+            .registries
+            .candidates(name)
+            .map_err(|e| ApiError::bad_request(format!("no such image here, and {e}")))?;
+        for c in &candidates {
+            if let Ok(img) = self.images.get(&c.to_string()) {
+                return Ok(img);
+            }
+        }
+        self.pull_held(PullRequest {
+            reference: name.to_owned(),
+            ..Default::default()
+        })
+        .map_err(|mut e| {
+            e.message = format!("no such image here, and pulling it failed: {}", e.message);
+            e
+        })
+    }
+
+    /// A pull; the caller holds the store lock for reading.
+    fn pull_held(&self, req: PullRequest) -> Result<Image, ApiError> {
         let t0 = Instant::now();
         let platform: Platform = match &req.platform {
             Some(p) => p
@@ -213,7 +247,7 @@ impl Daemon {
                     "pull {reference}: up to date ({} ms)",
                     t0.elapsed().as_millis()
                 ));
-                return Ok(self.image_to_info(img));
+                return Ok(img);
             }
             let resolved = match client.resolve(reference, &platform) {
                 Ok(r) => r,
@@ -233,7 +267,7 @@ impl Daemon {
                 resolved.endpoint.reference.registry,
                 t0.elapsed().as_millis()
             ));
-            return Ok(self.image_to_info(img));
+            return Ok(img);
         }
         let tried: Vec<String> = candidates.iter().map(|c| c.to_string()).collect();
         let e = last.expect("at least one candidate");

@@ -63,6 +63,16 @@ impl TestDaemon {
         let _ = std::fs::remove_dir_all(&base);
         let mut opts = Options::new(BIN, &base);
         opts.ready_within = Duration::from_secs(30);
+        // Hermetic: a name that is not here is never looked for on Docker Hub.
+        if !env.iter().any(|(k, _)| *k == "FORKD_REGISTRIES_CONF") {
+            let conf = PathBuf::from(format!("{}.registries.conf", base.display()));
+            std::fs::write(
+                &conf,
+                "[[registry]]\nprefix = \"docker.io\"\nblocked = true\n",
+            )
+            .unwrap();
+            opts = opts.env("FORKD_REGISTRIES_CONF", &conf);
+        }
         for (k, v) in env {
             opts = opts.env(k, v);
         }

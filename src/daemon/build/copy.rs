@@ -49,14 +49,14 @@ impl Job<'_> {
                     .expect("needed stages are built first")
                     .layers
                     .clone(),
+                // `COPY --from=<uv image>`: an image, pulled if it is not here.
                 None => {
                     self.d
-                        .images
-                        .get(&from)
-                        .map_err(|_| {
+                        .image_for_build(&from)
+                        .map_err(|e| {
                             self.err(
                                 line,
-                                format!("{what} --from={from}: no such stage or image"),
+                                format!("{what} --from={from}: no such stage; {}", e.message),
                             )
                         })?
                         .layers
@@ -79,13 +79,14 @@ impl Job<'_> {
             // The source stage's files are read in a sandbox of it, made only when the
             // step runs (a cache hit needs none).
             let mut src_sb: Option<Arc<Sandbox>> = None;
-            let res = self.file_step(state, made, |sb| {
+            let res = self.file_step(state, made, false, |sb| {
                 let owner = self.owner(sb, chown.as_deref(), line)?;
                 let src_sb = src_sb.insert(self.d.step_sandbox(
                     &self.req.name,
                     &src_layers,
                     &ImageConfig::default(),
                     &self.req.limits,
+                    false,
                 )?);
                 for s in &sources {
                     let abs = if s.starts_with('/') {
@@ -157,7 +158,7 @@ impl Job<'_> {
             arch_digest.push_str(&one.digest().map_err(|x| self.err(line, x))?);
         }
         state.extend_key(&[what, "context", &digest, &arch_digest, &opts]);
-        self.file_step(state, made, |sb| {
+        self.file_step(state, made, false, |sb| {
             let owner = self.owner(sb, chown.as_deref(), line)?;
             if plain.dest_is_dir {
                 self.d.make_dirs(sb, &dest_abs)?;

@@ -123,16 +123,10 @@ impl Job<'_> {
             let img = self.import_base(base, line, made)?;
             (img.layers, img.config)
         } else {
-            let img = self.d.images.get(base).map_err(|e| match e {
-                forkd_layers::ImageError::NotFound(_) => self.err(
-                    line,
-                    format!("FROM {base}: no such image (import it with `forkd image import`)"),
-                ),
-                forkd_layers::ImageError::InvalidName { .. } => {
-                    self.err(line, format!("FROM {base}: {e}"))
-                }
-                other => ApiError::from_chain("read image", &other),
-            })?;
+            let img = self
+                .d
+                .image_for_build(base)
+                .map_err(|e| self.err(line, format!("FROM {base}: {}", e.message)))?;
             (img.layers, img.config)
         };
         let ids: Vec<String> = layers.iter().map(|l| l.to_string()).collect();
@@ -299,7 +293,7 @@ impl Job<'_> {
                 let dir = state.absolute(&dir);
                 state.config.working_dir = Some(dir.clone());
                 state.extend_key(&["WORKDIR", &dir]);
-                return self.file_step(state, made, |sb| self.d.make_dirs(sb, &dir));
+                return self.file_step(state, made, false, |sb| self.d.make_dirs(sb, &dir));
             }
             StepKind::Run(c) => {
                 let argv = match c {
@@ -322,7 +316,8 @@ impl Job<'_> {
                     ..Default::default()
                 };
                 let text = step.text.clone();
-                return self.file_step(state, made, |sb| {
+                let network = self.req.network && !step.no_network;
+                return self.file_step(state, made, network, |sb| {
                     let out =
                         self.d
                             .exec(sb, &req, None, crate::api::DEFAULT_OUTPUT_LIMIT as usize)?;
@@ -356,12 +351,13 @@ impl Job<'_> {
         }
     }
 
-    /// Looks the state's key up in the cache, or runs `action` in a step sandbox and
-    /// seals what it wrote.
+    /// Looks the state's key up in the cache, or runs `action` in a step sandbox (with
+    /// egress if `network`) and seals what it wrote.
     pub(super) fn file_step(
         &self,
         state: &mut State,
         made: &mut Made,
+        network: bool,
         action: impl FnOnce(&Arc<Sandbox>) -> Result<(), ApiError>,
     ) -> Result<(&'static str, Option<LayerId>), ApiError> {
         if !self.req.no_cache {
@@ -377,6 +373,7 @@ impl Job<'_> {
             &state.layers,
             &state.config,
             &self.req.limits,
+            network,
         )?;
         let res = action(&sb).and_then(|()| self.d.seal_step(&sb));
         if let Err(e) = self.d.remove_sandbox(&sb, true) {

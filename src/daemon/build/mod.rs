@@ -242,11 +242,6 @@ impl Daemon {
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
-        if req.network {
-            return Err(ApiError::bad_request(
-                "network: RUN steps with network access are not available; builds run with none",
-            ));
-        }
         let ctx_dir = PathBuf::from(&req.context);
         if !ctx_dir.is_absolute() {
             return Err(ApiError::bad_request(format!(
@@ -388,15 +383,23 @@ impl Daemon {
         }
     }
 
-    /// A sandbox over `layers` (bottom first) for one build step.
+    /// A sandbox over `layers` (bottom first) for one build step; with `network`, it
+    /// has egress (the outside world through NAT, never the host or other sandboxes).
     fn step_sandbox(
         self: &Arc<Self>,
         name: &str,
         layers: &[LayerId],
         config: &ImageConfig,
         limits: &forkd_cgroups::Limits,
+        network: bool,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
+        let network = if network {
+            forkd_net::Network::egress()
+        } else {
+            forkd_net::Network::none()
+        };
+        let policy = self.network_policy(&network)?;
         let id = SandboxId::random();
         let mut lowers = vec![Lower::Layer(self.runtime_layer)];
         lowers.extend(layers.iter().rev().cloned().map(Lower::Layer));
@@ -417,12 +420,12 @@ impl Daemon {
             memory_cgroup: self.cgroups.shared_memory_for(limits),
             create_us: 0,
             config: config.clone(),
-            network: forkd_net::Network::none(),
+            network,
             lease: None,
         };
         let dir = self.sandbox_dir(&id);
         self.start_or_undo(&dir, record, started, |d, dir, rec| {
-            d.start_init_in(dir, rec, None)
+            d.start_init_in(dir, rec, policy.as_ref())
         })
     }
 
