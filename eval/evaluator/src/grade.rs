@@ -122,7 +122,18 @@ fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
                     r.out().trim()
                 ))
             })?;
-            let mut t = BTreeMap::new();
+            // Per-test outcomes, when the verifier wrote a CTRF report too.
+            let mut t = match v.ctrf_path.as_deref() {
+                Some(ctrf) => {
+                    let c = s.sh(sb, &format!("cat '{ctrf}' 2>/dev/null"), wd, Some(60))?;
+                    if c.code == 0 {
+                        parse_ctrf(&c.out())
+                    } else {
+                        BTreeMap::new()
+                    }
+                }
+                None => BTreeMap::new(),
+            };
             t.insert(
                 "reward".to_string(),
                 if reward >= 1.0 {
@@ -188,6 +199,43 @@ pub fn parse_pytest(out: &str) -> BTreeMap<String, TestResult> {
         tests.insert(id.to_string(), result);
     }
     tests
+}
+
+/// Per-test outcomes from a CTRF report (Common Test Report Format, as
+/// pytest-json-ctrf writes it): `results.tests[]` with `name` and `status` (`passed`,
+/// `failed`, `skipped`, `pending`, `other`). A report that does not parse gives none.
+pub fn parse_ctrf(json: &str) -> BTreeMap<String, TestResult> {
+    #[derive(serde::Deserialize)]
+    struct Report {
+        results: Results,
+    }
+    #[derive(serde::Deserialize)]
+    struct Results {
+        #[serde(default)]
+        tests: Vec<Test>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Test {
+        name: String,
+        status: String,
+    }
+    let Ok(r) = serde_json::from_str::<Report>(json) else {
+        return BTreeMap::new();
+    };
+    r.results
+        .tests
+        .into_iter()
+        .filter(|t| !t.name.is_empty() && t.name != "reward")
+        .map(|t| {
+            let outcome = match t.status.as_str() {
+                "passed" => TestResult::Pass,
+                "failed" => TestResult::Fail,
+                "skipped" | "pending" => TestResult::Skip,
+                _ => TestResult::Error,
+            };
+            (t.name, outcome)
+        })
+        .collect()
 }
 
 /// Per-test outcomes from a JUnit XML report (`classname::name`).
@@ -258,6 +306,24 @@ mod tests {
         assert_eq!(t["m.T::a"], TestResult::Pass);
         assert_eq!(t["m.T::b"], TestResult::Fail);
         assert_eq!(t["c"], TestResult::Skip);
+    }
+
+    #[test]
+    fn ctrf_reports_are_parsed() {
+        // As pytest-json-ctrf writes it (fields trimmed).
+        let json = r#"{"results": {"tool": {"name": "pytest"}, "summary": {"tests": 4},
+            "tests": [{"name": "test_outputs.py::test_a", "status": "passed", "duration": 1},
+                      {"name": "test_outputs.py::test_b", "status": "failed", "message": "x"},
+                      {"name": "test_outputs.py::test_c", "status": "skipped"},
+                      {"name": "test_outputs.py::test_d", "status": "other"}]}}"#;
+        let t = parse_ctrf(json);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t["test_outputs.py::test_a"], TestResult::Pass);
+        assert_eq!(t["test_outputs.py::test_b"], TestResult::Fail);
+        assert_eq!(t["test_outputs.py::test_c"], TestResult::Skip);
+        assert_eq!(t["test_outputs.py::test_d"], TestResult::Error);
+        assert!(parse_ctrf("not json").is_empty());
+        assert!(parse_ctrf(r#"{"results": {}}"#).is_empty());
     }
 }
 

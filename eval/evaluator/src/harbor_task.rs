@@ -12,6 +12,7 @@
 //! | `[environment] workdir` (default `/app`) | `[task] workdir`; `environment/` copied into it when it is not a build context (as Harbor uploads it for prebuilt images) |
 //! | `tests/` uploaded to `/tests`, `bash /tests/test.sh` | `[verifier] tests_dir = "/tests"`, that command, `format = "reward"` |
 //! | `/logs/verifier/reward.txt` or `reward.json` | `reward_path` (either file is read)   |
+//! | `/logs/verifier/ctrf.json` (per-test results) | `ctrf_path`: each test's outcome kept beside the reward |
 //! | `[verifier] timeout_sec`, `[agent] timeout_sec` | `timeout_secs` of each                |
 //! | `solution/solve.sh`                   | the oracle's solution                          |
 //! | `[environment] network_mode` / `allow_internet`, `allowed_hosts` | `[environment] network`: `no-network` is `none`, `public` (Harbor's default) is `egress`, `allowlist` is `allowlist=HOSTS` |
@@ -32,6 +33,8 @@ use std::path::Path;
 /// Where Harbor puts the tests and where its verifier writes the reward.
 pub const TESTS_DIR: &str = "/tests";
 pub const REWARD_PATH: &str = "/logs/verifier/reward.txt";
+/// Where Terminal-Bench-style `tests/test.sh` write per-test results (pytest-json-ctrf).
+pub const CTRF_PATH: &str = "/logs/verifier/ctrf.json";
 
 /// The part of Harbor's `task.toml` the evaluator reads (everything else is Harbor's).
 #[derive(Debug, Deserialize)]
@@ -238,6 +241,7 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
             format: "reward".into(),
             junit_path: None,
             reward_path: Some(REWARD_PATH.into()),
+            ctrf_path: Some(CTRF_PATH.into()),
             timeout_secs: secs(&h.verifier, 600),
             fail_to_pass: Vec::new(),
             pass_to_pass: Vec::new(),

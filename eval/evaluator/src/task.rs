@@ -15,7 +15,8 @@
 //! [task]        kind = "swe" | "terminal", image = "debian", workdir = "/testbed"
 //! [environment] setup = ["shell line", ...], background = ["shell line", ...], live = false
 //! [verifier]    command = "...", tests_dir = "...", format = "pytest" | "junit" | "reward",
-//!               junit_path, reward_path, timeout_secs, fail_to_pass = [...], pass_to_pass = [...]
+//!               junit_path, reward_path, ctrf_path, timeout_secs, fail_to_pass = [...],
+//!               pass_to_pass = [...]
 //! [agent]       timeout_secs, max_steps
 //! [residual]    ignore = ["glob", ...]
 //! ```
@@ -109,6 +110,11 @@ pub struct VerifierSection {
     pub junit_path: Option<String>,
     #[serde(default)]
     pub reward_path: Option<String>,
+    /// With `format = "reward"`: a CTRF report (`{"results": {"tests": [{"name",
+    /// "status"}]}}`, what pytest-json-ctrf writes) whose per-test outcomes are kept
+    /// beside the reward when the verifier wrote one.
+    #[serde(default)]
+    pub ctrf_path: Option<String>,
     #[serde(default = "default_verifier_timeout")]
     pub timeout_secs: u64,
     #[serde(default)]
