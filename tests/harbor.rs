@@ -503,11 +503,19 @@ fn forkd_eval_runs_harbor_task_directories() {
             let names: Vec<&str> = r.tests.keys().map(String::as_str).collect();
             assert_eq!(
                 names,
-                ["reward", "test_outputs.py::test_defines_greeting", "test_outputs.py::test_prints_the_greeting"],
+                [
+                    "reward",
+                    "test_outputs.py::test_defines_greeting",
+                    "test_outputs.py::test_prints_the_greeting"
+                ],
                 "{r:?}"
             );
             let prints = &r.tests["test_outputs.py::test_prints_the_greeting"];
-            assert_eq!(*prints == forkd_analysis::TestResult::Pass, r.agent == "oracle", "{r:?}");
+            assert_eq!(
+                *prints == forkd_analysis::TestResult::Pass,
+                r.agent == "oracle",
+                "{r:?}"
+            );
         } else {
             assert_eq!(r.tests.len(), 1, "the reward is the one result: {r:?}");
         }

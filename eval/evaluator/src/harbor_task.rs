@@ -7,8 +7,8 @@
 //!
 //! | Harbor                                | forkd                                          |
 //! |---------------------------------------|------------------------------------------------|
-//! | `[environment] docker_image`          | `[task] image` (a forkd image name)            |
-//! | `environment/Dockerfile`              | `[task] build = "environment"`: the image is built from it (when there is no docker_image, or forkd lacks it) |
+//! | `[environment] docker_image`          | `[task] image`, `pull = true`: pulled from its registry when forkd lacks it |
+//! | `environment/Dockerfile`              | `[task] build = "environment"`: the image is built from it (when there is no docker_image, or it cannot be pulled), with egress unless the network is `no-network` |
 //! | `[environment] workdir` (default `/app`) | `[task] workdir`; `environment/` copied into it when it is not a build context (as Harbor uploads it for prebuilt images) |
 //! | `tests/` uploaded to `/tests`, `bash /tests/test.sh` | `[verifier] tests_dir = "/tests"`, that command, `format = "reward"` |
 //! | `/logs/verifier/reward.txt` or `reward.json` | `reward_path` (either file is read)   |
@@ -215,6 +215,7 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
             description: None,
             build,
             rebuild,
+            pull: h.environment.docker_image.is_some(),
         },
         environment: {
             let mut env = ext.environment.unwrap_or_default();

@@ -241,9 +241,39 @@ fn dockerfile_bases(dockerfile: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Makes every image the suite needs exist: built from a task's Dockerfile (its base
-/// images imported from the fixture cache first), or imported from the fixture cache.
-/// Returns each image's layers.
+/// Whether the daemon holds image `name`.
+fn have_image(s: &Session, name: &str) -> bool {
+    s.client
+        .call::<serde_json::Value>(
+            "GET",
+            &format!("/v1/images/{}", forkd_api::url::encode_segment(name)),
+            None,
+        )
+        .is_ok()
+}
+
+/// Pulls `name` from its registry (a task's prebuilt `docker_image`), kept under the name
+/// the task gives it.
+fn pull_image(s: &Session, name: &str) -> anyhow::Result<()> {
+    eprintln!("pull {name}");
+    let body = serde_json::json!({ "reference": name, "name": name });
+    let img: forkd_api::ImageInfo = s
+        .client
+        .call("POST", "/v1/images/pull", Some(&body))
+        .map_err(|e| anyhow::anyhow!("pull {name}: {e}"))?;
+    eprintln!(
+        "pulled {name}: {} layers, {}",
+        img.layers.len(),
+        img.digest.as_deref().unwrap_or("-")
+    );
+    Ok(())
+}
+
+/// Makes every image the suite needs exist: a task's prebuilt image pulled from its
+/// registry when the daemon lacks it (as Harbor's own backends do with `docker_image`),
+/// else built from the task's Dockerfile (its base images imported from the fixture
+/// cache first, or pulled), or imported from the fixture cache. Builds have egress
+/// unless the task's network is `none`. Returns each image's layers.
 pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     let mut out = BTreeMap::new();
     // Images built from a task's Dockerfile: always when the task asks to rebuild,
@@ -257,23 +287,28 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
         if built.contains(name) {
             continue;
         }
-        let have = s
-            .client
-            .call::<serde_json::Value>(
-                "GET",
-                &format!("/v1/images/{}", forkd_api::url::encode_segment(name)),
-                None,
-            )
-            .is_ok();
+        let have = have_image(s, name);
         if have && !t.config.task.rebuild {
             continue;
+        }
+        // A prebuilt image named by the task comes from its registry when it can.
+        if t.config.task.pull {
+            match pull_image(s, name) {
+                Ok(()) => continue,
+                Err(e) => eprintln!("task {}: {e:#}; building it from its Dockerfile", t.name),
+            }
         }
         let context = t.dir.join(ctx);
         for base in dockerfile_bases(&context.join("Dockerfile")) {
             import_from_cache(s, &base)?;
         }
-        eprintln!("build {name} from {}", context.join("Dockerfile").display());
-        let body = serde_json::json!({ "context": context, "name": name });
+        let network = t.config.environment.network.as_deref().unwrap_or("none") != "none";
+        eprintln!(
+            "build {name} from {}{}",
+            context.join("Dockerfile").display(),
+            if network { " (with network)" } else { "" }
+        );
+        let body = serde_json::json!({ "context": context, "name": name, "network": network });
         let r: forkd_api::BuildResult = s
             .client
             .call("POST", "/v1/images/build", Some(&body))
@@ -291,6 +326,17 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
         .collect::<std::collections::BTreeSet<_>>()
     {
         import_from_cache(s, &name)?;
+        let pull = tasks
+            .iter()
+            .any(|t| t.config.task.image == name && t.config.task.pull);
+        if pull && !have_image(s, &name) {
+            pull_image(s, &name).map_err(|e| {
+                e.context(format!(
+                    "image {name} is not in the daemon nor in {}",
+                    forkd_api::defaults::cache().join("images").display()
+                ))
+            })?;
+        }
         let info: serde_json::Value = s
             .client
             .call(

@@ -12,7 +12,8 @@
 //!
 //! `task.toml`:
 //! ```toml
-//! [task]        kind = "swe" | "terminal", image = "debian", workdir = "/testbed"
+//! [task]        kind = "swe" | "terminal", image = "debian", workdir = "/testbed",
+//!               build = "dir", rebuild = false, pull = false
 //! [environment] setup = ["shell line", ...], background = ["shell line", ...], live = false
 //! [verifier]    command = "...", tests_dir = "...", format = "pytest" | "junit" | "reward",
 //!               junit_path, reward_path, ctrf_path, timeout_secs, fail_to_pass = [...],
@@ -61,6 +62,10 @@ pub struct TaskSection {
     /// rebuild cost milliseconds) rather than only when it is missing.
     #[serde(default)]
     pub rebuild: bool,
+    /// `image` is a prebuilt image on a registry: pulled when the daemon lacks it, before
+    /// any build (a Harbor task's `docker_image`).
+    #[serde(default)]
+    pub pull: bool,
 }
 
 fn default_kind() -> String {

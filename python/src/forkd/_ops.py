@@ -110,6 +110,7 @@ def build_image(
     no_cache: bool = False,
     limits: Optional[Mapping[str, Optional[int]]] = None,
     step_timeout: Optional[int] = None,
+    network: bool = False,
 ) -> Call[t.BuildResult]:
     """`buildImage`: `context` (and `dockerfile`, if absolute) are paths on the daemon's host."""
     body: dict[str, Any] = {"context": context, "name": name}
@@ -125,6 +126,8 @@ def build_image(
         body["limits"] = dict(limits)
     if step_timeout is not None:
         body["step_timeout_secs"] = int(step_timeout)
+    if network:
+        body["network"] = True
     # A build runs as long as its RUN steps do: no wire timeout.
     return json_call("POST", "/v1/images/build", t.BuildResult.from_json, body, timeout=None)
 

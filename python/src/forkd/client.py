@@ -83,9 +83,9 @@ class Client:
         """Imports an image from `source`, a path on the daemon's host (rootfs directory, tarball, OCI layout, docker-save archive)."""
         return self._send(_ops.import_image(source, name))
 
-    def build_image(self, context: str, name: str, *, dockerfile: Optional[str] = None, build_args: Optional[Mapping[str, str]] = None, target: Optional[str] = None, no_cache: bool = False, limits: Optional[Mapping[str, Optional[int]]] = None, step_timeout: Optional[int] = None) -> t.BuildResult:
+    def build_image(self, context: str, name: str, *, dockerfile: Optional[str] = None, build_args: Optional[Mapping[str, str]] = None, target: Optional[str] = None, no_cache: bool = False, limits: Optional[Mapping[str, Optional[int]]] = None, step_timeout: Optional[int] = None, network: bool = False) -> t.BuildResult:
         """Builds image `name` from the Dockerfile in `context` (a directory on the daemon's host); see `forkd image build`."""
-        return self._send(_ops.build_image(context, name, dockerfile=dockerfile, build_args=build_args, target=target, no_cache=no_cache, limits=limits, step_timeout=step_timeout))
+        return self._send(_ops.build_image(context, name, dockerfile=dockerfile, build_args=build_args, target=target, no_cache=no_cache, limits=limits, step_timeout=step_timeout, network=network))
 
     def list_builds(self) -> list[t.BuildStatus]:
         """Builds in progress, with the steps each has finished."""

@@ -13,14 +13,16 @@ Keyword arguments (`--ek key=value`):
 - `socket`: the daemon's socket (default `FORKD_SOCKET`, else /run/forkd/forkd.sock);
 - `checkpoint`: start every trial from this forkd checkpoint instead (a residual or
   rescue state, live processes included): the inherited-start conditions in Harbor;
-- `image`: the forkd image to use (default: the task's `docker_image` if forkd has it,
-  else the image built from `environment/Dockerfile`);
+- `image`: the forkd image to use (default: the task's `docker_image`, pulled from its
+  registry if forkd lacks it, else the image built from `environment/Dockerfile`);
 - `live` (default true): checkpoint the golden sandbox with its processes.
 
-The image: `--ek image=NAME`, else the task's `[environment] docker_image` when forkd has
-an image of that name, else `environment/Dockerfile` built by the daemon (`forkd image
-build`, the environment directory as context; its step cache makes a rebuild of an
-unchanged Dockerfile take milliseconds; `--force-build` runs every step again). As
+The image: `--ek image=NAME`, else the task's `[environment] docker_image` (forkd's image
+of that name, or pulled from its registry as Harbor's own backends pull it), else
+`environment/Dockerfile` built by the daemon (`forkd image build`, the environment
+directory as context, RUN steps with egress unless the task has no network; its step
+cache makes a rebuild of an unchanged Dockerfile take milliseconds; `--force-build` runs
+every step again; a missing base image is pulled). As
 Harbor's own Docker backend does, the golden sandbox runs the image's ENTRYPOINT with
 `sleep infinity` as its command (CMD is replaced), so a start-up script that launches
 services and then `exec "$@"` leaves them running; the live checkpoint keeps them, and
@@ -157,18 +159,26 @@ class ForkdEnvironment(BaseEnvironment):
                 await self.client.inspect_image(named)
                 return named
             except ForkdError:
+                pass
+            try:
+                self.logger.info(f"forkd: pulling {named}")
+                await self.client.pull_image(named, name=named)
+                return named
+            except ForkdError as e:
                 if not self._dockerfile().is_file():
                     raise ValueError(
-                        f"forkd: image {named!r} (the task's docker_image) is not in forkd and "
-                        f"{self._dockerfile()} does not exist: import it with `forkd image import`"
+                        f"forkd: image {named!r} (the task's docker_image) is not in forkd, "
+                        f"pulling it failed ({e}), and {self._dockerfile()} does not exist"
                     ) from None
+                self.logger.info(f"forkd: pulling {named} failed ({e}); building {self._dockerfile()}")
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", self.environment_name).strip(".-") or "task"
         name = f"harbor/{slug[:80]}:{key[:12]}"
         self.logger.info(f"forkd: building {self._dockerfile()} as {name}")
         # Harbor's build_timeout_sec bounds the build; forkd bounds each RUN step by it.
         budget = getattr(self.task_env_config, "build_timeout_sec", None)
         step_timeout = max(1, math.ceil(budget)) if budget else None
-        res = await self.client.build_image(str(self.environment_dir.resolve()), name, no_cache=force_build, step_timeout=step_timeout)
+        network = self._forkd_network(self._network_policy)["mode"] != "none"
+        res = await self.client.build_image(str(self.environment_dir.resolve()), name, no_cache=force_build, step_timeout=step_timeout, network=network)
         ran = sum(1 for s in res.steps if s.cache == "miss")
         self.logger.info(f"forkd: built {name}: {ran} steps run, {len(res.steps) - ran} from cache or config")
         return name

@@ -300,68 +300,69 @@ pub fn plan(text: &str) -> Result<Plan, PlanError> {
             }
         };
         let mut no_network = false;
-        let kind = match ins {
-            Instruction::Run(r) => {
-                let fl = flags(r.options.iter(), &["network"], "RUN", line)?;
-                match flag(&fl, "network").as_deref() {
-                    None | Some("default") => {}
-                    Some("none") => no_network = true,
-                    Some(net) => return refuse(
-                        line,
-                        format!(
+        let kind =
+            match ins {
+                Instruction::Run(r) => {
+                    let fl = flags(r.options.iter(), &["network"], "RUN", line)?;
+                    match flag(&fl, "network").as_deref() {
+                        None | Some("default") => {}
+                        Some("none") => no_network = true,
+                        Some(net) => {
+                            return refuse(
+                                line,
+                                format!(
                             "RUN --network={net}: a step has the build's network (default) or none"
                         ),
-                    ),
+                            )
+                        }
+                    }
+                    if !r.here_docs.is_empty() {
+                        return refuse(line, "RUN with a here-document is not supported");
+                    }
+                    StepKind::Run(command(&r.arguments, escape, line)?)
                 }
-                if !r.here_docs.is_empty() {
-                    return refuse(line, "RUN with a here-document is not supported");
+                Instruction::Copy(c) => {
+                    let fl = flags(
+                        c.options.iter(),
+                        &["from", "chown", "chmod", "link"],
+                        "COPY",
+                        line,
+                    )?;
+                    StepKind::Copy(copy_spec(false, &fl, &c.src, &c.dest.value, line)?)
                 }
-                StepKind::Run(command(&r.arguments, escape, line)?)
-            }
-            Instruction::Copy(c) => {
-                let fl = flags(
-                    c.options.iter(),
-                    &["from", "chown", "chmod", "link"],
-                    "COPY",
-                    line,
-                )?;
-                StepKind::Copy(copy_spec(false, &fl, &c.src, &c.dest.value, line)?)
-            }
-            Instruction::Add(a) => {
-                let fl = flags(a.options.iter(), &["chown", "chmod", "link"], "ADD", line)?;
-                StepKind::Copy(copy_spec(true, &fl, &a.src, &a.dest.value, line)?)
-            }
-            Instruction::Workdir(w) => StepKind::Workdir(w.arguments.value.to_string()),
-            Instruction::Env(e) => StepKind::Env(e.arguments.value.to_string()),
-            Instruction::Arg(a) => StepKind::Arg(a.arguments.value.to_string()),
-            Instruction::User(u) => StepKind::User(u.arguments.value.to_string()),
-            Instruction::Label(l) => StepKind::Label(l.arguments.value.to_string()),
-            Instruction::Maintainer(m) => {
-                StepKind::Label(format!("maintainer={}", words::quote(&m.name.value)))
-            }
-            Instruction::Expose(e) => {
-                StepKind::Expose(e.arguments.iter().map(|s| s.value.to_string()).collect())
-            }
-            Instruction::Entrypoint(e) => {
-                StepKind::Entrypoint(command(&e.arguments, escape, line)?)
-            }
-            Instruction::Cmd(c) => StepKind::Cmd(command(&c.arguments, escape, line)?),
-            Instruction::Shell(s) => {
-                StepKind::Shell(s.arguments.iter().map(|s| s.value.to_string()).collect())
-            }
-            Instruction::Stopsignal(s) => StepKind::StopSignal(s.arguments.value.to_string()),
-            Instruction::Volume(v) => StepKind::Volume(strings(&v.arguments)),
-            Instruction::Healthcheck(_) => {
-                return refuse(
+                Instruction::Add(a) => {
+                    let fl = flags(a.options.iter(), &["chown", "chmod", "link"], "ADD", line)?;
+                    StepKind::Copy(copy_spec(true, &fl, &a.src, &a.dest.value, line)?)
+                }
+                Instruction::Workdir(w) => StepKind::Workdir(w.arguments.value.to_string()),
+                Instruction::Env(e) => StepKind::Env(e.arguments.value.to_string()),
+                Instruction::Arg(a) => StepKind::Arg(a.arguments.value.to_string()),
+                Instruction::User(u) => StepKind::User(u.arguments.value.to_string()),
+                Instruction::Label(l) => StepKind::Label(l.arguments.value.to_string()),
+                Instruction::Maintainer(m) => {
+                    StepKind::Label(format!("maintainer={}", words::quote(&m.name.value)))
+                }
+                Instruction::Expose(e) => {
+                    StepKind::Expose(e.arguments.iter().map(|s| s.value.to_string()).collect())
+                }
+                Instruction::Entrypoint(e) => {
+                    StepKind::Entrypoint(command(&e.arguments, escape, line)?)
+                }
+                Instruction::Cmd(c) => StepKind::Cmd(command(&c.arguments, escape, line)?),
+                Instruction::Shell(s) => {
+                    StepKind::Shell(s.arguments.iter().map(|s| s.value.to_string()).collect())
+                }
+                Instruction::Stopsignal(s) => StepKind::StopSignal(s.arguments.value.to_string()),
+                Instruction::Volume(v) => StepKind::Volume(strings(&v.arguments)),
+                Instruction::Healthcheck(_) => return refuse(
                     line,
                     "HEALTHCHECK is not supported: a Harbor task's healthcheck goes in task.toml",
-                )
-            }
-            Instruction::Onbuild(_) => return refuse(line, "ONBUILD is not supported"),
-            Instruction::From(_) => unreachable!("handled above"),
-            #[allow(unreachable_patterns)]
-            _ => return refuse(line, "instruction not supported"),
-        };
+                ),
+                Instruction::Onbuild(_) => return refuse(line, "ONBUILD is not supported"),
+                Instruction::From(_) => unreachable!("handled above"),
+                #[allow(unreachable_patterns)]
+                _ => return refuse(line, "instruction not supported"),
+            };
         stage.steps.push(Step {
             line,
             text: text_of(),
