@@ -823,3 +823,88 @@ fn a_build_pulls_its_missing_base_and_copy_from_images() {
         "{err}"
     );
 }
+
+/// A tar of (path, contents, mode) files.
+fn tar_with_modes(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data, mode) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(*mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// `forkd eval` on a Harbor task whose `docker_image` is on a registry: the image is
+/// pulled once, and the verifier's CTRF report gives per-test outcomes.
+#[test]
+fn forkd_eval_pulls_a_harbor_tasks_docker_image() {
+    let name = "forkd_eval_pulls_a_harbor_tasks_docker_image";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(reg) = Registry::start(Path::new("/tmp/forkd-test-registry-eval")) else {
+        return;
+    };
+    // busybox, with `bash` as a shell script over its sh (Harbor runs `bash test.sh`).
+    let top = tar_with_modes(&[
+        ("bin/bash", b"#!/bin/sh\nexec /bin/sh \"$@\"\n", 0o755),
+        ("app/answer.txt", b"wrong\n", 0o644),
+    ]);
+    let top_blob = gzip(&top);
+    push_image(
+        &reg,
+        "forkd/task",
+        "1",
+        &[base_layer(), ("application/vnd.oci.image.layer.v1.tar+gzip", top, top_blob)],
+        "PATH=/bin",
+    );
+    let suite = reg.dir.join("suite");
+    let task = suite.join("answer");
+    for d in ["tests", "solution"] {
+        std::fs::create_dir_all(task.join(d)).unwrap();
+    }
+    std::fs::write(
+        task.join("task.toml"),
+        format!(
+            "schema_version = \"1.4\"\n[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 60\n[environment]\ndocker_image = \"{}/forkd/task:1\"\nworkdir = \"/app\"\nallow_internet = false\n",
+            reg.host()
+        ),
+    )
+    .unwrap();
+    std::fs::write(task.join("instruction.md"), "Write 42 into /app/answer.txt.\n").unwrap();
+    std::fs::write(task.join("solution/solve.sh"), "#!/bin/bash\necho 42 > /app/answer.txt\n").unwrap();
+    std::fs::write(
+        task.join("tests/test.sh"),
+        r#"#!/bin/bash
+mkdir -p /logs/verifier
+if [ "$(cat /app/answer.txt)" = 42 ]; then a=passed; echo 1 > /logs/verifier/reward.txt; else a=failed; echo 0 > /logs/verifier/reward.txt; fi
+printf '{"results":{"tests":[{"name":"test_answer","status":"%s"},{"name":"test_file","status":"passed"}]}}' "$a" > /logs/verifier/ctrf.json
+"#,
+    )
+    .unwrap();
+    let d = daemon_with_registry("registry-eval", &reg);
+    let run = reg.dir.join("run");
+    let out = d.cli(&[
+        "eval", "run", suite.to_str().unwrap(), "--out", run.to_str().unwrap(),
+        "--agents", "oracle,noop", "--conditions", "clean",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pull "), "the image was pulled");
+    let rows = results(&run);
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        let oracle = r.agent == "oracle";
+        assert_eq!(r.outcome == forkd_analysis::Outcome::Pass, oracle, "{r:?}");
+        assert_eq!(r.tests.len(), 3, "reward and the two CTRF tests: {r:?}");
+        assert_eq!(r.tests["test_answer"] == forkd_analysis::TestResult::Pass, oracle, "{r:?}");
+        assert_eq!(r.tests["test_file"], forkd_analysis::TestResult::Pass);
+    }
+    let manifests = reg.requests().iter().filter(|(m, p)| m == "GET" && p.ends_with("/manifests/1")).count();
+    assert_eq!(manifests, 1, "pulled once for the whole run");
+}
