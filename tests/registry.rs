@@ -861,7 +861,10 @@ fn forkd_eval_pulls_a_harbor_tasks_docker_image() {
         &reg,
         "forkd/task",
         "1",
-        &[base_layer(), ("application/vnd.oci.image.layer.v1.tar+gzip", top, top_blob)],
+        &[
+            base_layer(),
+            ("application/vnd.oci.image.layer.v1.tar+gzip", top, top_blob),
+        ],
         "PATH=/bin",
     );
     let suite = reg.dir.join("suite");
@@ -877,8 +880,16 @@ fn forkd_eval_pulls_a_harbor_tasks_docker_image() {
         ),
     )
     .unwrap();
-    std::fs::write(task.join("instruction.md"), "Write 42 into /app/answer.txt.\n").unwrap();
-    std::fs::write(task.join("solution/solve.sh"), "#!/bin/bash\necho 42 > /app/answer.txt\n").unwrap();
+    std::fs::write(
+        task.join("instruction.md"),
+        "Write 42 into /app/answer.txt.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        task.join("solution/solve.sh"),
+        "#!/bin/bash\necho 42 > /app/answer.txt\n",
+    )
+    .unwrap();
     std::fs::write(
         task.join("tests/test.sh"),
         r#"#!/bin/bash
@@ -891,20 +902,42 @@ printf '{"results":{"tests":[{"name":"test_answer","status":"%s"},{"name":"test_
     let d = daemon_with_registry("registry-eval", &reg);
     let run = reg.dir.join("run");
     let out = d.cli(&[
-        "eval", "run", suite.to_str().unwrap(), "--out", run.to_str().unwrap(),
-        "--agents", "oracle,noop", "--conditions", "clean",
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        "oracle,noop",
+        "--conditions",
+        "clean",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("pull "), "the image was pulled");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("pull "),
+        "the image was pulled"
+    );
     let rows = results(&run);
     assert_eq!(rows.len(), 2);
     for r in &rows {
         let oracle = r.agent == "oracle";
         assert_eq!(r.outcome == forkd_analysis::Outcome::Pass, oracle, "{r:?}");
         assert_eq!(r.tests.len(), 3, "reward and the two CTRF tests: {r:?}");
-        assert_eq!(r.tests["test_answer"] == forkd_analysis::TestResult::Pass, oracle, "{r:?}");
+        assert_eq!(
+            r.tests["test_answer"] == forkd_analysis::TestResult::Pass,
+            oracle,
+            "{r:?}"
+        );
         assert_eq!(r.tests["test_file"], forkd_analysis::TestResult::Pass);
     }
-    let manifests = reg.requests().iter().filter(|(m, p)| m == "GET" && p.ends_with("/manifests/1")).count();
+    let manifests = reg
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "GET" && p.ends_with("/manifests/1"))
+        .count();
     assert_eq!(manifests, 1, "pulled once for the whole run");
 }
