@@ -263,7 +263,26 @@ fn credentials_come_from_the_users_files_and_forkd_login() {
         &[base_layer(), top_layer("secret\n")],
         "A=1",
     );
-    let d = daemon_with_registry("registry-creds", &reg);
+    // A credential helper of Docker's protocol, found on the daemon's PATH.
+    let helpers = reg.dir.join("helpers");
+    std::fs::create_dir_all(&helpers).unwrap();
+    let helper = helpers.join("docker-credential-forkdtest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\nread server\necho \"$server\" >> {0}/helper.log\nprintf '{{\"ServerURL\":\"%s\",\"Username\":\"docker\",\"Secret\":\"%s\"}}' \"$server\" '{password}'\n",
+            helpers.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        helpers.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let d = daemon_with_registry_env("registry-creds", &reg, &[("PATH", &path)]);
     let reference = format!("{}/forkd/app:1", reg.host());
 
     let (ok, _, err) = pull(&d, &[&reference]);
@@ -940,4 +959,98 @@ printf '{"results":{"tests":[{"name":"test_answer","status":"%s"},{"name":"test_
         .filter(|(m, p)| m == "GET" && p.ends_with("/manifests/1"))
         .count();
     assert_eq!(manifests, 1, "pulled once for the whole run");
+}
+
+/// registries.conf as podman users write it: a short name found through a search
+/// registry served by its mirror (the registry itself never reached), an alias, a
+/// blocked namespace; `forkd run` pulls an image that is not here, and a short name
+/// finds an image pulled under its full name.
+#[test]
+fn mirrors_aliases_and_blocked_registries_follow_registries_conf() {
+    let name = "mirrors_aliases_and_blocked_registries_follow_registries_conf";
+    if !can_run(name) {
+        return;
+    }
+    let Some(reg) = Registry::start(Path::new("/tmp/forkd-test-registry-mirror")) else {
+        return;
+    };
+    // The mirror keeps Docker Hub-like repositories under /hub.
+    push_image(
+        &reg,
+        "hub/forkd/app",
+        "1",
+        &[base_layer(), top_layer("from the mirror\n")],
+        "A=1",
+    );
+    let conf = reg.dir.join("mirrors.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "unqualified-search-registries = [\"mirrored.invalid\"]\n\
+             [[registry]]\nprefix = \"mirrored.invalid\"\nlocation = \"mirrored.invalid\"\n\
+             [[registry.mirror]]\nlocation = \"{0}/hub\"\n\
+             [[registry]]\nprefix = \"{0}/secret\"\nblocked = true\n\
+             [aliases]\n\"tool\" = \"mirrored.invalid/forkd/app\"\n",
+            reg.host()
+        ),
+    )
+    .unwrap();
+    let d = TestDaemon::start_with_env(
+        "registry-mirror",
+        &[
+            ("FORKD_REGISTRIES_CONF", conf.to_str().unwrap()),
+            (
+                "REGISTRY_AUTH_FILE",
+                reg.dir.join("none.json").to_str().unwrap(),
+            ),
+            ("DOCKER_CONFIG", reg.dir.to_str().unwrap()),
+        ],
+    );
+    // `forkd run` of an image that is not here pulls it first.
+    let out = d.cli(&["run", "--rm", "forkd/app:1", "--", "cat", "/etc/pulled"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from the mirror\n");
+    let images: Vec<ImageInfo> = d.client.call("GET", "/v1/images", None).unwrap();
+    let img = images
+        .iter()
+        .find(|i| i.name == "mirrored.invalid/forkd/app:1")
+        .expect("named as asked, not as mirrored");
+    assert_eq!(img.source, "registry:mirrored.invalid/forkd/app:1");
+    // The alias names the same image, which is here now: no request at all.
+    let before = reg.requests().len();
+    let out = d.cli(&["run", "--rm", "tool:1", "--", "cat", "/etc/pulled"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from the mirror\n");
+    assert_eq!(reg.requests().len(), before);
+    let out = d.cli(&[
+        "run",
+        "--rm",
+        "--pull",
+        "never",
+        "forkd/missing:1",
+        "--",
+        "true",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("forkd image pull"),
+        "{out:?}"
+    );
+    // A blocked namespace is refused before any request.
+    let before = reg.requests().len();
+    let (ok, _, err) = pull(&d, &[&format!("{}/secret/x:1", reg.host())]);
+    assert!(!ok);
+    assert!(
+        err.contains("blocked") && err.contains(conf.to_str().unwrap()),
+        "{err}"
+    );
+    assert_eq!(reg.requests().len(), before);
 }

@@ -34,6 +34,9 @@ pub struct RunArgs {
     /// networks, or names resolved now)
     #[arg(long, default_value = "none", value_parser = clap::value_parser!(crate::api::Network))]
     pub network: crate::api::Network,
+    /// Pull the image from its registry when it is not here (`missing`), or never
+    #[arg(long, default_value = "missing", value_parser = ["missing", "never"])]
+    pub pull: String,
     #[command(flatten)]
     pub opts: ExecOpts,
     pub image: String,
@@ -69,7 +72,22 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
     if detached_cmd {
         body["command"] = serde_json::to_value(build_request(&args.opts, &args.command))?;
     }
-    let info: SandboxInfo = ctx.client.call("POST", "/v1/sandboxes", Some(&body))?;
+    let info: SandboxInfo = match ctx.client.call("POST", "/v1/sandboxes", Some(&body)) {
+        // As `docker run` does: an image that is not here is pulled, then created again.
+        Err(crate::client::ClientError::Api(e))
+            if args.pull == "missing"
+                && e.kind == crate::api::ErrorKind::NotFound
+                && e.message.contains("no such image") =>
+        {
+            eprintln!("{}; pulling it", e.message);
+            let pull = serde_json::json!({ "reference": args.image });
+            let img: crate::api::ImageInfo =
+                ctx.client.call("POST", "/v1/images/pull", Some(&pull))?;
+            body["image"] = img.name.into();
+            ctx.client.call("POST", "/v1/sandboxes", Some(&body))?
+        }
+        other => other?,
+    };
     if args.detach {
         if ctx.json {
             ctx.print_json(&info);

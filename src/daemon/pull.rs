@@ -179,18 +179,13 @@ impl Daemon {
     /// pulled now, as `docker build` pulls a missing base. The caller holds the store
     /// lock for reading.
     pub(super) fn image_for_build(&self, name: &str) -> Result<Image, ApiError> {
-        if let Ok(img) = self.images.get(name) {
-            return Ok(img);
-        }
-        let config = ClientConfig::from_env().map_err(|e| api_error(&e))?;
-        let candidates = config
-            .registries
-            .candidates(name)
-            .map_err(|e| ApiError::bad_request(format!("no such image here, and {e}")))?;
-        for c in &candidates {
-            if let Ok(img) = self.images.get(&c.to_string()) {
-                return Ok(img);
+        match self.local_image(name) {
+            Ok(img) => return Ok(img),
+            Err(forkd_layers::ImageError::NotFound(_)) => {}
+            Err(e @ forkd_layers::ImageError::InvalidName { .. }) => {
+                return Err(ApiError::bad_request(e.to_string()))
             }
+            Err(e) => return Err(ApiError::from_chain("read image", &e)),
         }
         self.pull_held(PullRequest {
             reference: name.to_owned(),
@@ -200,6 +195,26 @@ impl Daemon {
             e.message = format!("no such image here, and pulling it failed: {}", e.message);
             e
         })
+    }
+
+    /// The image of this name, or one pulled before under the fully qualified reference
+    /// the name means (`busybox` is `docker.io/library/busybox:latest` unless
+    /// registries.conf says otherwise). Nothing is fetched.
+    pub(super) fn local_image(&self, name: &str) -> Result<Image, forkd_layers::ImageError> {
+        let first = match self.images.get(name) {
+            Err(forkd_layers::ImageError::NotFound(n)) => forkd_layers::ImageError::NotFound(n),
+            other => return other,
+        };
+        let Ok(conf) = forkd_registry::RegistriesConf::load() else {
+            return Err(first);
+        };
+        let Ok(candidates) = conf.candidates(name) else {
+            return Err(first);
+        };
+        candidates
+            .iter()
+            .find_map(|c| self.images.get(&c.to_string()).ok())
+            .ok_or(first)
     }
 
     /// A pull; the caller holds the store lock for reading.

@@ -278,10 +278,11 @@ impl Daemon {
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
         self.can_watch(1)?;
-        let image = self.images.get(&req.image).map_err(|e| match e {
-            forkd_layers::ImageError::NotFound(_) => {
-                ApiError::not_found(format!("no such image: {}", req.image))
-            }
+        let image = self.local_image(&req.image).map_err(|e| match e {
+            forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
+                "no such image: {} (pull it with `forkd image pull {}`)",
+                req.image, req.image
+            )),
             e @ forkd_layers::ImageError::InvalidName { .. } => {
                 ApiError::bad_request(format!("image: {e}"))
             }

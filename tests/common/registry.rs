@@ -320,24 +320,26 @@ pub fn pull(d: &TestDaemon, args: &[&str]) -> (bool, String, String) {
 }
 
 pub fn daemon_with_registry(name: &str, reg: &Registry) -> TestDaemon {
+    daemon_with_registry_env(name, reg, &[])
+}
+
+/// [`daemon_with_registry`] with more environment for the daemon.
+pub fn daemon_with_registry_env(name: &str, reg: &Registry, more: &[(&str, &str)]) -> TestDaemon {
     let conf = reg.dir.join("registries.conf");
     std::fs::write(
         &conf,
         format!("unqualified-search-registries = [\"{}\"]\n", reg.host()),
     )
     .unwrap();
-    TestDaemon::start_with_env(
-        name,
-        &[
-            ("FORKD_REGISTRIES_CONF", conf.to_str().unwrap()),
-            // No credentials of the machine's own reach the test registry.
-            (
-                "REGISTRY_AUTH_FILE",
-                reg.dir.join("auth.json").to_str().unwrap(),
-            ),
-            ("DOCKER_CONFIG", reg.dir.to_str().unwrap()),
-        ],
-    )
+    let auth = reg.dir.join("auth.json");
+    let mut env = vec![
+        ("FORKD_REGISTRIES_CONF", conf.to_str().unwrap()),
+        // No credentials of the machine's own reach the test registry.
+        ("REGISTRY_AUTH_FILE", auth.to_str().unwrap()),
+        ("DOCKER_CONFIG", reg.dir.to_str().unwrap()),
+    ];
+    env.extend_from_slice(more);
+    TestDaemon::start_with_env(name, &env)
 }
 
 /// A Python test host of `tests/hosts/registry_hosts.py`, killed on drop.
