@@ -257,6 +257,11 @@ impl Daemon {
         let mut last: Option<RegistryError> = None;
         for reference in &candidates {
             let name = req.name.clone().unwrap_or_else(|| reference.to_string());
+            forkd_layers::validate_image_name(&name).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "{reference}: give the image a name of its own: {e}"
+                ))
+            })?;
             if let Some(img) = self.unchanged(&client, reference, &name, &platform) {
                 log::info(&format!(
                     "pull {reference}: up to date ({} ms)",
@@ -308,13 +313,14 @@ impl Daemon {
         if let Some(d) = &reference.digest {
             return (d.to_string() == have).then_some(img);
         }
-        let endpoint = client
+        // The first place that answers: a mirror, or the registry itself.
+        let now = client
             .config()
             .registries
             .endpoints(reference)
             .ok()?
-            .pop()?;
-        let now = client.head(&endpoint).ok()??;
+            .iter()
+            .find_map(|ep| client.head(ep).ok())??;
         (now.to_string() == have && img.layers.iter().all(|l| self.layers.exists(l))).then_some(img)
     }
 
