@@ -843,22 +843,6 @@ fn a_build_pulls_its_missing_base_and_copy_from_images() {
     );
 }
 
-/// A tar of (path, contents, mode) files.
-fn tar_with_modes(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, data, mode) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(*mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
 /// `forkd eval` on a Harbor task whose `docker_image` is on a registry: the image is
 /// pulled once, and the verifier's CTRF report gives per-test outcomes.
 #[test]

@@ -14,33 +14,25 @@
 //! 5. Redirects are followed here (at most 5): to another host or port, such as a CDN or
 //!    an object store, no `Authorization` goes along.
 //!
-//! # A blob
-//! [`BlobReader`] streams a blob: nothing is held whole in memory. It counts and hashes
-//! what it hands out; a connection that drops (an error, or an end before the size)
-//! is resumed with `Range: bytes=N-`, and a server that ignores the range has its first
-//! N bytes read and dropped, so the consumer sees one unbroken stream either way. At
-//! the end the digest is checked, and a mismatch is an error of the read itself.
+//! Challenges and tokens are [`crate::challenge`]'s; blobs are [`crate::blob`]'s.
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sha2::Digest as _;
-use ureq::http::{Response, StatusCode};
+use ureq::http::Response;
 use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
 use ureq::{Agent, Body};
 
 use crate::auth::{AuthFiles, Credential};
 use crate::config::{Endpoint, RegistriesConf};
 use crate::error::RegistryError;
-use crate::manifest::{self, Descriptor, Document, Manifest, Platform};
-use crate::reference::{hex, Digest, Reference, DOCKER_HUB, DOCKER_HUB_API};
+use crate::manifest::{self, Document, Manifest, Platform};
+use crate::reference::{Digest, Reference, DOCKER_HUB, DOCKER_HUB_API};
 
 const MAX_REDIRECTS: usize = 5;
-/// Resumes of one blob before it fails.
-const MAX_RESUMES: u32 = 8;
 const USER_AGENT: &str = concat!("forkd/", env!("CARGO_PKG_VERSION"));
 
 /// How failed requests are retried.
@@ -127,20 +119,15 @@ fn schemes() -> &'static Mutex<HashMap<String, Scheme>> {
     SCHEMES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-struct Token {
-    header: String,
-    until: Instant,
-}
-
 /// A registry client. Shared by the threads of a pull (`&Client` is `Send + Sync`).
 pub struct Client {
-    config: ClientConfig,
+    pub(crate) config: ClientConfig,
     /// One agent (connection pool, TLS setup) per host and verification setting.
-    agents: Mutex<HashMap<(String, bool), Agent>>,
+    pub(crate) agents: Mutex<HashMap<(String, bool), Agent>>,
     /// Bearer tokens by (registry, repository).
-    tokens: Mutex<HashMap<(String, String), Token>>,
+    pub(crate) tokens: Mutex<HashMap<(String, String), crate::challenge::Token>>,
     /// Credentials looked up, by (registry, repository).
-    creds: Mutex<HashMap<(String, String), Option<Credential>>>,
+    pub(crate) creds: Mutex<HashMap<(String, String), Option<Credential>>>,
 }
 
 /// A manifest found for a reference.
@@ -157,12 +144,12 @@ pub struct Resolved {
     pub manifest: Manifest,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Percent-encodes a query value.
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
@@ -174,53 +161,12 @@ fn encode(s: &str) -> String {
     out
 }
 
-/// The parameters of a `WWW-Authenticate` challenge.
-#[derive(Debug, PartialEq, Eq)]
-struct Challenge {
-    scheme: String,
-    params: HashMap<String, String>,
-}
-
-fn parse_challenge(h: &str) -> Option<Challenge> {
-    let h = h.trim();
-    let (scheme, rest) = h.split_once(' ').unwrap_or((h, ""));
-    let mut params = HashMap::new();
-    let mut chars = rest.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
-            chars.next();
-        }
-        let key: String = std::iter::from_fn(|| chars.next_if(|c| *c != '=')).collect();
-        if key.is_empty() || chars.next() != Some('=') {
-            break;
-        }
-        let mut value = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => value.extend(chars.next()),
-                    '"' => break,
-                    c => value.push(c),
-                }
-            }
-        } else {
-            value = std::iter::from_fn(|| chars.next_if(|c| *c != ',')).collect();
-        }
-        params.insert(key.trim().to_ascii_lowercase(), value.trim().to_owned());
-    }
-    Some(Challenge {
-        scheme: scheme.to_ascii_lowercase(),
-        params,
-    })
-}
-
-fn header<'a>(resp: &'a Response<Body>, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(resp: &'a Response<Body>, name: &str) -> Option<&'a str> {
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
 /// `host[:port]` of a URL.
-fn authority(url: &str) -> &str {
+pub(crate) fn authority(url: &str) -> &str {
     let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
     rest.split(['/', '?', '#']).next().unwrap_or(rest)
 }
@@ -237,7 +183,7 @@ fn retryable(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
 }
 
-fn excerpt(resp: Response<Body>) -> String {
+pub(crate) fn excerpt(resp: Response<Body>) -> String {
     let mut body = resp.into_body();
     let bytes = body
         .with_config()
@@ -269,13 +215,13 @@ fn excerpt(resp: Response<Body>) -> String {
 }
 
 /// A request being made: what the error messages say.
-struct Call<'a> {
-    endpoint: &'a Endpoint,
-    step: &'a str,
+pub(crate) struct Call<'a> {
+    pub(crate) endpoint: &'a Endpoint,
+    pub(crate) step: &'a str,
 }
 
 impl Call<'_> {
-    fn reference(&self) -> String {
+    pub(crate) fn reference(&self) -> String {
         self.endpoint.reference.to_string()
     }
 }
@@ -294,7 +240,7 @@ impl Client {
         &self.config
     }
 
-    fn api_host(registry: &str) -> &str {
+    pub(crate) fn api_host(registry: &str) -> &str {
         if registry == DOCKER_HUB {
             DOCKER_HUB_API
         } else {
@@ -381,7 +327,7 @@ impl Client {
             .build())
     }
 
-    fn agent(&self, host: &str, verify: bool) -> Result<Agent, RegistryError> {
+    pub(crate) fn agent(&self, host: &str, verify: bool) -> Result<Agent, RegistryError> {
         let key = (host.to_owned(), verify);
         if let Some(a) = lock(&self.agents).get(&key) {
             return Ok(a.clone());
@@ -400,7 +346,7 @@ impl Client {
         Ok(agent)
     }
 
-    fn credential(&self, ep: &Endpoint) -> Result<Option<Credential>, RegistryError> {
+    pub(crate) fn credential(&self, ep: &Endpoint) -> Result<Option<Credential>, RegistryError> {
         let key = (
             ep.reference.registry.clone(),
             ep.reference.repository.clone(),
@@ -415,7 +361,7 @@ impl Client {
 
     /// Sends one request, following redirects; the `Authorization` header goes only to
     /// the registry's own host.
-    fn send_once(
+    pub(crate) fn send_once(
         &self,
         call: &Call<'_>,
         method: &str,
@@ -467,7 +413,7 @@ impl Client {
     }
 
     /// The base URL of an endpoint's registry, finding out the scheme of an insecure one.
-    fn base_url(&self, call: &Call<'_>) -> Result<String, RegistryError> {
+    pub(crate) fn base_url(&self, call: &Call<'_>) -> Result<String, RegistryError> {
         let host = Self::api_host(&call.endpoint.reference.registry).to_owned();
         if !call.endpoint.insecure {
             return Ok(format!("https://{host}"));
@@ -495,193 +441,9 @@ impl Client {
         })
     }
 
-    /// What the next request to the endpoint sends: a fresh bearer token for its
-    /// repository, or the registry's basic credentials once a challenge asked for them.
-    fn cached_auth(&self, ep: &Endpoint) -> Option<String> {
-        let tokens = lock(&self.tokens);
-        let repo = (
-            ep.reference.registry.clone(),
-            ep.reference.repository.clone(),
-        );
-        if let Some(t) = tokens.get(&repo).filter(|t| t.until > Instant::now()) {
-            return Some(t.header.clone());
-        }
-        tokens
-            .get(&(ep.reference.registry.clone(), String::new()))
-            .map(|t| t.header.clone())
-    }
-
-    /// Answers a challenge: stores what the next request sends.
-    fn authenticate(
-        &self,
-        call: &Call<'_>,
-        challenge: &str,
-        cred: &Option<Credential>,
-    ) -> Result<(), RegistryError> {
-        let ep = call.endpoint;
-        let auth_err = |status: u16, reason: String| RegistryError::Auth {
-            reference: call.reference(),
-            status,
-            reason,
-        };
-        let Some(ch) = parse_challenge(challenge) else {
-            return Err(auth_err(401, format!("unreadable challenge {challenge:?}")));
-        };
-        let basic_of = |c: &Credential| {
-            use base64::Engine as _;
-            format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD
-                    .encode(format!("{}:{}", c.username, c.secret))
-            )
-        };
-        match ch.scheme.as_str() {
-            "basic" => {
-                let Some(c) = cred else {
-                    return Err(auth_err(401, self.no_credentials(ep)));
-                };
-                lock(&self.tokens).insert(
-                    (ep.reference.registry.clone(), String::new()),
-                    Token {
-                        header: basic_of(c),
-                        until: Instant::now() + Duration::from_secs(365 * 24 * 3600),
-                    },
-                );
-                Ok(())
-            }
-            "bearer" => {
-                let realm = ch
-                    .params
-                    .get("realm")
-                    .ok_or_else(|| auth_err(401, "a Bearer challenge without a realm".into()))?;
-                let scope = format!("repository:{}:pull", ep.reference.repository);
-                let mut query = format!("scope={}", encode(&scope));
-                if let Some(s) = ch.params.get("service") {
-                    query = format!("service={}&{query}", encode(s));
-                }
-                let url = if realm.contains('?') {
-                    format!("{realm}&{query}")
-                } else {
-                    format!("{realm}?{query}")
-                };
-                let token_host = authority(realm).to_owned();
-                let agent = self.agent(&token_host, !ep.insecure)?;
-                let transport = |e: ureq::Error| RegistryError::Transport {
-                    reference: call.reference(),
-                    step: "token".into(),
-                    url: realm.clone(),
-                    reason: e.to_string(),
-                };
-                let resp = match cred {
-                    Some(c) if c.identity_token => {
-                        let mut form = format!(
-                            "grant_type=refresh_token&client_id=forkd&refresh_token={}&scope={}",
-                            encode(&c.secret),
-                            encode(&scope)
-                        );
-                        if let Some(s) = ch.params.get("service") {
-                            form.push_str(&format!("&service={}", encode(s)));
-                        }
-                        agent
-                            .post(realm.as_str())
-                            .content_type("application/x-www-form-urlencoded")
-                            .send(form.as_bytes())
-                            .map_err(transport)?
-                    }
-                    Some(c) => agent
-                        .get(&url)
-                        .header("Authorization", basic_of(c))
-                        .call()
-                        .map_err(transport)?,
-                    None => agent.get(&url).call().map_err(transport)?,
-                };
-                let status = resp.status().as_u16();
-                if status == 401 || status == 403 {
-                    let why = match cred {
-                        Some(c) => format!("bad credentials from {}", c.from),
-                        None => self.no_credentials(ep),
-                    };
-                    return Err(auth_err(status, why));
-                }
-                if status != 200 {
-                    return Err(RegistryError::Http {
-                        reference: call.reference(),
-                        step: "token".into(),
-                        url: realm.clone(),
-                        status,
-                        detail: excerpt(resp),
-                    });
-                }
-                #[derive(serde::Deserialize)]
-                struct Answer {
-                    #[serde(default)]
-                    token: Option<String>,
-                    #[serde(default)]
-                    access_token: Option<String>,
-                    #[serde(default)]
-                    expires_in: Option<u64>,
-                }
-                let bytes = resp
-                    .into_body()
-                    .with_config()
-                    .limit(1 << 20)
-                    .read_to_vec()
-                    .map_err(transport)?;
-                let a: Answer =
-                    serde_json::from_slice(&bytes).map_err(|e| RegistryError::Invalid {
-                        reference: call.reference(),
-                        what: format!("token from {realm}"),
-                        reason: e.to_string(),
-                    })?;
-                let token = a
-                    .access_token
-                    .or(a.token)
-                    .filter(|t| !t.is_empty())
-                    .ok_or_else(|| RegistryError::Invalid {
-                        reference: call.reference(),
-                        what: format!("token from {realm}"),
-                        reason: "no token in the answer".into(),
-                    })?;
-                // Renewed a little before it expires; 60 s when the server does not say.
-                let life = a.expires_in.unwrap_or(60).max(10);
-                lock(&self.tokens).insert(
-                    (
-                        ep.reference.registry.clone(),
-                        ep.reference.repository.clone(),
-                    ),
-                    Token {
-                        header: format!("Bearer {token}"),
-                        until: Instant::now() + Duration::from_secs(life - life / 10),
-                    },
-                );
-                Ok(())
-            }
-            other => Err(auth_err(
-                401,
-                format!("unsupported authentication scheme {other:?}"),
-            )),
-        }
-    }
-
-    fn no_credentials(&self, ep: &Endpoint) -> String {
-        let files: Vec<String> = self
-            .config
-            .auth
-            .files
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        format!(
-            "the registry {} wants credentials and none were found (looked in {}; `forkd login {}` stores some)",
-            ep.reference.registry,
-            if files.is_empty() { "no files".into() } else { files.join(", ") },
-            ep.reference.registry
-        )
-    }
-
     /// A request to `path` under the endpoint's repository (`manifests/..`, `blobs/..`),
     /// with authentication and retries. Answers every status but the ones handled.
-    fn request(
+    pub(crate) fn request(
         &self,
         call: &Call<'_>,
         method: &str,
@@ -747,94 +509,6 @@ impl Client {
                 }
             };
             std::thread::sleep(wait.min(policy.max_wait));
-        }
-    }
-
-    /// Checks credentials against a registry as `docker login` does: `GET /v2/`, and for
-    /// a bearer challenge a token for no repository. `Ok` when the registry accepts them
-    /// (or asks for none).
-    pub fn check_login(&self, registry: &str, cred: &Credential) -> Result<(), RegistryError> {
-        let probe = Reference {
-            registry: registry.to_owned(),
-            repository: "forkd-login".into(),
-            tag: None,
-            digest: None,
-        };
-        let endpoint = self
-            .config
-            .registries
-            .endpoints(&probe)?
-            .pop()
-            .expect("the registry itself is always last");
-        let call = Call {
-            endpoint: &endpoint,
-            step: "login",
-        };
-        let shown = registry.to_owned();
-        let transport = |url: &str, e: ureq::Error| RegistryError::Transport {
-            reference: shown.clone(),
-            step: "login".into(),
-            url: url.to_owned(),
-            reason: e.to_string(),
-        };
-        let base = self.base_url(&call)?;
-        let url = format!("{base}/v2/");
-        let resp = self
-            .send_once(&call, "GET", &url, &[], None)
-            .map_err(|e| transport(&url, e))?;
-        let status = resp.status().as_u16();
-        if status == 200 {
-            return Ok(());
-        }
-        let bad = |status: u16| RegistryError::Auth {
-            reference: shown.clone(),
-            status,
-            reason: format!("bad credentials for {} ({})", cred.username, cred.from),
-        };
-        let challenge = header(&resp, "www-authenticate").and_then(parse_challenge);
-        let basic = {
-            use base64::Engine as _;
-            format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD
-                    .encode(format!("{}:{}", cred.username, cred.secret))
-            )
-        };
-        match challenge {
-            Some(ch) if ch.scheme == "bearer" => {
-                let realm = ch.params.get("realm").cloned().unwrap_or_default();
-                let mut url = realm.clone();
-                if let Some(svc) = ch.params.get("service") {
-                    url.push(if url.contains('?') { '&' } else { '?' });
-                    url.push_str(&format!("service={}", encode(svc)));
-                }
-                let agent = self.agent(authority(&realm), !endpoint.insecure)?;
-                let resp = agent
-                    .get(&url)
-                    .header("Authorization", &basic)
-                    .call()
-                    .map_err(|e| transport(&realm, e))?;
-                match resp.status().as_u16() {
-                    200 => Ok(()),
-                    s => Err(bad(s)),
-                }
-            }
-            Some(ch) if ch.scheme == "basic" => {
-                let resp = self
-                    .send_once(&call, "GET", &url, &[], Some(&basic))
-                    .map_err(|e| transport(&url, e))?;
-                match resp.status().as_u16() {
-                    200 => Ok(()),
-                    s => Err(bad(s)),
-                }
-            }
-            _ => Err(RegistryError::Http {
-                reference: shown.clone(),
-                step: "login".into(),
-                url,
-                status,
-                detail: excerpt(resp),
-            }),
         }
     }
 
@@ -985,73 +659,6 @@ impl Client {
             manifest,
         })
     }
-
-    /// Fetches a small blob whole (an image config), verified.
-    pub fn fetch_small(
-        &self,
-        ep: &Endpoint,
-        d: &Descriptor,
-        limit: u64,
-    ) -> Result<Vec<u8>, RegistryError> {
-        let shown = ep.reference.to_string();
-        let digest = manifest::descriptor_digest(&shown, d)?;
-        if d.size > limit {
-            return Err(RegistryError::Invalid {
-                reference: shown,
-                what: format!("blob {digest}"),
-                reason: format!("{} bytes, more than the {limit} allowed", d.size),
-            });
-        }
-        let mut r = self.open_blob(ep, &digest, d.size)?;
-        let mut out = Vec::with_capacity(d.size as usize);
-        r.read_to_end(&mut out)
-            .map_err(|e| RegistryError::Transport {
-                reference: shown.clone(),
-                step: format!("blob {digest}"),
-                url: ep.reference.name(),
-                reason: e.to_string(),
-            })?;
-        Ok(out)
-    }
-
-    /// Opens a streamed, resumable, verified read of a blob.
-    pub fn open_blob(
-        &self,
-        ep: &Endpoint,
-        digest: &Digest,
-        size: u64,
-    ) -> Result<BlobReader<'_>, RegistryError> {
-        let mut r = BlobReader {
-            client: self,
-            endpoint: ep.clone(),
-            digest: digest.clone(),
-            size,
-            body: None,
-            skip: 0,
-            offset: 0,
-            hasher: sha2::Sha256::new(),
-            resumes: 0,
-            verified: false,
-        };
-        r.connect().map_err(|e| match e.into_inner() {
-            Some(inner) => match inner.downcast::<RegistryError>() {
-                Ok(re) => *re,
-                Err(other) => RegistryError::Transport {
-                    reference: ep.reference.to_string(),
-                    step: format!("blob {digest}"),
-                    url: ep.reference.name(),
-                    reason: other.to_string(),
-                },
-            },
-            None => RegistryError::Transport {
-                reference: ep.reference.to_string(),
-                step: format!("blob {digest}"),
-                url: ep.reference.name(),
-                reason: "connection failed".into(),
-            },
-        })?;
-        Ok(r)
-    }
 }
 
 /// Whether a failed request may succeed if tried again: a connection refused, reset or
@@ -1073,217 +680,15 @@ fn transient(e: &ureq::Error) -> bool {
     }
 }
 
-fn backoff(p: &RetryPolicy, attempt: u32) -> Duration {
+pub(crate) fn backoff(p: &RetryPolicy, attempt: u32) -> Duration {
     p.base
         .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
         .min(p.max_wait)
 }
 
-/// A blob as a stream (see the module's header).
-pub struct BlobReader<'c> {
-    client: &'c Client,
-    endpoint: Endpoint,
-    digest: Digest,
-    size: u64,
-    body: Option<ureq::BodyReader<'static>>,
-    /// Bytes of the current answer to drop before handing any out (a restart).
-    skip: u64,
-    offset: u64,
-    hasher: sha2::Sha256,
-    resumes: u32,
-    verified: bool,
-}
-
-impl BlobReader<'_> {
-    /// Bytes handed out so far.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    /// Times the connection was resumed.
-    pub fn resumes(&self) -> u32 {
-        self.resumes
-    }
-
-    pub fn digest(&self) -> &Digest {
-        &self.digest
-    }
-
-    /// (Re)connects at the current offset.
-    fn connect(&mut self) -> io::Result<()> {
-        let call = Call {
-            endpoint: &self.endpoint,
-            step: "blob",
-        };
-        let mut headers = Vec::new();
-        if self.offset > 0 {
-            headers.push(("Range", format!("bytes={}-", self.offset)));
-        }
-        let resp = self
-            .client
-            .request(&call, "GET", &format!("blobs/{}", self.digest), &headers)
-            .map_err(io::Error::other)?;
-        let status = resp.status();
-        let wanted_range = self.offset > 0;
-        self.skip = 0;
-        if status == StatusCode::PARTIAL_CONTENT {
-            let start = header(&resp, "content-range")
-                .and_then(|r| r.strip_prefix("bytes "))
-                .and_then(|r| r.split('-').next())
-                .and_then(|s| s.parse::<u64>().ok());
-            if start != Some(self.offset) {
-                return Err(io::Error::other(RegistryError::Invalid {
-                    reference: self.endpoint.reference.to_string(),
-                    what: format!("blob {}", self.digest),
-                    reason: format!(
-                        "asked for bytes from {} and got a range from {start:?}",
-                        self.offset
-                    ),
-                }));
-            }
-        } else if status == StatusCode::OK {
-            // The whole blob again: a server that ignores ranges. Drop what was read.
-            if wanted_range {
-                self.skip = self.offset;
-            }
-        } else {
-            let s = status.as_u16();
-            let err = if s == 404 {
-                RegistryError::Invalid {
-                    reference: self.endpoint.reference.to_string(),
-                    what: format!("blob {}", self.digest),
-                    reason: "blob unknown to the registry".into(),
-                }
-            } else {
-                RegistryError::Http {
-                    reference: self.endpoint.reference.to_string(),
-                    step: format!("blob {}", self.digest),
-                    url: format!("{}/blobs/{}", self.endpoint.reference.name(), self.digest),
-                    status: s,
-                    detail: excerpt(resp),
-                }
-            };
-            return Err(io::Error::other(err));
-        }
-        self.body = Some(resp.into_body().into_reader());
-        Ok(())
-    }
-
-    fn check_end(&mut self) -> io::Result<()> {
-        if self.verified {
-            return Ok(());
-        }
-        let actual = hex(&std::mem::take(&mut self.hasher).finalize());
-        self.verified = true;
-        if actual != self.digest.hex() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                RegistryError::Mismatch {
-                    reference: self.endpoint.reference.to_string(),
-                    what: "blob".into(),
-                    expected: self.digest.to_string(),
-                    actual: format!("sha256:{actual}"),
-                },
-            ));
-        }
-        Ok(())
-    }
-
-    /// Reads what is left and checks the digest.
-    pub fn finish(&mut self) -> io::Result<()> {
-        io::copy(self, &mut io::sink())?;
-        self.check_end()
-    }
-
-    fn resume_after(&mut self, why: io::Error) -> io::Result<()> {
-        self.body = None;
-        self.resumes += 1;
-        if self.resumes > MAX_RESUMES {
-            return Err(io::Error::new(
-                why.kind(),
-                format!(
-                    "blob {}: gave up after {MAX_RESUMES} resumes: {why}",
-                    self.digest
-                ),
-            ));
-        }
-        std::thread::sleep(
-            backoff(&self.client.config.retry, self.resumes).min(Duration::from_secs(5)),
-        );
-        self.connect()
-    }
-}
-
-impl Read for BlobReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            if self.offset >= self.size {
-                self.check_end()?;
-                return Ok(0);
-            }
-            if buf.is_empty() {
-                return Ok(0);
-            }
-            if self.body.is_none() {
-                if let Err(e) = self.connect() {
-                    self.resume_after(e)?;
-                    continue;
-                }
-            }
-            let body = self.body.as_mut().expect("connected");
-            if self.skip > 0 {
-                let mut scratch = [0u8; 16384];
-                let n = (self.skip as usize).min(scratch.len());
-                match body.read(&mut scratch[..n]) {
-                    Ok(0) => {
-                        let e = io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the connection ended early",
-                        );
-                        self.resume_after(e)?;
-                    }
-                    Ok(k) => self.skip -= k as u64,
-                    Err(e) => self.resume_after(e)?,
-                }
-                continue;
-            }
-            let room = ((self.size - self.offset) as usize).min(buf.len());
-            match body.read(&mut buf[..room]) {
-                Ok(0) => {
-                    let e = io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "the connection ended at byte {} of {}",
-                            self.offset, self.size
-                        ),
-                    );
-                    self.resume_after(e)?;
-                }
-                Ok(n) => {
-                    self.hasher.update(&buf[..n]);
-                    self.offset += n as u64;
-                    return Ok(n);
-                }
-                Err(e) => self.resume_after(e)?,
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn challenges_are_parsed() {
-        let c = parse_challenge(r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#).unwrap();
-        assert_eq!(c.scheme, "bearer");
-        assert_eq!(c.params["realm"], "https://auth.example/token");
-        assert_eq!(c.params["scope"], "repository:a/b:pull,push");
-        let c = parse_challenge(r#"Basic realm="Registry Realm""#).unwrap();
-        assert_eq!(c.scheme, "basic");
-        assert_eq!(c.params["realm"], "Registry Realm");
-    }
 
     #[test]
     fn urls_and_backoff() {

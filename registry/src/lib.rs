@@ -6,8 +6,9 @@
 //! - [`auth`]: credentials from the containers auth file and Docker's config (and their
 //!   helpers), and `forkd login`'s writes;
 //! - [`manifest`]: manifests, indexes, platforms and layer media types;
-//! - [`client`]: requests with authentication, retries and redirects, and streamed,
-//!   resumable, verified blobs.
+//! - [`client`]: requests with retries and redirects that keep credentials on their
+//!   host, manifests resolved for a platform; `challenge`: authentication challenges
+//!   and tokens; [`blob`]: streamed, resumable, verified blobs.
 //!
 //! This is the one crate that speaks HTTP to the world outside the machine. It is
 //! blocking (its callers run it on worker threads) and knows nothing of the layer
@@ -16,13 +17,16 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod blob;
+mod challenge;
 pub mod client;
 pub mod config;
 pub mod error;
 pub mod manifest;
 pub mod reference;
 
-pub use client::{BlobReader, Client, ClientConfig, Resolved, RetryPolicy};
+pub use blob::BlobReader;
+pub use client::{Client, ClientConfig, Resolved, RetryPolicy};
 pub use config::{Endpoint, RegistriesConf};
 pub use error::RegistryError;
 pub use manifest::{Compression, Platform};

@@ -196,11 +196,17 @@ pub fn gzip(b: &[u8]) -> Vec<u8> {
 
 /// A tar of (path, contents) files.
 pub fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let with_modes: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d)| (*p, *d, 0o644)).collect();
+    tar_with_modes(&with_modes)
+}
+
+/// A tar of (path, contents, mode) files, owned by root.
+pub fn tar_with_modes(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
+    for (path, data, mode) in files {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
-        h.set_mode(0o644);
+        h.set_mode(*mode);
         h.set_uid(0);
         h.set_gid(0);
         h.set_mtime(1_700_000_000);
