@@ -28,6 +28,7 @@
 //! before the image refers to it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -148,16 +149,24 @@ fn api_error(e: &RegistryError) -> ApiError {
     }
 }
 
-/// A reader that counts what passes into a pull's status.
+/// A reader that counts what passes into a pull's status, and stops when the pull is
+/// cancelled.
 struct Counted<'a, R> {
     inner: R,
     status: &'a Mutex<PullStatus>,
     index: usize,
     pending: u64,
+    cancel: &'a AtomicBool,
 }
 
 impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Other,
+                "the pull was cancelled",
+            ));
+        }
         let n = self.inner.read(buf)?;
         self.pending += n as u64;
         if self.pending >= 1 << 20 || n == 0 {
@@ -169,9 +178,11 @@ impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
 }
 
 impl Daemon {
-    pub fn pull_image(&self, req: PullRequest) -> Result<ImageInfo, ApiError> {
+    /// A pull; `cancel` turning true (its client went away) stops it, leaving no image.
+    pub fn pull_image(&self, req: PullRequest, cancel: &AtomicBool) -> Result<ImageInfo, ApiError> {
         let _store = self.store_lock.read_locked();
-        self.pull_held(req).map(|img| self.image_to_info(img))
+        self.pull_held(req, cancel)
+            .map(|img| self.image_to_info(img))
     }
 
     /// The image a build's `FROM` or `COPY --from` names: the image of that name; else
@@ -187,10 +198,13 @@ impl Daemon {
             }
             Err(e) => return Err(ApiError::from_chain("read image", &e)),
         }
-        self.pull_held(PullRequest {
-            reference: name.to_owned(),
-            ..Default::default()
-        })
+        self.pull_held(
+            PullRequest {
+                reference: name.to_owned(),
+                ..Default::default()
+            },
+            &AtomicBool::new(false),
+        )
         .map_err(|mut e| {
             e.message = format!("no such image here, and pulling it failed: {}", e.message);
             e
@@ -218,7 +232,7 @@ impl Daemon {
     }
 
     /// A pull; the caller holds the store lock for reading.
-    fn pull_held(&self, req: PullRequest) -> Result<Image, ApiError> {
+    fn pull_held(&self, req: PullRequest, cancel: &AtomicBool) -> Result<Image, ApiError> {
         let t0 = Instant::now();
         let platform: Platform = match &req.platform {
             Some(p) => p
@@ -280,7 +294,7 @@ impl Daemon {
                 Err(e) => return Err(api_error(&e)),
             };
             status.locked().resolved = Some(reference.to_string());
-            let img = self.pull_resolved(&client, &resolved, &name, &platform, &status)?;
+            let img = self.pull_resolved(&client, &resolved, &name, &platform, &status, cancel)?;
             log::info(&format!(
                 "pull {reference}: {} layers from {} in {} ms",
                 img.layers.len(),
@@ -331,6 +345,7 @@ impl Daemon {
         name: &str,
         platform: &Platform,
         status: &Mutex<PullStatus>,
+        cancel: &AtomicBool,
     ) -> Result<Image, ApiError> {
         let shown = r.reference.to_string();
         for d in &r.manifest.layers {
@@ -384,7 +399,7 @@ impl Daemon {
                 .enumerate()
                 .map(|(i, d)| {
                     let diff = &diff_hex[i];
-                    scope.spawn(move || self.layer(client, r, i, d, diff, status))
+                    scope.spawn(move || self.layer(client, r, i, d, diff, status, cancel))
                 })
                 .collect();
             handles
@@ -399,6 +414,9 @@ impl Daemon {
         let mut ids = Vec::with_capacity(results.len());
         for res in results {
             ids.push(res?);
+        }
+        if cancel.load(Ordering::Relaxed) {
+            return Err(cancelled(&shown));
         }
         if self.images.get(name).is_ok() && !self.users_of(name).is_empty() {
             let old = self.images.get(name).ok();
@@ -425,6 +443,7 @@ impl Daemon {
     }
 
     /// One layer: present, shared with a pull fetching it now, or fetched here.
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
         client: &Client,
@@ -433,6 +452,7 @@ impl Daemon {
         d: &Descriptor,
         diff: &str,
         status: &Mutex<PullStatus>,
+        cancel: &AtomicBool,
     ) -> Result<LayerId, ApiError> {
         let shown = r.reference.to_string();
         let digest = manifest::descriptor_digest(&shown, d).map_err(|e| api_error(&e))?;
@@ -483,8 +503,12 @@ impl Daemon {
                 flight,
             };
             let _slot = self.pulls.slots.acquire();
+            if cancel.load(Ordering::Relaxed) {
+                set("failed");
+                return Err(cancelled(&shown));
+            }
             set("fetching");
-            return match self.fetch_layer(client, r, index, &digest, d.size, diff, status) {
+            return match self.fetch_layer(client, r, index, &digest, d.size, diff, status, cancel) {
                 Ok(id) => {
                     set("done");
                     Ok(id)
@@ -507,6 +531,7 @@ impl Daemon {
         size: u64,
         diff: &str,
         status: &Mutex<PullStatus>,
+        cancel: &AtomicBool,
     ) -> Result<LayerId, ApiError> {
         let shown = r.reference.to_string();
         let mut blob = client
@@ -518,6 +543,7 @@ impl Daemon {
                 status,
                 index,
                 pending: 0,
+                cancel,
             };
             self.layers.stage_blob(counted, &mut |_| {})
         };
@@ -525,6 +551,9 @@ impl Daemon {
             |what: String| ApiError::bad_request(format!("{shown}: layer {digest}: {what}"));
         // A registry error inside the stream (a bad digest, a dead registry) says more
         // than the extraction's wrapping of it.
+        if cancel.load(Ordering::Relaxed) {
+            return Err(cancelled(&shown));
+        }
         let pending = staged.map_err(|e| in_layer(chain(&e)))?;
         blob.finish().map_err(|e| in_layer(e.to_string()))?;
         if pending.diff_id != diff {
@@ -548,6 +577,10 @@ impl Daemon {
         }
         Ok(id)
     }
+}
+
+fn cancelled(shown: &str) -> ApiError {
+    ApiError::conflict(format!("pull {shown}: cancelled (its client went away)"))
 }
 
 fn chain(e: &dyn std::error::Error) -> String {

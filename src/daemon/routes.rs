@@ -9,8 +9,10 @@ use super::Lock as _;
 use super::{log, Daemon};
 use crate::api::{self, Answer, ApiError, ExecBody, Operation, VersionInfo, EXEC_UPGRADE};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 /// Matches `path` against the operations' routes; returns the operation and parameters.
@@ -121,9 +123,24 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
     let d = daemon.clone();
     let method = req.method.clone();
     let path = req.path.clone();
-    let result = tokio::task::spawn_blocking(move || handle(&d, op, &params, &req))
-        .await
-        .unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    let mut task = tokio::task::spawn_blocking(move || handle(&d, op, &params, &req, &flag));
+    // A pull whose client has gone (a Ctrl-C, a killed client) is cancelled, as
+    // `docker pull` is: it then leaves no image.
+    let joined = if op == Operation::PullImage {
+        tokio::select! {
+            r = &mut task => r,
+            () = peer_closed(&stream) => {
+                cancel.store(true, Ordering::Relaxed);
+                task.await
+            }
+        }
+    } else {
+        task.await
+    };
+    let result =
+        joined.unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
     let us = started.elapsed().as_micros() as u64;
     daemon.metrics.record(op.id(), us, result.is_ok());
     let resp = match result.and_then(|reply| reply.into_response(op)) {
@@ -142,6 +159,20 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
         }
     };
     let _ = http::write_response(&mut stream, &resp, &rid).await;
+}
+
+/// Resolves when the client has closed the connection: both halves, which a Unix
+/// socket reports as a hang-up. A client that only shut its sending half (the Python
+/// client does, after its request) is still waiting for the answer.
+async fn peer_closed(stream: &UnixStream) {
+    loop {
+        match stream.ready(Interest::READABLE | Interest::WRITABLE).await {
+            Ok(r) if r.is_write_closed() => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// What a handler answers; the status and content type come from the operation's spec.
@@ -197,12 +228,14 @@ fn flag(op: Operation, req: &Request, name: &str) -> Result<bool, ApiError> {
     Ok(matches!(query(op, req, name)?, Some("1" | "true" | "yes")))
 }
 
-/// Runs one (non-upgraded) operation. Blocking.
+/// Runs one (non-upgraded) operation. Blocking. `cancel` turns true when the client has
+/// gone; the operations that can stop midway (pulls) watch it.
 fn handle(
     d: &Arc<Daemon>,
     op: Operation,
     params: &HashMap<&str, String>,
     req: &Request,
+    cancel: &AtomicBool,
 ) -> Result<Reply, ApiError> {
     let param = |k: &str| params.get(k).cloned().unwrap_or_default();
     use Operation as O;
@@ -218,7 +251,7 @@ fn handle(
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
         O::BuildImage => Ok(Reply::json(&d.build_image(req.json()?)?)),
         O::ListBuilds => Ok(Reply::json(&d.builds.list())),
-        O::PullImage => Ok(Reply::json(&d.pull_image(req.json()?)?)),
+        O::PullImage => Ok(Reply::json(&d.pull_image(req.json()?, cancel)?)),
         O::ListPulls => Ok(Reply::json(&d.pulls.list())),
         O::InspectImage => Ok(Reply::json(&d.image_info(&param("name"))?)),
         O::RemoveImage => {
