@@ -841,7 +841,11 @@ fn a_tls_registry_is_verified_with_the_cas_of_certs_d() {
             assert_eq!(d.sh(&sb.id, "cat /etc/pulled").1, "over tls\n");
         } else {
             // Without the CA the server is not trusted; without the pair, the client not.
-            let why = if i == 1 { "BadCertificate" } else { "UnknownIssuer" };
+            let why = if i == 1 {
+                "BadCertificate"
+            } else {
+                "UnknownIssuer"
+            };
             assert!(err.contains(why), "{err}");
         }
     }

@@ -798,3 +798,50 @@ fn detached_commands_are_the_inits_and_their_exits_are_recorded() {
     assert!(exit["duration_us"].as_u64().unwrap() >= 1_000_000, "{exit}");
     assert_eq!(d.sh(&sb.id, "cat /.forkd/logs/job.log").1, "started\n");
 }
+
+/// The overlay fallback of kernels without `lowerdir+` (layers as one-byte links, see
+/// `forkd_sys::lowerdir`), forced on this kernel: sandboxes, a stack of filesystem
+/// checkpoints deep enough to be squashed at the fallback's bound, and branches.
+#[test]
+fn sandboxes_checkpoints_and_forks_with_layers_as_links() {
+    let name = "sandboxes_checkpoints_and_forks_with_layers_as_links";
+    if !can_run(name) {
+        return;
+    }
+    let d = TestDaemon::start_with_env(
+        "links",
+        &[("FORKD_OVERLAY_LOWERS", "links"), ("FORKD_MAX_LAYERS", "8")],
+    );
+    let sb = d.busybox();
+    let mut last = String::new();
+    for i in 0..12 {
+        let (code, _, err) = d.sh(
+            &sb.id,
+            &format!("echo {i} > /root/gen; echo {i} > /root/only-{i}"),
+        );
+        assert_eq!(code, 0, "{err}");
+        last = d.checkpoint(&sb.id, false).id;
+    }
+    let branches = d.fork(&last, 2, false);
+    assert_eq!(branches.branches.len(), 2);
+    for b in &branches.branches {
+        let (code, out, _) = d.sh(
+            &b.id,
+            "cat /root/gen; ls /root | wc -l; echo x > /root/branch",
+        );
+        assert_eq!(code, 0);
+        assert_eq!(
+            out, "11\n13\n",
+            "every generation's file, the last one's value"
+        );
+    }
+    assert!(
+        d.log().contains("overlay lower layers: as links"),
+        "{}",
+        d.log()
+    );
+    for b in &branches.branches {
+        d.remove(&b.id);
+    }
+    d.remove(&sb.id);
+}

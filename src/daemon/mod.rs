@@ -274,6 +274,17 @@ impl Daemon {
                 "volume left untuned (checkpoints after large writes will be slower): {e}"
             )),
         }
+        log::info(&format!(
+            "overlay lower layers: {} (Linux {})",
+            match forkd_sys::mount::lower_mode() {
+                forkd_sys::mount::LowerMode::Append => "lowerdir+".to_string(),
+                forkd_sys::mount::LowerMode::Links => format!(
+                    "as links, this kernel has no lowerdir+ (at most {} a stack)",
+                    forkd_sys::lowerdir::MAX_LINKED_LOWERS
+                ),
+            },
+            forkd_sys::mount::kernel_release()
+        ));
         for sub in ["sandboxes", "runtime", "checkpoints", "logs"] {
             let d = data.join(sub);
             std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;

@@ -14,6 +14,7 @@ pub mod btrfs;
 pub mod clock;
 pub mod confine;
 pub mod exits;
+pub mod lowerdir;
 pub mod mount;
 pub mod mountinfo;
 pub mod testing;

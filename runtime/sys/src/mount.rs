@@ -23,10 +23,13 @@
 //! number of sandboxes (every new namespace copies its creator's table, and every mount
 //! and unmount on the host takes a lock whose hold time grows with it).
 //!
-//! Kernels before 6.8 have no `lowerdir+` (and `fsconfig` takes string values of at
-//! most 256 bytes, so the whole stack cannot go in one `lowerdir` either); there the
-//! first `lowerdir+` fails and the error says which kernel is needed
-//! ([`LOWERDIR_PLUS_KERNEL`]). `forkd doctor` probes overlays through this same code.
+//! Kernels before 6.8 have no `lowerdir+`, and `fsconfig` takes string values of at
+//! most 255 bytes, so the whole stack cannot go in one `lowerdir` of paths either. There
+//! the layers are named by one-byte links in a private directory ([`crate::lowerdir`]):
+//! [`LowerMode::Links`]. Which mode is used is decided once ([`lower_mode`]): the
+//! `FORKD_OVERLAY_LOWERS` setting (`append`, `links`), else `lowerdir+` on 6.8 and
+//! later, else a probe (a kernel that backported `lowerdir+` gets it). `forkd doctor`
+//! probes overlays through this same code.
 //!
 //! When a step fails, the kernel usually explains why in the context's message log
 //! (read from the `fsopen` descriptor); the error carries those lines.
@@ -119,12 +122,70 @@ pub fn mount_overlay(
 /// the descriptor can be read through (`/proc/self/fd/N/...`) or handed to the process
 /// that attaches it. Errors as for [`mount_overlay`].
 pub fn overlay(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<OwnedFd> {
+    overlay_with(lowers, upper, lower_mode())
+}
+
+/// How lower layers are handed to overlayfs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LowerMode {
+    /// One `fsconfig lowerdir+` per layer (Linux 6.8 and later): any depth, any path.
+    Append,
+    /// One `lowerdir` of one-byte link names ([`crate::lowerdir`]): older kernels; at
+    /// most [`crate::lowerdir::MAX_LINKED_LOWERS`] layers.
+    Links,
+}
+
+impl LowerMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            LowerMode::Append => "lowerdir+",
+            LowerMode::Links => "links",
+        }
+    }
+}
+
+/// The mode this process uses, decided on first use: `FORKD_OVERLAY_LOWERS=append|links`,
+/// else `lowerdir+` on Linux 6.8 and later, else whether a probe overlay takes it.
+pub fn lower_mode() -> LowerMode {
+    static MODE: std::sync::OnceLock<LowerMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("FORKD_OVERLAY_LOWERS").as_deref() {
+        Ok("append") => LowerMode::Append,
+        Ok("links") => LowerMode::Links,
+        _ if kernel_version(&kernel_release()).is_some_and(|v| v >= LOWERDIR_PLUS_KERNEL) => {
+            LowerMode::Append
+        }
+        _ => probe_lower_mode(),
+    })
+}
+
+/// Builds a throw-away read-only overlay of two empty directories with `lowerdir+`.
+fn probe_lower_mode() -> LowerMode {
+    let dir = std::env::temp_dir().join(format!("forkd-lowerdir-probe-{}", std::process::id()));
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let made = std::fs::create_dir_all(&a).and_then(|()| std::fs::create_dir_all(&b));
+    let mode = match made.and_then(|()| overlay_with(&[&a, &b], None, LowerMode::Append)) {
+        Ok(_) => LowerMode::Append,
+        Err(_) => LowerMode::Links,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    mode
+}
+
+/// [`overlay`] with the lower layers handed over as `mode` says.
+pub fn overlay_with(
+    lowers: &[&Path],
+    upper: Option<(&Path, &Path)>,
+    mode: LowerMode,
+) -> io::Result<OwnedFd> {
     if lowers.is_empty() || (upper.is_none() && lowers.len() < 2) {
         // Refused here because overlayfs explains it only in the kernel log.
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "an overlay needs a lower layer, and a read-only overlay at least two",
         ));
+    }
+    if mode == LowerMode::Links {
+        return overlay_linked(lowers, upper);
     }
     let fs = FsContext::open(c"overlay").map_err(io::Error::from)?;
     for (i, lower) in lowers.iter().enumerate() {
@@ -151,6 +212,31 @@ pub fn overlay(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<Ow
     if let Some((upper, work)) = upper {
         fs.set_path("upperdir", upper)?;
         fs.set_path("workdir", work)?;
+    }
+    fs.create()?;
+    let attrs = if upper.is_none() {
+        MOUNT_ATTR_RDONLY
+    } else {
+        0
+    };
+    fs.mount(attrs)
+}
+
+/// The overlay of [`LowerMode::Links`]: every path is a link in a private directory that
+/// is the thread's working directory while the superblock is made.
+fn overlay_linked(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<OwnedFd> {
+    let links = crate::lowerdir::LinkDir::new(lowers, upper)?;
+    let _cwd = links.enter()?;
+    let fs = FsContext::open(c"overlay").map_err(io::Error::from)?;
+    let shown = format!(
+        "fsconfig lowerdir ({} layers as links in {})",
+        lowers.len(),
+        links.path().display()
+    );
+    fs.set_bytes("lowerdir", &links.lowerdir, &shown)?;
+    if upper.is_some() {
+        fs.set_path("upperdir", Path::new(crate::lowerdir::UPPER_LINK))?;
+        fs.set_path("workdir", Path::new(crate::lowerdir::WORK_LINK))?;
     }
     fs.create()?;
     let attrs = if upper.is_none() {
@@ -383,12 +469,18 @@ impl FsContext {
 
     /// `fsconfig(FSCONFIG_SET_STRING, key, path)`.
     fn set_path(&self, key: &str, path: &Path) -> io::Result<()> {
-        let step = || format!("fsconfig {key} {}", path.display());
+        let step = format!("fsconfig {key} {}", path.display());
+        self.set_bytes(key, path.as_os_str().as_bytes(), &step)
+    }
+
+    /// `fsconfig(FSCONFIG_SET_STRING, key, value)`; `step` names it in errors.
+    fn set_bytes(&self, key: &str, value: &[u8], step: &str) -> io::Result<()> {
+        let step = || step.to_owned();
         let ckey = CString::new(key).expect("option names have no NUL");
-        let value = c_path(path).map_err(|source| MountError {
+        let value = CString::new(value).map_err(|_| MountError {
             step: step(),
             log: Vec::new(),
-            source,
+            source: io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the value"),
         })?;
         // SAFETY: key and value are NUL-terminated strings that live for the whole call;
         // SET_STRING takes no auxiliary descriptor.

@@ -223,7 +223,8 @@ impl Drop for TempDir {
 }
 
 /// Builds an overlay exactly as the daemon builds a sandbox's root (the same code:
-/// `forkd_sys::mount::overlay`, a detached mount with one `lowerdir+` per layer), checks
+/// `forkd_sys::mount::overlay`, a detached mount with one `lowerdir+` per layer, or on
+/// kernels without it the layers as one-byte links: `forkd_sys::lowerdir`), checks
 /// that a lower file shows through and that a write through it lands in the upper
 /// directory. The mount is detached, so it is in no mount table and goes with its
 /// descriptor.
@@ -265,8 +266,15 @@ pub(super) fn overlay_probe() -> anyhow::Result<String> {
             lower.display()
         );
     }
+    let how = match forkd_sys::mount::lower_mode() {
+        forkd_sys::mount::LowerMode::Append => "lowerdir+ (any depth)".to_string(),
+        forkd_sys::mount::LowerMode::Links => format!(
+            "layers as links, no lowerdir+ (at most {} layers)",
+            forkd_sys::lowerdir::MAX_LINKED_LOWERS
+        ),
+    };
     Ok(format!(
-        "lowerdir+ on Linux {}, under {}",
+        "{how} on Linux {}, under {}",
         forkd_sys::mount::kernel_release(),
         tmp.0.parent().unwrap_or(Path::new("/")).display()
     ))

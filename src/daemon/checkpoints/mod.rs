@@ -49,13 +49,19 @@ mod tree;
 pub use fork::fork_parallelism;
 
 /// The deepest layer stack a checkpoint may have before it is squashed (overlayfs takes
-/// at most 500 lower layers; `FORKD_MAX_LAYERS` lowers the bound, e.g. for tests).
+/// at most 500 lower layers; `FORKD_MAX_LAYERS` lowers the bound, e.g. for tests). On a
+/// kernel without `lowerdir+` one overlay takes at most
+/// [`forkd_sys::lowerdir::MAX_LINKED_LOWERS`], which then bounds it too.
 fn max_stack() -> usize {
-    std::env::var("FORKD_MAX_LAYERS")
+    let n = std::env::var("FORKD_MAX_LAYERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n >= 2)
-        .unwrap_or(128)
+        .unwrap_or(128);
+    match forkd_sys::mount::lower_mode() {
+        forkd_sys::mount::LowerMode::Links => n.min(forkd_sys::lowerdir::MAX_LINKED_LOWERS),
+        forkd_sys::mount::LowerMode::Append => n,
+    }
 }
 
 /// One layer of an overlay stack: a layer of the content-addressed store, or the
