@@ -463,6 +463,16 @@ impl Daemon {
         if !self.favor_dynmods {
             return;
         }
+        let release = forkd_sys::mount::kernel_release();
+        if forkd_sys::mount::kernel_version(&release).is_some_and(|v| v < (6, 0)) {
+            if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
+                log::info(&format!(
+                    "cgroup: favordynmods needs Linux 6.0; this kernel is {release}: each \
+                     task migration may wait for RCU (7-19 ms)"
+                ));
+            }
+            return;
+        }
         match forkd_cgroups::favor_dynamic_changes() {
             Ok(Some((at, true))) => {
                 self.favor_dynmods_failed.store(false, Ordering::Relaxed);

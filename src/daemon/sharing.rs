@@ -113,15 +113,32 @@ fn write_knob(name: &str, value: &str) -> std::io::Result<()> {
     })
 }
 
+/// The first kernel with `PR_SET_MEMORY_MERGE`, which opens a whole process tree to KSM.
+pub const MEMORY_MERGE_KERNEL: (u32, u32) = (6, 4);
+
+/// Whether the kernel of `release` can share a branch's memory; the error says why not.
+pub fn memory_merge_supported(release: &str) -> Result<(), String> {
+    match forkd_sys::mount::kernel_version(release) {
+        Some(v) if v < MEMORY_MERGE_KERNEL => Err(format!(
+            "memory sharing needs Linux {}.{} (PR_SET_MEMORY_MERGE); this kernel is {release}",
+            MEMORY_MERGE_KERNEL.0, MEMORY_MERGE_KERNEL.1
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl Sharing {
     /// The policy; with `on`, switches KSM on at once with the idle rate and fails,
-    /// naming the file, when the kernel has no KSM or its controls cannot be written.
+    /// naming the file, when the kernel has no KSM or its controls cannot be written, or
+    /// naming the version, when it is older than Linux 6.4.
     pub fn new(settings: Settings) -> anyhow::Result<Sharing> {
         let sharing = Sharing {
             settings,
             running: Mutex::new(None),
         };
         if sharing.settings.mode == Mode::On {
+            memory_merge_supported(&forkd_sys::mount::kernel_release())
+                .map_err(|e| anyhow::anyhow!("FORKD_KSM=on: {e}"))?;
             sharing.start()?;
         }
         Ok(sharing)
@@ -140,6 +157,7 @@ impl Sharing {
             (Mode::On, _) | (Mode::Ask, Some(true)) => true,
         };
         if share {
+            memory_merge_supported(&forkd_sys::mount::kernel_release())?;
             self.start().map_err(|e| format!("{e:#}"))?;
         }
         Ok(share)
@@ -278,6 +296,17 @@ mod tests {
     }
 
     /// What a request gets under each mode, where KSM never has to start.
+    #[test]
+    fn kernels_before_6_4_are_refused_by_name() {
+        assert_eq!(
+            memory_merge_supported("5.10.0-33-amd64").unwrap_err(),
+            "memory sharing needs Linux 6.4 (PR_SET_MEMORY_MERGE); this kernel is 5.10.0-33-amd64"
+        );
+        assert!(memory_merge_supported("6.1.0-27-cloud-amd64").is_err());
+        assert!(memory_merge_supported("6.4.0").is_ok());
+        assert!(memory_merge_supported("6.18.2").is_ok());
+    }
+
     #[test]
     fn a_fork_shares_as_its_request_and_the_mode_say() {
         let with = |mode| Sharing {
