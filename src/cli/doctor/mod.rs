@@ -11,7 +11,9 @@
 //! `json` an array of `{"check", "status": "ok|warn|fail", "required", "detail"}`.
 //! External programs run with a timeout of [`COMMAND_TIMEOUT`] and are killed after it.
 //!
-//! `kernel.rs` checks what the kernel and the machine offer (root and capabilities,
+//! `features.rs` lists the kernel features newer than Linux 5.10 that forkd uses, with
+//! what each needs and what is lost without it; `kernel.rs` checks what the kernel and
+//! the machine offer (root and capabilities,
 //! namespaces, overlayfs, cgroups, btrfs, pidfd, userfaultfd, KVM, the release);
 //! `programs.rs` the programs forkd drives (CRIU, nft for egress, QEMU). Each probe is
 //! the runtime's own (`forkd_sys`, `forkd_cgroups`, `forkd_volume`, `forkd_criu`,
@@ -111,7 +113,7 @@ fn one_line(text: &str) -> String {
 }
 
 fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
-    vec![
+    let mut checks = vec![
         check_root(),
         check_namespaces(),
         check_overlayfs(),
@@ -124,7 +126,9 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_qemu(),
         check_kvm(),
         check_kernel(),
-    ]
+    ];
+    checks.extend(features::check_features(&forkd_sys::mount::kernel_release()));
+    checks
 }
 
 fn exit_code(checks: &[Check]) -> i32 {
@@ -157,6 +161,7 @@ fn render_json(checks: &[Check]) -> anyhow::Result<String> {
     serde_json::to_string_pretty(checks).context("serialising the doctor report")
 }
 
+mod features;
 mod kernel;
 mod programs;
 #[cfg(test)]

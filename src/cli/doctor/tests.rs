@@ -121,7 +121,15 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "egress",
             "qemu",
             "kvm",
-            "kernel"
+            "kernel",
+            "mount-api",
+            "pidfd-calls",
+            "close_range",
+            "cloexec-range",
+            "favordynmods",
+            "bdi-max-bytes",
+            "memory-merge",
+            "lowerdir+",
         ]
     );
 
@@ -174,4 +182,38 @@ fn all_checks_render_and_agree_with_the_exit_code() {
         assert!(failed.is_empty(), "required checks failed: {failed:?}");
         assert_eq!(exit_code(&checks), 0);
     }
+}
+
+#[test]
+fn kernel_features_say_what_each_kernel_lacks() {
+    let by_name = |release: &str| -> std::collections::BTreeMap<&'static str, Check> {
+        features::check_features(release)
+            .into_iter()
+            .map(|c| (c.check, c))
+            .collect()
+    };
+    let now = by_name("6.18.2");
+    assert!(now.values().all(|c| c.status == Status::Ok), "{now:?}");
+    let bookworm = by_name("6.1.0-27-amd64");
+    assert_eq!(bookworm["favordynmods"].status, Status::Ok);
+    for missing in ["bdi-max-bytes", "memory-merge", "lowerdir+"] {
+        let c = &bookworm[missing];
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.contains("not on 6.1.0-27-amd64") && c.detail.contains("without it"),
+            "{c:?}"
+        );
+    }
+    let bullseye = by_name("5.10.0-33-amd64");
+    assert_eq!(bullseye["cloexec-range"].status, Status::Warn);
+    assert_eq!(bullseye["favordynmods"].status, Status::Warn);
+    assert_eq!(bullseye["close_range"].status, Status::Ok);
+    let old = by_name("4.19.0");
+    assert_eq!(
+        old["mount-api"].status,
+        Status::Fail,
+        "a required feature missing fails"
+    );
+    assert_eq!(exit_code(&features::check_features("4.19.0")), 1);
+    assert_eq!(exit_code(&features::check_features("5.10.0")), 0);
 }

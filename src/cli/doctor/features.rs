@@ -1,0 +1,105 @@
+//! The kernel features forkd uses that are newer than the oldest kernel it supports
+//! (Linux 5.10): what each needs, whether this kernel has it, and what is lost without
+//! it. Features whose absence stops forkd are required; the others have a fallback or
+//! are refused by name where they are asked for (`forkd_sys::lowerdir`,
+//! `forkd_sys::cloexec_each_from`, the daemon's `sharing` and cgroup set-up).
+
+use super::{Check, Status};
+
+pub(super) struct Feature {
+    pub name: &'static str,
+    pub since: (u32, u32),
+    pub used_for: &'static str,
+    /// What happens on a kernel without it.
+    pub without: &'static str,
+    pub required: bool,
+}
+
+pub(super) const FEATURES: &[Feature] = &[
+    Feature {
+        name: "mount-api",
+        since: (5, 2),
+        used_for: "sandbox roots as detached mounts (fsopen, fsmount, open_tree, move_mount)",
+        without: "no sandbox can start",
+        required: true,
+    },
+    Feature {
+        name: "pidfd-calls",
+        since: (5, 3),
+        used_for: "watching and signalling every sandbox's init (pidfd_open, pidfd_send_signal)",
+        without: "no sandbox can be watched",
+        required: true,
+    },
+    Feature {
+        name: "close_range",
+        since: (5, 9),
+        used_for: "the exit watcher's descriptor table",
+        without: "the exit watcher cannot start",
+        required: true,
+    },
+    Feature {
+        name: "cloexec-range",
+        since: (5, 11),
+        used_for: "closing every descriptor before a sandbox's init runs, in one call (CLOSE_RANGE_CLOEXEC)",
+        without: "descriptors are marked one at a time",
+        required: false,
+    },
+    Feature {
+        name: "favordynmods",
+        since: (6, 0),
+        used_for: "moving processes into cgroups without an RCU wait (cgroup2 favordynmods)",
+        without: "each create and fork may wait 7-19 ms for RCU",
+        required: false,
+    },
+    Feature {
+        name: "bdi-max-bytes",
+        since: (6, 2),
+        used_for: "bounding the volume's dirty data (FORKD_DIRTY_LIMIT)",
+        without: "the volume is left untuned: a checkpoint after a large write waits for it",
+        required: false,
+    },
+    Feature {
+        name: "memory-merge",
+        since: (6, 4),
+        used_for: "memory shared between branches (KSM, PR_SET_MEMORY_MERGE)",
+        without: "forks that ask share_memory are refused by name",
+        required: false,
+    },
+    Feature {
+        name: "lowerdir+",
+        since: (6, 8),
+        used_for: "overlay layer stacks of any depth (one fsconfig lowerdir+ per layer)",
+        without: "layers are handed over as one-byte links, at most 128 a stack",
+        required: false,
+    },
+];
+
+/// Each feature against the kernel of `release`.
+pub(super) fn check_features(release: &str) -> Vec<Check> {
+    let version = forkd_sys::mount::kernel_version(release);
+    FEATURES
+        .iter()
+        .map(|f| {
+            let needs = format!("Linux {}.{}+", f.since.0, f.since.1);
+            match version {
+                Some(v) if v >= f.since => {
+                    Check::ok(f.name, f.required, format!("{needs}: yes; {}", f.used_for))
+                }
+                Some(_) => Check::not_ok(
+                    f.name,
+                    f.required,
+                    format!(
+                        "{needs}: not on {release}; {}; without it {}",
+                        f.used_for, f.without
+                    ),
+                ),
+                None => Check::new(
+                    f.name,
+                    Status::Warn,
+                    f.required,
+                    format!("{needs}: unknown for kernel {release:?}; {}", f.used_for),
+                ),
+            }
+        })
+        .collect()
+}
