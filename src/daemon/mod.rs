@@ -391,6 +391,12 @@ impl Daemon {
         let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
         let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);
         let sharing = sharing::Sharing::new(sharing::Settings::from_env()?)?;
+        // The socket's directory (/run/forkd by default) is gone after every boot; the
+        // grants' directory sits beside the socket.
+        if let Some(parent) = cfg.socket.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("create {}", parent.display()))?;
+        }
         let grant_dir = {
             let mut p = cfg.socket.clone().into_os_string();
             p.push(".grants");

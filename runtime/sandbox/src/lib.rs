@@ -17,3 +17,22 @@ pub mod relay;
 pub mod setup;
 
 pub use id::{CheckpointId, SandboxId};
+
+/// The first kernel whose ptrace reports a process's rseq area
+/// (`PTRACE_GET_RSEQ_CONFIGURATION`), which CRIU needs to dump a process that registered
+/// one (every thread of a program linked with glibc 2.35 or later does).
+pub const RSEQ_DUMP_KERNEL: (u32, u32) = (5, 13);
+
+/// The environment entry that keeps glibc from registering rseq areas, set for a
+/// sandbox's init and every command on kernels older than [`RSEQ_DUMP_KERNEL`], so that
+/// live checkpoints work there (CRIU: "has rseq but kernel lacks get_rseq_conf").
+pub const RSEQ_OFF: (&str, &str) = ("GLIBC_TUNABLES", "glibc.pthread.rseq=0");
+
+/// Whether this kernel needs [`RSEQ_OFF`] (decided once).
+pub fn rseq_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| {
+        forkd_sys::mount::kernel_version(&forkd_sys::mount::kernel_release())
+            .is_some_and(|v| v < RSEQ_DUMP_KERNEL)
+    })
+}

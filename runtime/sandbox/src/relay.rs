@@ -538,6 +538,10 @@ fn build_command(req: &ExecRequest) -> Result<Command, String> {
     cmd.args(args);
     cmd.env_clear();
     cmd.env("PATH", DEFAULT_PATH).env("HOME", &home);
+    if crate::rseq_off() {
+        // Before the request's own variables, which may set it otherwise.
+        cmd.env(crate::RSEQ_OFF.0, crate::RSEQ_OFF.1);
+    }
     if let Ok(h) = nix::unistd::gethostname() {
         cmd.env("HOSTNAME", h);
     }

@@ -474,11 +474,15 @@ fn child(spec: &SetupSpec, mounts: Mounts, ready: RawFd) -> StepResult<std::conv
         CString::new("forkd-init").unwrap(),
         CString::new("__init").unwrap(),
     ];
-    let env = [
+    let mut env = vec![
         CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").unwrap(),
         CString::new(format!("FORKD_SANDBOX_ID={}", spec.id)).unwrap(),
         CString::new(format!("{}={ready}", crate::init::READY_FD_ENV)).unwrap(),
     ];
+    if crate::rseq_off() {
+        let (k, v) = crate::RSEQ_OFF;
+        env.push(CString::new(format!("{k}={v}")).unwrap());
+    }
     let e = nix::unistd::execve(&path, &argv, &env).unwrap_err();
     Err(("exec init", format!("{INIT_PATH}: {e}")))
 }

@@ -1,0 +1,171 @@
+//! forkd on the kernels its users run: Debian 11's Linux 5.10 and Debian 12's 6.1, the
+//! distributions' own cloud kernels (fixtures/kernels/fetch.sh, pinned by version and
+//! SHA-256), booted under QEMU (TCG) with this build of forkd, the CRIU bundle and the
+//! busybox fixture in an initramfs (fixtures/kernels/initramfs.sh). The guest runs
+//! fixtures/kernels/smoke.sh and reports on the serial console: doctor, the daemon,
+//! an image import, a sandbox, exec and copy, a filesystem checkpoint and fork, a live
+//! checkpoint of a counting shell loop forked into 4 branches that count on, and memory
+//! sharing refused by name (it needs Linux 6.4).
+
+#![forbid(unsafe_code)]
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const FORKD_INIT: &str = env!("CARGO_BIN_EXE_forkd-init");
+
+/// Boots `suite`'s kernel with the smoke suite; returns its `SMOKE` lines.
+fn boot(name: &str, suite: &str) -> Option<Vec<String>> {
+    if !can_run_criu(name) {
+        return None;
+    }
+    let kernel = cache_dir().join(format!("kernels/{suite}/vmlinuz"));
+    if !require(
+        name,
+        kernel.exists(),
+        &format!(
+            "{} missing (run fixtures/setup.sh kernels)",
+            kernel.display()
+        ),
+    ) {
+        return None;
+    }
+    let qemu = Path::new("/usr/bin/qemu-system-x86_64");
+    if !require(
+        name,
+        qemu.exists(),
+        "qemu-system-x86_64 missing (run fixtures/setup.sh packages)",
+    ) {
+        return None;
+    }
+    let dir = PathBuf::from(format!(
+        "/tmp/forkd-test-kernel-{suite}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let initrd = dir.join("initrd.gz");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kernels/initramfs.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .args([BIN, FORKD_INIT, suite])
+        .arg(&initrd)
+        .env("FORKD_CACHE", cache_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "initramfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let serial = dir.join("serial.log");
+    let mut child = Command::new(qemu)
+        .args([
+            "-accel",
+            "tcg",
+            "-m",
+            "3072",
+            "-smp",
+            "2",
+            "-nographic",
+            "-nodefaults",
+            "-no-reboot",
+            "-nic",
+            "none",
+        ])
+        .arg("-serial")
+        .arg(format!("file:{}", serial.display()))
+        .arg("-kernel")
+        .arg(&kernel)
+        .arg("-initrd")
+        .arg(&initrd)
+        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The guest powers off after the suite; TCG makes it take a minute or two.
+    let ended = wait_until(Duration::from_secs(600), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    if !ended {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let text = String::from_utf8_lossy(&std::fs::read(&serial).unwrap_or_default()).into_owned();
+    assert!(
+        ended,
+        "the {suite} guest did not finish in 10 minutes: {text}"
+    );
+    let lines: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.find("SMOKE ").map(|i| l[i..].to_string()))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l == "SMOKE done"),
+        "{suite}: the suite did not finish: {text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(lines)
+}
+
+fn check(suite: &str, release: &str, lines: &[String]) {
+    let find = |step: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(&format!("SMOKE {step} ")))
+            .unwrap_or_else(|| panic!("{suite}: no {step} step in {lines:#?}"))
+            .clone()
+    };
+    assert!(find("kernel").contains(release), "{lines:#?}");
+    for step in [
+        "doctor",
+        "daemon",
+        "import",
+        "run",
+        "exec",
+        "copy",
+        "fs-checkpoint",
+        "fs-fork",
+        "live-checkpoint",
+        "live-fork",
+    ] {
+        let l = find(step);
+        assert!(
+            l.starts_with(&format!("SMOKE {step} ok")),
+            "{suite}: {l}\n{lines:#?}"
+        );
+    }
+    assert!(
+        find("overlay").contains("as links"),
+        "{suite}: the overlay fallback: {lines:#?}"
+    );
+    assert_eq!(
+        find("share-memory"),
+        format!(
+            "SMOKE share-memory refused forkd: share_memory: memory sharing needs Linux 6.4 (PR_SET_MEMORY_MERGE); this kernel is {release}"
+        )
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains(" FAIL ")),
+        "{suite}: {lines:#?}"
+    );
+}
+
+#[test]
+fn debian_11_linux_5_10_runs_the_smoke_suite() {
+    if let Some(lines) = boot("debian_11_linux_5_10_runs_the_smoke_suite", "bullseye") {
+        check("bullseye", "5.10.0-32-cloud-amd64", &lines);
+    }
+}
+
+#[test]
+fn debian_12_linux_6_1_runs_the_smoke_suite() {
+    if let Some(lines) = boot("debian_12_linux_6_1_runs_the_smoke_suite", "bookworm") {
+        check("bookworm", "6.1.0-50-cloud-amd64", &lines);
+    }
+}
