@@ -4,8 +4,10 @@
 //! busybox fixture in an initramfs (fixtures/kernels/initramfs.sh). The guest runs
 //! fixtures/kernels/smoke.sh and reports on the serial console: doctor, the daemon,
 //! an image import, a sandbox, exec and copy, a filesystem checkpoint and fork, a live
-//! checkpoint of a counting shell loop forked into 4 branches that count on, and memory
-//! sharing refused by name (it needs Linux 6.4).
+//! checkpoint of a counting shell loop forked into 4 branches that count on, memory
+//! sharing refused by name (it needs Linux 6.4), a live checkpoint of a TCP service whose
+//! 4 branches answer, a two-stage image build, egress to a host in a network namespace
+//! the suite makes (and none without it), and `forkd eval` on the mini suite.
 
 #![forbid(unsafe_code)]
 
