@@ -23,7 +23,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::RegistryError;
-use crate::reference::{DOCKER_HUB, DOCKER_HUB_API};
+use crate::reference::{DOCKER_HUB, DOCKER_HUB_API, DOCKER_HUB_CREDENTIALS_KEY, DOCKER_HUB_LEGACY};
 
 /// A user name and secret for one registry.
 #[derive(Clone, PartialEq, Eq)]
@@ -180,7 +180,7 @@ fn aliases(registry: &str) -> Vec<String> {
     if registry == DOCKER_HUB {
         vec![
             DOCKER_HUB.into(),
-            "index.docker.io".into(),
+            DOCKER_HUB_LEGACY.into(),
             DOCKER_HUB_API.into(),
         ]
     } else {
@@ -201,7 +201,7 @@ fn normalize_key(key: &str) -> String {
 
 fn helper_server_url(registry: &str) -> String {
     if registry == DOCKER_HUB {
-        "https://index.docker.io/v1/".into()
+        DOCKER_HUB_CREDENTIALS_KEY.into()
     } else {
         registry.to_owned()
     }
@@ -456,7 +456,7 @@ mod tests {
         std::fs::write(
             &docker,
             serde_json::json!({"auths": {
-                "https://index.docker.io/v1/": {"auth": b64("hub:three")},
+                DOCKER_HUB_CREDENTIALS_KEY: {"auth": b64("hub:three")},
                 "127.0.0.1:5000": {"auth": b64("docker:four")},
                 "broken.example": {"auth": "!!"},
             }})
@@ -479,7 +479,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((c.username.as_str(), c.secret.as_str()), ("hub", "three"));
-        assert!(files.lookup("ghcr.io", "x/y").unwrap().is_none());
+        assert!(files.lookup("registry.example", "x/y").unwrap().is_none());
         let e = files.lookup("broken.example", "x").unwrap_err().to_string();
         assert!(
             e.contains("broken.example") && e.contains("config.json"),

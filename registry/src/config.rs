@@ -371,7 +371,7 @@ unqualified-search-registries = ["127.0.0.1:5000", "quay.example"]
                 "quay.example/busybox:latest"
             ]
         );
-        assert_eq!(names("ghcr.io/x/y:1"), ["ghcr.io/x/y:1"]);
+        assert_eq!(names("registry.example/x/y:1"), ["registry.example/x/y:1"]);
         let empty = RegistriesConf::default();
         assert_eq!(
             empty.candidates("busybox").unwrap()[0].to_string(),

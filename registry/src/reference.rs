@@ -17,7 +17,12 @@ use crate::error::RegistryError;
 pub const DOCKER_HUB: &str = "docker.io";
 /// Where Docker Hub's registry API answers: `docker.io` itself is not an API endpoint.
 /// Every client of it (Docker, containerd, podman) maps the one name to the other.
+/// Docker Hub's names are the reference format's, so they are written here, once.
 pub const DOCKER_HUB_API: &str = "registry-1.docker.io";
+/// Docker Hub's older name, which references and credential files still use.
+pub const DOCKER_HUB_LEGACY: &str = "index.docker.io";
+/// The key Docker's credential files and helpers know Docker Hub by.
+pub const DOCKER_HUB_CREDENTIALS_KEY: &str = "https://index.docker.io/v1/";
 /// The tag a reference without tag or digest means.
 pub const DEFAULT_TAG: &str = "latest";
 const MAX_NAME: usize = 255;
@@ -237,7 +242,7 @@ impl Parsed {
     /// The reference on `registry`, with Docker Hub's conventions applied there
     /// (`index.docker.io` is `docker.io`; `busybox` is `library/busybox`).
     pub fn qualify(&self, registry: &str) -> Reference {
-        let registry = if registry == "index.docker.io" {
+        let registry = if registry == DOCKER_HUB_LEGACY {
             DOCKER_HUB
         } else {
             registry

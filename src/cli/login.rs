@@ -36,7 +36,8 @@ pub struct LogoutArgs {
     authfile: Option<PathBuf>,
 }
 
-/// `https://host/v1/` and `index.docker.io` as the key podman writes.
+/// A URL such as `https://host/v1/`, and Docker Hub's other names, as the key podman
+/// writes.
 fn key_of(registry: &str) -> anyhow::Result<String> {
     let r = registry
         .strip_prefix("https://")
@@ -44,7 +45,11 @@ fn key_of(registry: &str) -> anyhow::Result<String> {
         .unwrap_or(registry)
         .trim_end_matches('/');
     let r = match r {
-        "index.docker.io" | "registry-1.docker.io" => forkd_registry::reference::DOCKER_HUB,
+        r if r == forkd_registry::reference::DOCKER_HUB_LEGACY
+            || r == forkd_registry::reference::DOCKER_HUB_API =>
+        {
+            forkd_registry::reference::DOCKER_HUB
+        }
         r => r,
     };
     let host = r.split('/').next().unwrap_or(r);
