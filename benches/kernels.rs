@@ -15,8 +15,8 @@ use anyhow::{bail, Context, Result};
 use common::Report;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Instant;
 
 const SUITES: [(&str, &str); 3] = [
     ("bullseye", "Debian 11"),
@@ -39,10 +39,7 @@ fn main() {
 
 /// Boots `suite` with the bench script; returns (kernel release, the daemon's metrics).
 fn boot(suite: &str, rounds: usize, dir: &Path) -> Result<(String, Value)> {
-    let cache = common::cache_dir();
-    let kernel = cache.join(format!("kernels/{suite}/vmlinuz"));
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kernels");
-    let initrd = dir.join(format!("{suite}.cpio.gz"));
     // The rounds go in through the script: the guest has no other input.
     let script = dir.join(format!("bench-{suite}.sh"));
     let body = std::fs::read_to_string(here.join("bench.sh"))?;
@@ -50,56 +47,25 @@ fn boot(suite: &str, rounds: usize, dir: &Path) -> Result<(String, Value)> {
         &script,
         format!("#!/bin/sh\nexport FORKD_BENCH_N={rounds}\n{body}"),
     )?;
+    let guest = dir.join(suite);
+    let t = Instant::now();
     common::run_checked(
         Command::new("bash")
-            .arg(here.join("initramfs.sh"))
+            .arg(here.join("boot.sh"))
             .args([
+                suite,
                 env!("CARGO_BIN_EXE_forkd"),
                 env!("CARGO_BIN_EXE_forkd-init"),
-                suite,
             ])
-            .arg(&initrd)
-            .arg(&script),
+            .arg(&script)
+            .arg(&guest)
+            .arg("1800"),
     )?;
-    let serial = dir.join(format!("{suite}.serial"));
-    let t = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg",
-            "-m",
-            "3072",
-            "-smp",
-            "2",
-            "-nographic",
-            "-nodefaults",
-            "-no-reboot",
-            "-nic",
-            "none",
-        ])
-        .arg("-serial")
-        .arg(format!("file:{}", serial.display()))
-        .arg("-kernel")
-        .arg(&kernel)
-        .arg("-initrd")
-        .arg(&initrd)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start qemu-system-x86_64")?;
-    let done = common::wait_until(Duration::from_secs(1800), || {
-        child.try_wait().ok().flatten().is_some()
-    });
-    if !done {
-        let _ = child.kill();
-        let _ = child.wait();
-        bail!("the {suite} guest did not finish in 30 minutes");
-    }
     eprintln!(
         "  {suite}: guest done in {:.0} s",
         t.elapsed().as_secs_f64()
     );
+    let serial = guest.join("serial.log");
     let text = String::from_utf8_lossy(&std::fs::read(&serial)?).into_owned();
     if let Some(l) = text.lines().find(|l| l.contains("BENCH FAIL")) {
         bail!("{suite}: {l}\n{text}");

@@ -418,14 +418,12 @@ impl Daemon {
         if cancel.load(Ordering::Relaxed) {
             return Err(cancelled(&shown));
         }
-        if self.images.get(name).is_ok() && !self.users_of(name).is_empty() {
-            let old = self.images.get(name).ok();
-            if old.as_ref().map(|o| &o.layers) != Some(&ids) {
-                return Err(ApiError::conflict(format!(
-                    "image {name} is in use by sandboxes {} and {shown} has changed; remove them or pull under another name (--name)",
-                    self.users_of(name).join(", ")
-                )));
-            }
+        let users = self.users_of(name);
+        if !users.is_empty() && self.images.get(name).is_ok_and(|old| old.layers != ids) {
+            return Err(ApiError::conflict(format!(
+                "image {name} is in use by sandboxes {} and {shown} has changed; remove them or pull under another name (--name)",
+                users.join(", ")
+            )));
         }
         let image = Image {
             name: name.to_owned(),
