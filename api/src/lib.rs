@@ -281,7 +281,14 @@ pub struct CreateSandboxRequest {
     /// What the sandbox may reach beyond itself (default: nothing; loopback only).
     #[serde(default)]
     pub network: Network,
+    /// The system-call filter: `default`, or `unconfined` for a sandbox without one.
+    #[serde(default)]
+    pub seccomp: Seccomp,
 }
+
+/// Whether a sandbox runs under forkd's system-call filter (docs/DESIGN.md, "The
+/// system-call filter").
+pub use forkd_sandbox::Seccomp;
 
 /// A sandbox's network: `{"mode": "none"}`, `{"mode": "egress"}` or
 /// `{"mode": "allowlist", "hosts": ["198.18.0.1", "pypi.example", "10.0.0.0/8"]}`.
@@ -400,6 +407,9 @@ pub struct SandboxInfo {
     /// Its network beyond loopback, while it runs with one.
     #[serde(default)]
     pub network: Option<NetworkInfo>,
+    /// Its system-call filter: `default` or `unconfined`.
+    #[serde(default)]
+    pub seccomp: Seccomp,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

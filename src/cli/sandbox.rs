@@ -37,11 +37,30 @@ pub struct RunArgs {
     /// Pull the image from its registry when it is not here (`missing`), or never
     #[arg(long, default_value = "missing", value_parser = ["missing", "never"])]
     pub pull: String,
+    /// Security options: `seccomp=unconfined` runs the sandbox without the system-call
+    /// filter (`seccomp=default` is the default)
+    #[arg(long = "security-opt", value_name = "OPT")]
+    pub security_opt: Vec<String>,
     #[command(flatten)]
     pub opts: ExecOpts,
     pub image: String,
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// The system-call filter `--security-opt` asks for (podman's and Docker's spelling);
+/// any other option is refused by name.
+fn security_opts(opts: &[String]) -> anyhow::Result<crate::api::Seccomp> {
+    let mut seccomp = crate::api::Seccomp::Default;
+    for o in opts {
+        match o.split_once(['=', ':']) {
+            Some(("seccomp", v)) => seccomp = v.parse().map_err(anyhow::Error::msg)?,
+            _ => anyhow::bail!(
+                "--security-opt {o:?} is not supported: forkd knows seccomp=default and seccomp=unconfined"
+            ),
+        }
+    }
+    Ok(seccomp)
 }
 
 pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
@@ -67,7 +86,8 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("label {l:?} is not KEY=VALUE"))?;
         labels.insert(k.into(), v.into());
     }
-    let mut body = serde_json::json!({ "image": args.image, "limits": limits, "labels": labels, "hostname": args.hostname, "network": args.network });
+    let seccomp = security_opts(&args.security_opt)?;
+    let mut body = serde_json::json!({ "image": args.image, "limits": limits, "labels": labels, "hostname": args.hostname, "network": args.network, "seccomp": seccomp });
     let detached_cmd = args.detach && !args.command.is_empty();
     if detached_cmd {
         body["command"] = serde_json::to_value(build_request(&args.opts, &args.command))?;

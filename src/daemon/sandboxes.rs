@@ -77,6 +77,15 @@ pub struct SandboxRecord {
     /// Its lease while it runs with egress.
     #[serde(default)]
     pub lease: Option<forkd_net::Lease>,
+    /// Its system-call filter (a record without this field was made before there was
+    /// one, so its processes run without).
+    #[serde(default = "made_without_filter")]
+    pub seccomp: forkd_sandbox::Seccomp,
+}
+
+/// What a record written before the system-call filter existed says.
+pub(crate) fn made_without_filter() -> forkd_sandbox::Seccomp {
+    forkd_sandbox::Seccomp::Unconfined
 }
 
 impl SandboxRecord {
@@ -268,6 +277,7 @@ impl Daemon {
                 .lease
                 .as_ref()
                 .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
+            seccomp: rec.seccomp,
         }
     }
 
@@ -333,6 +343,7 @@ impl Daemon {
             config: image.config.clone(),
             network: req.network.clone(),
             lease: None,
+            seccomp: req.seccomp,
         };
         let dir = self.sandbox_dir(&id);
         let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
@@ -517,6 +528,7 @@ impl Daemon {
             cgroup: Some(record.cgroup_in(&self.hierarchy)),
             name_files: connected.is_some(),
             sysfs: self.sysfs.clone(),
+            seccomp: record.seccomp,
         };
         if let Some(c) = &connected {
             record.lease = Some(c.lease.clone());

@@ -4,6 +4,7 @@
 //! - [`init`]: PID 1 inside every sandbox; [`relay`]: one process per exec under it;
 //! - [`proto`]: the frame protocol spoken on the init's control socket;
 //! - [`host`]: host-side operations (overlay mounts, starting the init, exec);
+//! - [`seccomp`]: the system-call filter every sandbox runs under by default;
 //! - [`id`]: validated sandbox ids.
 
 #![forbid(unsafe_code)]
@@ -14,9 +15,11 @@ pub mod id;
 pub mod init;
 pub mod proto;
 pub mod relay;
+pub mod seccomp;
 pub mod setup;
 
 pub use id::{CheckpointId, SandboxId};
+pub use seccomp::Seccomp;
 
 /// The first kernel whose ptrace reports a process's rseq area
 /// (`PTRACE_GET_RSEQ_CONFIGURATION`), which CRIU needs to dump a process that registered

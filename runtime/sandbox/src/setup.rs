@@ -12,7 +12,8 @@
 //!    standard device nodes, and a private devpts instance), a read-only `/sys`, sets
 //!    the hostname, brings up loopback, becomes a session leader, gives itself stdio
 //!    inside the sandbox, closes every other descriptor, shrinks the capability
-//!    bounding set, sets no_new_privs, and execs `/.forkd/init`;
+//!    bounding set, sets no_new_privs, installs the system-call filter
+//!    ([`crate::seccomp`], unless the sandbox is unconfined) and execs `/.forkd/init`;
 //! 4. reports the child's host pid on stdout (or the child's error, sent through a
 //!    close-on-exec pipe that exec closes) and exits. The daemon is a child subreaper,
 //!    so the init becomes the daemon's child.
@@ -86,6 +87,9 @@ pub struct SetupSpec {
     /// where the set-up starts); without one, a sysfs is mounted for the sandbox.
     #[serde(default)]
     pub sysfs: Option<PathBuf>,
+    /// The system-call filter installed right before the init runs.
+    #[serde(default)]
+    pub seccomp: crate::Seccomp,
 }
 
 /// The descriptors the set-up receives with its spec, on its stdin (a Unix socket, in one
@@ -468,6 +472,10 @@ fn child(spec: &SetupSpec, mounts: Mounts, ready: RawFd) -> StepResult<std::conv
     drop_capabilities()?;
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| ("capabilities", format!("no_new_privs: {e}")))?;
+    // Last: from here on this process makes only the calls the filter allows (execve).
+    if spec.seccomp == crate::Seccomp::Default {
+        crate::seccomp::install_default().map_err(|e| ("seccomp", e))?;
+    }
 
     let path = CString::new(INIT_PATH).unwrap();
     let argv = [

@@ -422,6 +422,7 @@ impl Daemon {
             config: config.clone(),
             network,
             lease: None,
+            seccomp: forkd_sandbox::Seccomp::Default,
         };
         let dir = self.sandbox_dir(&id);
         self.start_or_undo(&dir, record, started, |d, dir, rec| {

@@ -225,6 +225,7 @@ impl Daemon {
             config: rec.config.clone(),
             network: rec.network.clone(),
             lease: rec.lease.clone(),
+            seccomp: rec.seccomp,
         };
         let dir = self.data.join("checkpoints").join(id.as_str());
         // Not fsynced: the checkpoint is on disk with the volume's next commit (every

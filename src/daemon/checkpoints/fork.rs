@@ -218,6 +218,9 @@ impl Daemon {
             config: ck.config.clone(),
             network: plan.network.clone(),
             lease: None,
+            // A live branch's processes carry the filter CRIU restored; a fresh init
+            // gets the same.
+            seccomp: ck.seccomp,
         };
         let dir = self.sandbox_dir(&id);
         let mut phases = BTreeMap::new();

@@ -140,6 +140,9 @@ pub struct CheckpointRecord {
     pub network: forkd_net::Network,
     #[serde(default)]
     pub lease: Option<forkd_net::Lease>,
+    /// The source sandbox's system-call filter, which its branches keep.
+    #[serde(default = "crate::daemon::sandboxes::made_without_filter")]
+    pub seccomp: forkd_sandbox::Seccomp,
 }
 
 pub struct Checkpoint {

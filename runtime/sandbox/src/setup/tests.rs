@@ -58,6 +58,7 @@ fn the_spec_comes_with_its_descriptors_and_nothing_else_is_taken() {
         cgroup: None,
         name_files: false,
         sysfs: None,
+        seccomp: crate::Seccomp::Default,
     };
     let body = serde_json::to_vec(&spec).unwrap();
     let files: Vec<std::fs::File> = (0..4)
