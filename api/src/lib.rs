@@ -32,6 +32,9 @@ pub enum ErrorKind {
     Forbidden,
     Conflict,
     Internal,
+    /// The node cannot take the request now: its volume is full or unusable (what
+    /// `GET /v1/health` reports); the message says which.
+    Unavailable,
 }
 
 /// The body of every error response.
@@ -68,6 +71,9 @@ impl ApiError {
     pub fn internal(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, m)
     }
+    pub fn unavailable(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, m)
+    }
     /// Builds an internal error from an error chain, keeping every cause.
     pub fn from_chain(context: &str, e: &(dyn std::error::Error + 'static)) -> Self {
         let mut msg = format!("{context}: {e}");
@@ -86,8 +92,52 @@ impl ApiError {
             ErrorKind::Forbidden => 403,
             ErrorKind::Conflict => 409,
             ErrorKind::Internal => 500,
+            ErrorKind::Unavailable => 503,
         }
     }
+}
+
+/// `GET /v1/health`: what the daemon depends on, and what of it is degraded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    /// Nothing is degraded.
+    pub ok: bool,
+    /// What is degraded, in words (empty when `ok`).
+    pub degraded: Vec<String>,
+    pub volume: VolumeHealth,
+    pub criu: ComponentHealth,
+    /// The thread that learns of every sandbox's exit.
+    pub exit_watcher: ComponentHealth,
+    /// The egress rules' nftables table.
+    pub network: ComponentHealth,
+}
+
+/// The data volume: its space and its state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeHealth {
+    pub path: String,
+    /// Writable and without device errors.
+    pub ok: bool,
+    pub size_bytes: u64,
+    pub free_bytes: u64,
+    /// The most it may grow to.
+    pub max_bytes: u64,
+    /// Free on the disk under its image, and what it leaves free there.
+    pub host_free_bytes: u64,
+    pub host_reserve_bytes: u64,
+    /// Set while it is full and cannot grow: writers get ENOSPC, creates and forks are
+    /// refused (503) until space is freed.
+    pub pressure: Option<String>,
+    /// What is wrong with it (read-only, device errors, an image not allocated under it).
+    pub problems: Vec<String>,
+}
+
+/// One part the daemon needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ComponentHealth {
+    pub ok: bool,
+    /// What it is (a version, a table), or what is wrong with it.
+    pub detail: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -8,6 +8,7 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operation {
     Version,
+    Health,
     Metrics,
     ListImages,
     ImportImage,
@@ -77,8 +78,9 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 32] = [
+    pub const ALL: [Operation; 33] = [
         Operation::Version,
+        Operation::Health,
         Operation::Metrics,
         Operation::ListImages,
         Operation::ImportImage,
@@ -121,6 +123,15 @@ impl Operation {
                 status: 200,
                 body: RequestBody::None,
                 answer: Answer::Json("VersionInfo"),
+                query: &[],
+            },
+            Operation::Health => OpSpec {
+                method: "GET",
+                path: "/v1/health",
+                id: "health",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Json("Health"),
                 query: &[],
             },
             Operation::Metrics => OpSpec {

@@ -15,6 +15,7 @@ pub use checkpoints::fork_parallelism;
 mod files;
 mod gc;
 mod grants;
+mod health;
 mod http;
 mod images;
 mod lifecycle;
@@ -105,10 +106,39 @@ pub struct Daemon {
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
     next_request: AtomicU64,
+    /// The volume's space and state, as its watcher last found them (see [`health`]).
+    pub volume_watch: health::Watch,
     /// Keep `favordynmods` on the cgroup2 mount (unless `FORKD_CGROUP_FAVOR_DYNMODS=0`).
     favor_dynmods: bool,
     /// Whether the last attempt to set it failed (so a failure is logged once).
     favor_dynmods_failed: std::sync::atomic::AtomicBool,
+}
+
+/// Says in plain words, at start, how far the volume can really grow: the most it may
+/// grow to against what the disk under it can give.
+fn check_volume_size(volume: &forkd_volume::Volume) {
+    let Ok(s) = volume.space() else { return };
+    if volume.loop_image().is_none() {
+        return;
+    }
+    let reachable = s.can_grow_to();
+    log::info(&format!(
+        "volume: {} MiB now, {} MiB free; may grow to {} MiB ({}), keeping {} MiB free on the disk under it",
+        s.fs_bytes >> 20,
+        s.fs_free >> 20,
+        s.max_bytes >> 20,
+        forkd_volume::SIZE_ENV,
+        s.host_reserve >> 20
+    ));
+    if reachable < s.max_bytes {
+        log::warn(&format!(
+            "volume: {} allows {} MiB but the disk under {} has room for {} MiB of it: past that, writes in sandboxes fail with ENOSPC (the volume itself stays writable)",
+            forkd_volume::SIZE_ENV,
+            s.max_bytes >> 20,
+            volume.loop_image().map(|p| p.display().to_string()).unwrap_or_default(),
+            reachable >> 20
+        ));
+    }
 }
 
 /// Locks that outlive a panicking holder. A handler that panics answers 500 and its
@@ -265,6 +295,16 @@ impl Daemon {
 
         // Inits are reparented to us when their set-up helper exits; we reap them.
         nix::sys::prctl::set_child_subreaper(true).context("become a child subreaper")?;
+        // Out of the OOM killer's way, as container daemons keep themselves; where that
+        // needs a capability this machine withholds (CAP_SYS_RESOURCE), the sandboxes'
+        // processes are raised instead (forkd_sandbox::setup::OOM_SCORE_ADJ) all the same.
+        match std::fs::write("/proc/self/oom_score_adj", "-999") {
+            Ok(()) => log::info("oom_score_adj -999"),
+            Err(e) => log::info(&format!(
+                "oom_score_adj left as it is ({e}); sandboxes' processes run at +{}",
+                forkd_sandbox::setup::OOM_SCORE_ADJ
+            )),
+        }
         let volume = forkd_volume::Volume::open(&cfg.root).context("open the data volume")?;
         let data = volume.path().to_path_buf();
         match volume.tune() {
@@ -274,6 +314,19 @@ impl Daemon {
                 "volume left untuned (checkpoints after large writes will be slower): {e}"
             )),
         }
+        let unbacked = match volume.ensure_backed() {
+            Ok(done) => {
+                for d in done {
+                    log::info(&format!("volume: {d}"));
+                }
+                None
+            }
+            Err(e) => {
+                log::warn(&format!("volume: {e}"));
+                Some(e.to_string())
+            }
+        };
+        check_volume_size(&volume);
         log::info(&format!(
             "overlay lower layers: {} (Linux {})",
             match forkd_sys::mount::lower_mode() {
@@ -435,7 +488,14 @@ impl Daemon {
             next_request: AtomicU64::new(1),
             favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),
             favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
+            volume_watch: health::Watch {
+                unbacked: Mutex::new(unbacked),
+                ..Default::default()
+            },
         });
+        daemon
+            .watch_volume()
+            .context("start the volume's watcher")?;
         daemon.keep_migrations_cheap();
         if daemon.favor_dynmods {
             // Another program's mount of cgroup2 clears the flag; set it again within a

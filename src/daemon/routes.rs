@@ -246,6 +246,7 @@ fn handle(
             root: d.root.display().to_string(),
             cgroup_version: d.hierarchy.version(),
         })),
+        O::Health => Ok(Reply::json(&d.health())),
         O::Metrics => Ok(Reply::json(&d.metrics.snapshot())),
         O::ListImages => Ok(Reply::json(&d.list_images()?)),
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),

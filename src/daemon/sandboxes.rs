@@ -83,6 +83,37 @@ pub struct SandboxRecord {
     pub seccomp: forkd_sandbox::Seccomp,
 }
 
+/// Environment variables with the limits a sandbox gets when its request sets none:
+/// tasks (default [`DEFAULT_PIDS`], as podman's) and memory (default none); `0` for none.
+pub const DEFAULT_PIDS_ENV: &str = "FORKD_DEFAULT_PIDS";
+pub const DEFAULT_MEMORY_ENV: &str = "FORKD_DEFAULT_MEMORY";
+pub const DEFAULT_PIDS: u64 = 2048;
+
+/// `limits` with the operator's defaults where it sets nothing (a fork's branches keep
+/// their checkpoint's limits, defaults included).
+pub(crate) fn default_limits(limits: &Limits) -> Result<Limits, ApiError> {
+    let setting = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+    let mut out = limits.clone();
+    if out.pids.is_none() {
+        out.pids = match setting(DEFAULT_PIDS_ENV).as_deref() {
+            None => Some(DEFAULT_PIDS),
+            Some("0") => None,
+            Some(v) => Some(v.parse().map_err(|_| {
+                ApiError::internal(format!("{DEFAULT_PIDS_ENV}={v:?} is not a number of tasks"))
+            })?),
+        };
+    }
+    if out.memory_bytes.is_none() {
+        out.memory_bytes = match setting(DEFAULT_MEMORY_ENV).as_deref() {
+            None | Some("0") => None,
+            Some(v) => Some(crate::cli::parse_size(v).map_err(|e| {
+                ApiError::internal(format!("{DEFAULT_MEMORY_ENV}={v:?}: {e}"))
+            })?),
+        };
+    }
+    Ok(out)
+}
+
 /// What a record written before the system-call filter existed says.
 pub(crate) fn made_without_filter() -> forkd_sandbox::Seccomp {
     forkd_sandbox::Seccomp::Unconfined
@@ -287,6 +318,7 @@ impl Daemon {
         req: CreateSandboxRequest,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
+        self.volume_usable("create")?;
         self.can_watch(1)?;
         let image = self.local_image(&req.image).map_err(|e| match e {
             forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
@@ -308,6 +340,7 @@ impl Daemon {
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
+        req.limits = default_limits(&req.limits)?;
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;

@@ -59,9 +59,16 @@ impl TestDaemon {
 
     /// Like [`TestDaemon::start`], with extra environment variables for the daemon.
     pub fn start_with_env(name: &str, env: &[(&str, &str)]) -> TestDaemon {
+        Self::start_at(name, env, None)
+    }
+
+    /// Like [`TestDaemon::start_with_env`], with the state root at `root` (a mount the
+    /// test made, say) rather than below the test's directory.
+    pub fn start_at(name: &str, env: &[(&str, &str)], root: Option<&Path>) -> TestDaemon {
         let base = PathBuf::from(format!("/tmp/forkd-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         let mut opts = Options::new(BIN, &base);
+        opts.root = root.map(Path::to_path_buf);
         opts.ready_within = Duration::from_secs(30);
         // Hermetic: a name that is not here is never looked for on Docker Hub.
         if !env.iter().any(|(k, _)| *k == "FORKD_REGISTRIES_CONF") {

@@ -184,6 +184,11 @@ impl Egress {
         }
     }
 
+    /// Where `nft` is, or why there is none.
+    pub fn nft_path(&self) -> Result<&Path, &str> {
+        self.nft.as_deref().map_err(|e| e.as_str())
+    }
+
     fn nft(&self) -> Result<&Path, NetError> {
         self.nft
             .as_deref()

@@ -196,7 +196,17 @@ fn step<T, E: std::fmt::Display>(name: &'static str, r: Result<T, E>) -> StepRes
     r.map_err(|e| (name, e.to_string()))
 }
 
+/// The OOM killer's adjustment of every sandbox's processes: they go before the daemon
+/// and the host's own services when memory runs out. Raising it needs no privilege; a
+/// sandbox may lower it back to 0 at most (below that needs CAP_SYS_RESOURCE).
+pub const OOM_SCORE_ADJ: i32 = 500;
+
 fn run(spec: &SetupSpec, handed: Handed) -> StepResult<i32> {
+    // Still in the host's /proc; inherited by the init and all it starts.
+    step(
+        "oom_score_adj",
+        std::fs::write("/proc/self/oom_score_adj", OOM_SCORE_ADJ.to_string()),
+    )?;
     if let Some(cg) = &spec.cgroup {
         step("join cgroup", cg.add_pid(std::process::id() as i32))?;
     }

@@ -68,6 +68,68 @@ const IOC_SUBVOL_CREATE: libc::c_ulong = ioc(IOC_WRITE, 14, std::mem::size_of::<
 const IOC_SNAP_CREATE_V2: libc::c_ulong = ioc(IOC_WRITE, 23, std::mem::size_of::<VolArgsV2>());
 const IOC_SUBVOL_GETFLAGS: libc::c_ulong = ioc(IOC_READ, 25, std::mem::size_of::<u64>());
 const IOC_SUBVOL_SETFLAGS: libc::c_ulong = ioc(IOC_WRITE, 26, std::mem::size_of::<u64>());
+const IOC_RESIZE: libc::c_ulong = ioc(IOC_WRITE, 3, std::mem::size_of::<VolArgs>());
+const IOC_DEV_INFO: libc::c_ulong = ioc(
+    IOC_WRITE | IOC_READ,
+    30,
+    std::mem::size_of::<DevInfoArgs>(),
+);
+
+/// `struct btrfs_ioctl_dev_info_args` (`fsid` of newer headers is in `unused`).
+#[repr(C)]
+struct DevInfoArgs {
+    devid: u64,
+    uuid: [u8; 16],
+    bytes_used: u64,
+    total_bytes: u64,
+    unused: [u64; 379],
+    path: [u8; 1024],
+}
+const _: () = assert!(std::mem::size_of::<DevInfoArgs>() == 4096);
+
+/// One device of a btrfs filesystem as the kernel sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceSize {
+    /// The size the filesystem uses of the device (what a resize sets).
+    pub total_bytes: u64,
+    /// What its chunks take of it.
+    pub bytes_used: u64,
+}
+
+/// The size of device `devid` of the btrfs filesystem `fs` (any descriptor in it).
+pub fn device_size(fs: BorrowedFd<'_>, devid: u64) -> io::Result<DeviceSize> {
+    let mut args = Box::new(DevInfoArgs {
+        devid,
+        uuid: [0; 16],
+        bytes_used: 0,
+        total_bytes: 0,
+        unused: [0; 379],
+        path: [0; 1024],
+    });
+    // SAFETY: DEV_INFO reads and writes one btrfs_ioctl_dev_info_args, which `args` is,
+    // alive and writable for the whole call.
+    let ret = unsafe { libc::ioctl(fs.as_raw_fd(), IOC_DEV_INFO, &mut *args) };
+    check(ret as libc::c_long)?;
+    Ok(DeviceSize {
+        total_bytes: args.total_bytes,
+        bytes_used: args.bytes_used,
+    })
+}
+
+/// Sets the size the btrfs filesystem `fs` uses of its device `devid` to `bytes`
+/// (growing is immediate; shrinking moves the chunks beyond the new end first).
+pub fn resize(fs: BorrowedFd<'_>, devid: u64, bytes: u64) -> io::Result<()> {
+    let mut args = Box::new(VolArgs {
+        fd: 0,
+        name: [0; PATH_NAME_MAX + 1],
+    });
+    let spec = format!("{devid}:{bytes}");
+    args.name[..spec.len()].copy_from_slice(spec.as_bytes());
+    // SAFETY: RESIZE reads one btrfs_ioctl_vol_args, which `args` is, alive for the call.
+    let ret = unsafe { libc::ioctl(fs.as_raw_fd(), IOC_RESIZE, &*args) };
+    check(ret as libc::c_long)?;
+    Ok(())
+}
 
 /// Copies `name` into a fixed-size, NUL-padded ioctl name field, refusing anything but a
 /// single path component (the kernel would refuse it too, with a vaguer `EINVAL`).

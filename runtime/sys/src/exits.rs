@@ -62,6 +62,17 @@ struct Shared {
     kept: Arc<Kept>,
     /// The process's limit on open descriptors (`RLIMIT_NOFILE`, soft), at start.
     limit: usize,
+    /// Cleared when either of the watcher's threads ends (a panic included).
+    alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Clears the flag it holds when dropped: a thread's way of saying it ended.
+struct Alive(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 /// Descriptors of the watcher's table kept free of hand-overs: stdio, the epoll set, the
@@ -116,7 +127,10 @@ impl ExitWatcher {
         // SAFETY: the kernel just returned these descriptors; nobody else owns them.
         let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let kept = Arc::new(Kept::default());
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (alive_watch, alive_cb) = (Alive(alive.clone()), Alive(alive.clone()));
         let shared = Arc::new(Shared {
+            alive,
             tx,
             next: AtomicU64::new(0),
             callbacks: Mutex::new(HashMap::new()),
@@ -130,6 +144,7 @@ impl ExitWatcher {
             .name(name.to_string())
             .spawn(move || match Thread::start(rx_raw, kept) {
                 Ok(t) => {
+                    let _alive = alive_watch;
                     let _ = ready_tx.send(Ok(()));
                     t.run(&exited_tx)
                 }
@@ -143,6 +158,7 @@ impl ExitWatcher {
         std::thread::Builder::new()
             .name(format!("{name}-cb"))
             .spawn(move || {
+                let _alive = alive_cb;
                 while let Ok(key) = exited_rx.recv() {
                     let Some(s) = weak.upgrade() else { return };
                     let on_exit = s
@@ -163,6 +179,11 @@ impl ExitWatcher {
         drop(rx);
         started?;
         Ok(ExitWatcher { shared })
+    }
+
+    /// Whether both of the watcher's threads still run.
+    pub fn is_running(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
     }
 
     /// Runs `on_exit` (on the watcher's callback thread) once the process behind `pidfd` has

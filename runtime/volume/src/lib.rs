@@ -9,10 +9,12 @@
 //! Where the volume comes from, in the order [`Volume::open`] tries:
 //! 1. `<state root>/vol` is already a btrfs mount (a second open, or a restart): reuse it.
 //! 2. The state root itself is on btrfs: use it directly.
-//! 3. Otherwise a sparse image `<state root>/volume.img` (size from `FORKD_VOLUME_SIZE`,
-//!    default 256G; sparse, so it takes no space up front) is formatted with
-//!    `mkfs.btrfs` and loop-mounted at `<state root>/vol` with
-//!    `loop,discard,noatime`, so that deleted data is handed back to the host.
+//! 3. Otherwise an image `<state root>/volume.img` as long as the most the volume may
+//!    grow to (`FORKD_VOLUME_SIZE`, default 256G), formatted with `mkfs.btrfs` at a
+//!    smaller size and allocated up to it, then loop-mounted at `<state root>/vol` with
+//!    `loop,nodiscard,noatime`; the filesystem grows as the image is allocated further,
+//!    and only while the disk under it has room (`space`), so a full disk gives
+//!    writers `ENOSPC` instead of turning the volume read-only.
 //!
 //! The image is formatted under a temporary name and renamed into place only after
 //! `mkfs.btrfs` succeeded and the file was synced, so an image left by a crash half-way
@@ -29,11 +31,12 @@
 
 mod error;
 pub mod mountinfo;
+mod space;
 
 use std::ffi::{CString, OsStr};
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
@@ -44,6 +47,7 @@ use forkd_sys::btrfs;
 use nix::fcntl::{Flock, FlockArg};
 
 pub use error::VolumeError;
+pub use space::{Ahead, Space, HOST_RESERVE_ENV, INITIAL_SIZE};
 
 /// Environment variable with the size of a new volume image.
 pub const SIZE_ENV: &str = "FORKD_VOLUME_SIZE";
@@ -120,7 +124,7 @@ impl Volume {
                 "-t".as_ref(),
                 "btrfs".as_ref(),
                 "-o".as_ref(),
-                "loop,discard=async,noatime,commit=5".as_ref(),
+                "loop,nodiscard,noatime,commit=5".as_ref(),
                 image.as_os_str(),
                 mount_dir.as_os_str(),
             ],
@@ -139,14 +143,12 @@ impl Volume {
     ///   does not have to push out everything written since the last one;
     /// - btrfs commits every 5 s, not 30: a snapshot commits the running transaction,
     ///   whose metadata grows with all that was written since the last commit;
-    /// - freed space goes back to the sparse image asynchronously (`discard=async`):
-    ///   synchronous discards in a commit made some checkpoints after a large rewrite
-    ///   take hundreds of milliseconds;
     /// - the volume may hold at most [`DIRTY_ENV`] (default [`DEFAULT_DIRTY`]) of dirty
     ///   data, enforced even while the machine as a whole is below its dirty limits
     ///   (`strict_limit`). A snapshot must write out the subvolume's dirty data first,
     ///   so without a bound a checkpoint right after a 1 GiB write waits for 1 GiB;
-    ///   with it, writers are paced at the disk's speed instead. `0` turns this off.
+    ///   with it, writers are paced at the disk's speed instead. `0` turns this off;
+    /// - no discards: the image stays allocated under the filesystem (see [`space`]).
     ///
     /// Idempotent. Returns what it set, for the daemon's log.
     pub fn tune(&self) -> Result<Vec<String>, VolumeError> {
@@ -154,12 +156,13 @@ impl Volume {
             return Ok(Vec::new());
         };
         let mut done = Vec::new();
-        // Volumes mounted by older builds: synchronous discards, 30 s commits.
+        // Volumes mounted by older builds: discards (which would punch holes in the
+        // allocated image, see `space`), 30 s commits.
         run(
             Path::new("mount"),
             &[
                 "-o".as_ref(),
-                "remount,discard=async,commit=5".as_ref(),
+                "remount,nodiscard,commit=5".as_ref(),
                 self.root.as_os_str(),
             ],
         )?;
@@ -179,6 +182,7 @@ impl Volume {
         let limit = match value.trim() {
             "0" => 0,
             v => parse_size(v).ok_or(VolumeError::BadSize {
+                name: DIRTY_ENV,
                 value: value.clone(),
             })?,
         };
@@ -347,7 +351,10 @@ pub fn require_tools() -> Result<(), VolumeError> {
 /// The image size from [`SIZE_ENV`], or [`DEFAULT_SIZE`].
 fn image_size() -> Result<u64, VolumeError> {
     let value = std::env::var(SIZE_ENV).unwrap_or_else(|_| DEFAULT_SIZE.to_owned());
-    parse_size(&value).ok_or(VolumeError::BadSize { value })
+    parse_size(&value).ok_or(VolumeError::BadSize {
+        name: SIZE_ENV,
+        value,
+    })
 }
 
 /// Parses `4096`, `512M`, `256G`, `1TiB` and the like (binary units).
@@ -393,8 +400,8 @@ fn image_is_formatted(image: &Path) -> Result<bool, VolumeError> {
     }
 }
 
-/// Formats a sparse image of `size` bytes under a temporary name and renames it to
-/// `image` once it is complete and synced.
+/// Formats an image of `size` bytes (a filesystem of at most [`INITIAL_SIZE`], allocated)
+/// under a temporary name and renames it to `image` once it is complete and synced.
 fn make_image(image: &Path, size: u64) -> Result<(), VolumeError> {
     require_tools()?;
     let partial = image.with_extension("img.partial");
@@ -405,19 +412,53 @@ fn make_image(image: &Path, size: u64) -> Result<(), VolumeError> {
             Err(e) => return Err(VolumeError::io("remove", stale)(e)),
         }
     }
-    let file = File::create_new(&partial).map_err(VolumeError::io("create", &partial))?;
-    file.set_len(size)
-        .map_err(VolumeError::io("size", &partial))?;
-    run(
-        Path::new("mkfs.btrfs"),
-        &["-q".as_ref(), partial.as_os_str()],
-    )?;
-    file.sync_all().map_err(VolumeError::io("sync", &partial))?;
-    fs::rename(&partial, image).map_err(VolumeError::io("rename", &partial))?;
+    // The filesystem starts smaller than the image, within what the disk can spare, and
+    // grows as the image is allocated under it (see `space`).
     let dir = image.parent().unwrap_or(Path::new("/"));
+    let budget = space::host_budget(dir)?;
+    let initial = size.min(INITIAL_SIZE).min(budget) & !((1 << 20) - 1);
+    if initial < space::MIN_INITIAL {
+        return Err(VolumeError::NoRoom {
+            dir: dir.to_path_buf(),
+            budget,
+            need: space::MIN_INITIAL,
+        });
+    }
+    let made = format_image(&partial, size, initial);
+    if made.is_err() {
+        // Nothing half-made stays behind (an allocation that failed half-way holds space).
+        let _ = fs::remove_file(&partial);
+    }
+    made?;
+    fs::rename(&partial, image).map_err(VolumeError::io("rename", &partial))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(VolumeError::io("sync", dir))
+}
+
+/// Makes `partial` an image of `size` bytes holding a btrfs filesystem of `initial`
+/// bytes, allocated.
+fn format_image(partial: &Path, size: u64, initial: u64) -> Result<(), VolumeError> {
+    let file = File::create_new(partial).map_err(VolumeError::io("create", partial))?;
+    file.set_len(size)
+        .map_err(VolumeError::io("size", partial))?;
+    run(
+        Path::new("mkfs.btrfs"),
+        &[
+            "-q".as_ref(),
+            "-b".as_ref(),
+            initial.to_string().as_ref(),
+            partial.as_os_str(),
+        ],
+    )?;
+    nix::fcntl::fallocate(
+        file.as_raw_fd(),
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        initial as i64,
+    )
+    .map_err(|e| VolumeError::io("allocate", partial)(io::Error::from_raw_os_error(e as i32)))?;
+    file.sync_all().map_err(VolumeError::io("sync", partial))
 }
 
 /// Deletes `path` whatever it is: a subvolume with one ioctl (after the subvolumes
@@ -488,6 +529,35 @@ fn bdi_of_device(device: &str) -> Option<PathBuf> {
         .map(|e| e.path())
         .find(|fs_dir| fs_dir.join("devices").join(name).exists())
         .and_then(|fs_dir| fs::canonicalize(fs_dir.join("bdi")).ok())
+}
+
+/// The nonzero error counters (`write_errs 3, flush_errs 1`) of the devices of the btrfs
+/// filesystem mounted at `mount_dir`, or `None` where the kernel does not list them
+/// (before 5.14) or the mount is not found.
+pub fn device_errors(mount_dir: &Path) -> Option<String> {
+    let mount = mountinfo::mount_at(mount_dir).ok()??;
+    let name = mount.source.strip_prefix("/dev/")?.to_string();
+    let fs_dir = fs::read_dir("/sys/fs/btrfs")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|d| d.join("devices").join(&name).exists())?;
+    let mut found = false;
+    let mut errors = Vec::new();
+    for dev in fs::read_dir(fs_dir.join("devinfo")).ok()?.flatten() {
+        let Ok(text) = fs::read_to_string(dev.path().join("error_stats")) else {
+            continue;
+        };
+        found = true;
+        for line in text.lines() {
+            if let Some((k, v)) = line.split_once(' ') {
+                if v.trim() != "0" {
+                    errors.push(format!("{k} {}", v.trim()));
+                }
+            }
+        }
+    }
+    found.then(|| errors.join(", "))
 }
 
 /// The file behind the loop device `device` (`/dev/loopN`), if it is one.

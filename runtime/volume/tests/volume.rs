@@ -249,12 +249,19 @@ fn a_half_made_image_is_made_again() {
     let volume = Volume::open(&state.path()).unwrap();
     assert!(!state.path().join("volume.img.partial").exists());
     volume.create_subvolume(Path::new("works")).unwrap();
-    // Sparse: the image takes almost no space however large it claims to be.
+    // As long as the most it may grow to, allocated only under its filesystem (which
+    // starts at INITIAL_SIZE), so a full disk cannot fail a write btrfs already made.
     let meta = fs::metadata(&image).unwrap();
     if std::env::var_os("FORKD_VOLUME_SIZE").is_none() {
         assert_eq!(meta.len(), 256 << 30, "default size");
     }
-    assert!(meta.blocks() * 512 < 1 << 30, "image is not sparse");
+    let initial = forkd_volume::INITIAL_SIZE.min(meta.len());
+    let allocated = meta.blocks() * 512;
+    assert!(
+        allocated >= initial && allocated < initial + (64 << 20),
+        "{allocated} bytes allocated, expected the filesystem's {initial}"
+    );
+    assert_eq!(volume.space().unwrap().fs_bytes, initial);
     volume.unmount().unwrap();
 }
 

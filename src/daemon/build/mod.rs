@@ -239,6 +239,9 @@ impl Daemon {
         let started = Instant::now();
         forkd_layers::validate_image_name(&req.name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.volume_usable(&format!("build of {}", req.name))?;
+        let mut req = req;
+        req.limits = crate::daemon::sandboxes::default_limits(&req.limits)?;
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;

@@ -95,6 +95,7 @@ impl Daemon {
                 "branch count {count} must be between 1 and 10000"
             )));
         }
+        self.volume_usable(&format!("fork of checkpoint {}", c.id))?;
         self.can_watch(count)?;
         let _in_use = c.use_for("fork")?;
         let plan = self.plan_fork(c, req)?;

@@ -1,0 +1,173 @@
+//! The node's health: the volume's space and state, CRIU, the exit watcher and the
+//! network table (`GET /v1/health`, `forkd doctor`), and the volume's watcher, which
+//! grows a loop volume before it fills (`forkd_volume::Volume::keep_ahead`) and keeps
+//! what it found for the requests that make sandboxes: while the volume is full or
+//! unusable, creates, forks and builds are refused with that reason (503) rather than
+//! failing one by one half-way.
+
+use super::{log, Daemon, Lock};
+use crate::api::{ApiError, ComponentHealth, Health, VolumeHealth};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often the watcher looks at the volume.
+const EVERY: Duration = Duration::from_millis(200);
+
+/// What the watcher last found.
+#[derive(Debug, Default, Clone)]
+pub struct VolumeState {
+    pub space: forkd_volume::Space,
+    pub pressure: Option<String>,
+    pub problems: Vec<String>,
+}
+
+#[derive(Default)]
+pub struct Watch {
+    pub state: Mutex<VolumeState>,
+    /// Found at start: the image is not allocated under the filesystem (a full disk could
+    /// still make it read-only).
+    pub unbacked: Mutex<Option<String>>,
+}
+
+impl Daemon {
+    /// Starts the volume's watcher (a thread that ends with the daemon).
+    pub(crate) fn watch_volume(self: &Arc<Self>) -> std::io::Result<()> {
+        self.look_at_volume();
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("volume".into())
+            .spawn(move || loop {
+                std::thread::sleep(EVERY);
+                match weak.upgrade() {
+                    Some(d) => d.look_at_volume(),
+                    None => break,
+                }
+            })
+            .map(drop)
+    }
+
+    /// One look: grow if filling, then note pressure and problems (each change logged).
+    fn look_at_volume(&self) {
+        let (space, grew) = match self.volume.keep_ahead() {
+            Ok(a) => (a.space, a.grew),
+            Err(e) => {
+                // Growing failed (the host filled between the look and the allocation):
+                // say so, and look again next time.
+                log::warn(&format!("volume: could not grow: {e}"));
+                (self.volume.space().unwrap_or_default(), None)
+            }
+        };
+        if let Some((from, to)) = grew {
+            log::info(&format!(
+                "volume: grew from {} to {} MiB (the disk under it has {} MiB free)",
+                from >> 20,
+                to >> 20,
+                space.host_free >> 20
+            ));
+        }
+        let pressure = space.pressure();
+        let problems = self.volume.problems();
+        let mut st = self.volume_watch.state.locked();
+        if pressure != st.pressure {
+            match &pressure {
+                Some(p) => log::warn(&format!("{p}; creates and forks are refused until space is freed")),
+                None if st.pressure.is_some() => log::info("volume: space is free again"),
+                None => {}
+            }
+        }
+        if problems != st.problems && !problems.is_empty() {
+            log::warn(&format!("volume: {}", problems.join("; ")));
+        }
+        *st = VolumeState {
+            space,
+            pressure,
+            problems,
+        };
+    }
+
+    /// Refuses what would write a new sandbox to a volume that is full or unusable.
+    pub(crate) fn volume_usable(&self, what: &str) -> Result<(), ApiError> {
+        let st = self.volume_watch.state.locked().clone();
+        if let Some(p) = st.problems.first() {
+            return Err(ApiError::unavailable(format!("{what} refused: {p}")));
+        }
+        if let Some(p) = &st.pressure {
+            return Err(ApiError::unavailable(format!(
+                "{what} refused: {p} (remove sandboxes, checkpoints or files in them)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What `GET /v1/health` answers; looks at the volume again first.
+    pub fn health(&self) -> Health {
+        self.look_at_volume();
+        let st = self.volume_watch.state.locked().clone();
+        let mut problems = st.problems.clone();
+        if let Some(u) = self.volume_watch.unbacked.locked().clone() {
+            problems.push(u);
+        }
+        let volume = VolumeHealth {
+            path: self.data.display().to_string(),
+            ok: st.problems.is_empty(),
+            size_bytes: st.space.fs_bytes,
+            free_bytes: st.space.fs_free,
+            max_bytes: st.space.max_bytes,
+            host_free_bytes: st.space.host_free,
+            host_reserve_bytes: st.space.host_reserve,
+            pressure: st.pressure.clone(),
+            problems,
+        };
+        let criu = match &self.criu {
+            Ok(c) => ComponentHealth {
+                ok: true,
+                detail: format!("CRIU {} ({})", c.version, c.path.display()),
+            },
+            Err(e) => ComponentHealth {
+                ok: false,
+                detail: format!("live checkpoints are unavailable: {e}"),
+            },
+        };
+        let exit_watcher = if self.exits.is_running() {
+            ComponentHealth {
+                ok: true,
+                detail: format!("watching {} processes", self.exits.len()),
+            }
+        } else {
+            ComponentHealth {
+                ok: false,
+                detail: "the exit watcher's threads have ended: sandboxes' exits go unnoticed; restart the daemon".into(),
+            }
+        };
+        let network = match self.egress.nft_path() {
+            Ok(p) => ComponentHealth {
+                ok: true,
+                detail: format!("table inet {} ({})", self.egress.table, p.display()),
+            },
+            Err(e) => ComponentHealth {
+                ok: false,
+                detail: format!("sandboxes with egress are unavailable: {e}"),
+            },
+        };
+        let mut degraded = Vec::new();
+        for p in &volume.problems {
+            degraded.push(format!("volume: {p}"));
+        }
+        if let Some(p) = &volume.pressure {
+            degraded.push(format!("volume: {p}"));
+        }
+        for (name, c) in [("criu", &criu), ("exit watcher", &exit_watcher), ("network", &network)] {
+            if !c.ok {
+                degraded.push(format!("{name}: {}", c.detail));
+            }
+        }
+        Health {
+            ok: degraded.is_empty(),
+            degraded,
+            volume,
+            criu,
+            exit_watcher,
+            network,
+        }
+    }
+}
