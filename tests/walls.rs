@@ -243,3 +243,128 @@ fn an_unconfined_sandbox_runs_without_the_filter_and_says_so() {
     let e = r.unwrap_err().to_string();
     assert!(e.contains("seccomp") || e.contains("unknown variant"), "{e}");
 }
+
+/// A small filesystem of the test's own, mounted for the daemon's state root; unmounted
+/// and removed when dropped.
+struct SmallDisk {
+    image: PathBuf,
+    mount: PathBuf,
+}
+
+impl SmallDisk {
+    fn new(tag: &str, mib: u64) -> SmallDisk {
+        let image = PathBuf::from(format!("/tmp/forkd-test-{tag}-{}.disk", std::process::id()));
+        let mount = PathBuf::from(format!("/tmp/forkd-test-{tag}-{}.mnt", std::process::id()));
+        std::fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
+        let ok = |c: &mut std::process::Command| assert!(c.status().unwrap().success(), "{c:?}");
+        ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
+        std::fs::create_dir_all(&mount).unwrap();
+        ok(std::process::Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mount));
+        SmallDisk { image, mount }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        for m in [self.mount.join("root/vol"), self.mount.clone()] {
+            let _ = std::process::Command::new("umount")
+                .arg(m)
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn health(d: &TestDaemon) -> forkd::api::Health {
+    d.client.call("GET", "/v1/health", None).expect("GET /v1/health")
+}
+
+#[test]
+fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
+    let name = "a_full_disk_gives_the_writer_enospc_and_the_node_goes_on";
+    if !can_run_criu(name) {
+        return;
+    }
+    // A 1.2 GB disk under a volume allowed to grow to 4 GiB.
+    let disk = SmallDisk::new("full-disk", 1200);
+    let root = disk.mount.join("root");
+    let d = TestDaemon::start_at("full-disk", &[("FORKD_VOLUME_SIZE", "4G")], Some(&root));
+    assert!(d.log().contains("has room for"), "no word of the disk's size at start: {}", d.log());
+    let h = health(&d);
+    assert!(h.ok, "{:?}", h.degraded);
+    assert!(h.volume.size_bytes < h.volume.max_bytes);
+    let counter = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "argv": ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done"] }
+    }));
+    let before = d.checkpoint(&counter.id, true);
+    let writer = d.busybox();
+    // Health is sampled while the writer fills the disk.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, client) = (stop.clone(), d.client.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(h) = client.call::<forkd::api::Health>("GET", "/v1/health", None) {
+                    seen.extend(h.volume.pressure);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            seen
+        })
+    };
+    let (code, out, err) = d.sh(
+        &writer.id,
+        "dd if=/dev/urandom of=/root/big bs=1M count=1500 2>&1; echo rc=$?",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("No space left on device") && out.contains("rc=1"), "the writer was not told: {out}");
+    // Still full: the health endpoint says so, and a create is refused with the reason.
+    let h = health(&d);
+    let pressure = h.volume.pressure.clone().expect("pressure while the disk is full");
+    assert!(pressure.contains("the volume is full"), "{pressure}");
+    assert!(!h.ok && h.volume.problems.is_empty(), "{h:?}");
+    let r: Result<SandboxInfo, _> =
+        d.client.call("POST", "/v1/sandboxes", Some(&serde_json::json!({ "image": "busybox" })));
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("create refused: the volume is full"), "{e}");
+    // The volume stayed writable: no read-only remount, no device error.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let vol = root.join("vol");
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(vol.to_str().unwrap()))
+        .expect("the volume's mount");
+    assert!(line.split(' ').nth(5).unwrap().starts_with("rw"), "{line}");
+    // Space comes back: the same daemon creates and forks again.
+    let (code, _, err) = d.sh(&writer.id, "rm /root/big && sync");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        wait_until(std::time::Duration::from_secs(15), || health(&d).volume.pressure.is_none()),
+        "the pressure did not clear"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = sampler.join().unwrap();
+    assert!(!seen.is_empty(), "GET /v1/health never reported the pressure while it lasted");
+    let n = d.read_number(&counter.id, "/tmp/n");
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || d.read_number(&counter.id, "/tmp/n") > n),
+        "the other sandbox's counter stopped"
+    );
+    let fork = d.fork(&before.id, 1, false);
+    let b = &fork.branches[0].id;
+    let n = d.read_number(b, "/tmp/n");
+    assert!(n > 0);
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || d.read_number(b, "/tmp/n") > n),
+        "the branch of the checkpoint taken before does not count"
+    );
+    let again = d.busybox();
+    assert_eq!(d.sh(&again.id, "echo ok").1.trim(), "ok");
+    assert!(health(&d).ok);
+    drop(d);
+    drop(disk);
+}

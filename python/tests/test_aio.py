@@ -15,6 +15,7 @@ def test_concurrent_execs_and_forks(socket_path: str, tmp_path: Path) -> None:
     async def main() -> None:
         c = forkd.AsyncClient(socket_path)
         assert (await c.version()).api == "v1"
+        assert (await c.health()).volume.ok
         async with c.sandbox("busybox") as sb:
             outs = await asyncio.gather(*(c.exec(sb.id, f"echo {i}; echo e{i} >&2", merge_stderr=True) for i in range(8)))
             assert [o.text for o in outs] == [f"{i}\ne{i}\n" for i in range(8)]

@@ -20,6 +20,25 @@ def test_version_metrics_and_images(client: forkd.Client) -> None:
     assert client.inspect_image("busybox").layers == images["busybox"].layers
     m = client.metrics()
     assert m["version"].count >= 1 and isinstance(m["version"], forkd.OpStats)
+    h = client.health()
+    assert h.ok and not h.degraded and h.volume.ok and h.volume.pressure is None, h
+    assert 0 < h.volume.free_bytes <= h.volume.size_bytes <= h.volume.max_bytes
+    assert h.criu.ok and h.exit_watcher.ok and isinstance(h.volume, forkd.types.VolumeHealth)
+
+
+def test_a_sandbox_without_the_system_call_filter(client: forkd.Client) -> None:
+    sb = client.create("busybox", seccomp="unconfined")
+    try:
+        assert sb.seccomp == "unconfined"
+        assert client.exec(sb.id, "grep Seccomp: /proc/self/status").text.split() == ["Seccomp:", "0"]
+    finally:
+        client.remove(sb.id, force=True)
+    sb = client.create("busybox")
+    try:
+        assert sb.seccomp == "default"
+        assert client.exec(sb.id, "unshare -U true").exit_code != 0
+    finally:
+        client.remove(sb.id, force=True)
 
 
 def test_image_import_and_remove(client: forkd.Client, tmp_path: Path) -> None:

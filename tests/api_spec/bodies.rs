@@ -58,6 +58,11 @@ fn sample_info(with_values: bool) -> SandboxInfo {
             nameservers: vec![],
             table: "forkd_0a1b2c3d".into(),
         }),
+        seccomp: if with_values {
+            api::Seccomp::Unconfined
+        } else {
+            api::Seccomp::Default
+        },
     }
 }
 
@@ -256,6 +261,40 @@ fn response_types_serialise_to_their_schemas() {
                 output_b64: api::b64::encode(b"out\n"),
                 output_bytes: 4,
                 truncated: false,
+            },
+        );
+    }
+    for pressure in [None, Some("the volume is full: 0 MiB free of 1012 MiB".to_string())] {
+        let ok = pressure.is_none();
+        check_serialised(
+            &doc,
+            "Health",
+            &api::Health {
+                ok,
+                degraded: pressure.iter().map(|p| format!("volume: {p}")).collect(),
+                volume: api::VolumeHealth {
+                    path: "/var/lib/forkd/vol".into(),
+                    ok: true,
+                    size_bytes: 2 << 30,
+                    free_bytes: 1 << 30,
+                    max_bytes: 256 << 30,
+                    host_free_bytes: 60 << 30,
+                    host_reserve_bytes: 1 << 30,
+                    pressure: pressure.clone(),
+                    problems: vec![],
+                },
+                criu: api::ComponentHealth {
+                    ok: true,
+                    detail: "CRIU 4.2 (/opt/forkd/criu/bin/criu)".into(),
+                },
+                exit_watcher: api::ComponentHealth {
+                    ok: true,
+                    detail: "watching 3 processes".into(),
+                },
+                network: api::ComponentHealth {
+                    ok: false,
+                    detail: "sandboxes with egress are unavailable: nft not found".into(),
+                },
             },
         );
     }

@@ -77,6 +77,10 @@ class AsyncClient:
         """The daemon's version, API version, state root and cgroup version."""
         return await self._send(_ops.version())
 
+    async def health(self) -> t.Health:
+        """The node's health: the volume (space, pressure, problems), CRIU, the exit watcher, the network table."""
+        return await self._send(_ops.health())
+
     async def metrics(self) -> dict[str, t.OpStats]:
         """Latency per operation."""
         return await self._send(_ops.metrics())
@@ -121,9 +125,9 @@ class AsyncClient:
         """Every sandbox, running or stopped; with `stats`, with memory use and OOM kills."""
         return await self._send(_ops.list_sandboxes(stats))
 
-    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None) -> t.SandboxInfo:
-        """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out are unlimited (`cpu_millis` is thousandths of a CPU). `network` is `"none"` (the default: loopback only), `"egress"` or `"allowlist=HOST,..."` (or a `types.Network`)."""
-        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network))
+    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None, seccomp: Optional[str] = None) -> t.SandboxInfo:
+        """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out take the daemon's defaults (2048 tasks; `cpu_millis` is thousandths of a CPU); `seccomp="unconfined"` makes it without the system-call filter. `network` is `"none"` (the default: loopback only), `"egress"` or `"allowlist=HOST,..."` (or a `types.Network`)."""
+        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network, seccomp=seccomp))
 
     async def inspect(self, id: str) -> t.SandboxInfo:
         """One sandbox (a full id or a unique prefix of at least 4)."""

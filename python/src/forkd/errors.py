@@ -59,6 +59,12 @@ class InternalError(ForkdError):
     kind = "internal"
 
 
+class Unavailable(ForkdError):
+    """503: the node cannot take the request now (its volume is full or unusable)."""
+
+    kind = "unavailable"
+
+
 class ConnectionFailed(ForkdError):
     """The daemon could not be reached, timed out, or answered outside the API."""
 
@@ -66,7 +72,7 @@ class ConnectionFailed(ForkdError):
 
 
 _BY_KIND: dict[str, type[ForkdError]] = {
-    c.kind: c for c in (BadRequest, NotFound, Forbidden, Conflict, InternalError, ConnectionFailed)
+    c.kind: c for c in (BadRequest, NotFound, Forbidden, Conflict, InternalError, Unavailable, ConnectionFailed)
 }
 
 

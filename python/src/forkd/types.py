@@ -223,6 +223,8 @@ class SandboxInfo(_Model):
     oom_kills: Optional[int] = None
     create_us: int = 0
     network: Optional[NetworkInfo] = None
+    # the system-call filter: "default" or "unconfined"
+    seccomp: str = "default"
 
     @property
     def running(self) -> bool:
@@ -369,8 +371,46 @@ class GrantInfo(_Model):
     active: bool = False
 
 
+@dataclass
+class ComponentHealth(_Model):
+    """One part the daemon needs: whether it works, and what it is or what is wrong."""
+
+    ok: bool = False
+    detail: str = ""
+
+
+@dataclass
+class VolumeHealth(_Model):
+    """The data volume: its space and state (`pressure` while full and unable to grow)."""
+
+    path: str = ""
+    ok: bool = False
+    size_bytes: int = 0
+    free_bytes: int = 0
+    max_bytes: int = 0
+    host_free_bytes: int = 0
+    host_reserve_bytes: int = 0
+    pressure: Optional[str] = None
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Health(_Model):
+    """`GET /v1/health`."""
+
+    ok: bool = False
+    degraded: list[str] = field(default_factory=list)
+    volume: VolumeHealth = field(default_factory=VolumeHealth)
+    criu: ComponentHealth = field(default_factory=ComponentHealth)
+    exit_watcher: ComponentHealth = field(default_factory=ComponentHealth)
+    network: ComponentHealth = field(default_factory=ComponentHealth)
+
+
 SCHEMAS: dict[str, type[_Model]] = {
     "VersionInfo": VersionInfo,
+    "Health": Health,
+    "VolumeHealth": VolumeHealth,
+    "ComponentHealth": ComponentHealth,
     "OpStats": OpStats,
     "ImageInfo": ImageInfo,
     "ImageConfig": ImageConfig,
