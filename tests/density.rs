@@ -330,6 +330,7 @@ fn a_list_shows_every_sandbox_as_it_is_after_each_change() {
             fresh.memory_bytes = None;
             fresh.memory_counted = None;
             fresh.oom_kills = None;
+            fresh.disk_used_bytes = None;
             assert_eq!(
                 serde_json::to_value(shown).unwrap(),
                 serde_json::to_value(&fresh).unwrap(),
@@ -641,7 +642,7 @@ fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
     };
     // The same kernel cgroup, renamed: nothing was made and nothing removed.
     assert_eq!(std::fs::metadata(&dir).unwrap().ino(), first.unwrap());
-    // With the limits of its new sandbox (none), not those of the old one.
+    // With the limits of its new sandbox (the defaults), not those of the old one.
     let limit: u64 = std::fs::read_to_string(dir.join("memory.limit_in_bytes"))
         .unwrap()
         .trim()
@@ -653,7 +654,8 @@ fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
     );
     let pids =
         std::fs::read_to_string(format!("/sys/fs/cgroup/pids/forkd/{}/pids.max", b.id)).unwrap();
-    assert_eq!(pids.trim(), "max");
+    // The daemon's default task limit, not the old sandbox's 64.
+    assert_eq!(pids.trim(), "2048");
     // The new sandbox's processes are in it, and it works.
     let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", b.init_pid.unwrap())).unwrap();
     assert!(

@@ -368,3 +368,197 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
     drop(d);
     drop(disk);
 }
+
+/// Writes `mib` MiB to `path` in `id`: Ok, or the error `dd` printed.
+fn write_mib(d: &TestDaemon, id: &str, path: &str, mib: u64) -> Result<(), String> {
+    let (code, out, err) = d.sh(
+        id,
+        &format!("dd if=/dev/urandom of={path} bs=1M count={mib} 2>&1 && sync"),
+    );
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(format!("{out}{err}"))
+    }
+}
+
+fn disk_used(d: &TestDaemon, id: &str) -> u64 {
+    let info: SandboxInfo = d
+        .client
+        .call("GET", &format!("/v1/sandboxes/{id}"), None)
+        .unwrap();
+    info.disk_used_bytes.expect("disk_used_bytes in inspect")
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn disk_limits_charge_each_sandbox_and_branch_its_own_writes() {
+    let name = "disk_limits_charge_each_sandbox_and_branch_its_own_writes";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start("walls-disk");
+    let h = health(&d);
+    if !h.disk_limits.ok {
+        // A kernel without btrfs simple quotas refuses a disk limit by name.
+        let r: Result<SandboxInfo, _> = d.client.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(&serde_json::json!({ "image": "busybox", "limits": { "disk_bytes": 64 * MIB } })),
+        );
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("disk limits need Linux 6.7"), "{e}");
+        return;
+    }
+    let limited = d.create(serde_json::json!({
+        "image": "busybox",
+        "limits": { "disk_bytes": 64 * MIB },
+        "command": { "argv": ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done"] }
+    }));
+    assert_eq!(limited.limits.disk_bytes, Some(64 * MIB));
+    let neighbour = d.busybox();
+    write_mib(&d, &limited.id, "/root/a", 40).unwrap();
+    let e = write_mib(&d, &limited.id, "/root/b", 40).unwrap_err();
+    assert!(e.contains("Disk quota exceeded"), "past the limit: {e}");
+    let used = disk_used(&d, &limited.id);
+    assert!(used > 60 * MIB && used <= 64 * MIB, "charged {used}");
+    // The neighbour, without a limit, writes on.
+    write_mib(&d, &neighbour.id, "/root/big", 100).unwrap();
+    assert!(disk_used(&d, &neighbour.id) >= 100 * MIB);
+    // The image's layers cost nothing: a large file of the image rewritten in place is
+    // a copy-up, charged; reading it is not.
+    let (code, _, _) = d.sh(&limited.id, "cat /bin/busybox > /dev/null");
+    assert_eq!(code, 0);
+    // Room again once the file is gone (no checkpoint holds it yet).
+    let (code, _, err) = d.sh(&limited.id, "rm -f /root/b && sync");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || disk_used(&d, &limited.id) < 48 * MIB),
+        "the removed file is still charged: {}",
+        disk_used(&d, &limited.id)
+    );
+    // Branches of a live checkpoint: each is charged only what it writes itself, under
+    // the checkpoint's limit, or the one the fork asks for.
+    let ck = d.checkpoint(&limited.id, true);
+    let fork = d.fork(&ck.id, 2, false);
+    for b in &fork.branches {
+        assert!(disk_used(&d, &b.id) < 4 * MIB, "a fresh branch is charged its parent's data");
+        write_mib(&d, &b.id, "/root/own", 50).unwrap();
+        let e = write_mib(&d, &b.id, "/root/more", 30).unwrap_err();
+        assert!(e.contains("Disk quota exceeded"), "{e}");
+        // It still reads what it inherited; once it frees what went past its limit, its
+        // counter (whose writes the full quota refused meanwhile) goes on.
+        let (code, _, _) = d.sh(&b.id, "test -s /root/a && rm -f /root/more && sync");
+        assert_eq!(code, 0);
+        let n = d.read_number(&b.id, "/tmp/n");
+        assert!(wait_until(std::time::Duration::from_secs(10), || d.read_number(&b.id, "/tmp/n") > n));
+    }
+    let small: forkd::api::ForkResult = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", ck.id),
+            Some(&serde_json::json!({ "count": 1, "disk_bytes": 8 * MIB })),
+        )
+        .unwrap();
+    let b = &small.branches[0].id;
+    let e = write_mib(&d, b, "/root/x", 16).unwrap_err();
+    assert!(e.contains("Disk quota exceeded"), "{e}");
+    // The CLI's spelling, and a limit too small refused by name.
+    let out = d.cli(&["run", "-d", "--disk", "32m", "busybox"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(write_mib(&d, &id, "/root/x", 40).is_err());
+    let r: Result<SandboxInfo, _> = d.client.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&serde_json::json!({ "image": "busybox", "limits": { "disk_bytes": 1000 } })),
+    );
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("disk_bytes 1000 is too small"), "{e}");
+}
+
+#[test]
+fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours_running() {
+    let name = "a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours_running";
+    if !can_run_criu(name) {
+        return;
+    }
+    // The operator's defaults bound what a request leaves unset: tasks (2048 without
+    // being told), memory and disk. The disk is small, so a filler without its limit
+    // would fill it.
+    let disk = SmallDisk::new("greedy", 1500);
+    let root = disk.mount.join("root");
+    let d = TestDaemon::start_at(
+        "greedy",
+        &[("FORKD_DEFAULT_MEMORY", "256m"), ("FORKD_DEFAULT_DISK", "256m")],
+        Some(&root),
+    );
+    let quotas = health(&d).disk_limits.ok;
+    const COUNT: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done";
+    let counters: Vec<SandboxInfo> = (0..20)
+        .map(|_| d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNT } })))
+        .collect();
+    assert_eq!(counters[0].limits.pids, Some(2048));
+    assert_eq!(counters[0].limits.memory_bytes, Some(256 << 20));
+    let ck = d.checkpoint(&counters[0].id, true);
+    let before: Vec<u64> = counters.iter().map(|c| d.read_number(&c.id, "/tmp/n")).collect();
+    // The three at once.
+    let bombs = [
+        ("memory", "x=0123456789abcdef; while true; do x=$x$x; done"),
+        ("fork", "b() { b | b & }; b"),
+        ("disk", "while true; do dd if=/dev/zero of=/root/fill.$$ bs=1M count=4096; sleep 0.2; done"),
+    ];
+    let bomb_ids: Vec<(String, &str)> = bombs
+        .iter()
+        .map(|(what, line)| {
+            let sb = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": line } }));
+            (sb.id, *what)
+        })
+        .collect();
+    // The daemon answers throughout.
+    let start = std::time::Instant::now();
+    let mut answered = 0;
+    while start.elapsed() < std::time::Duration::from_secs(15) {
+        let r: Result<serde_json::Value, _> = d.client.call("GET", "/v1/sandboxes", None);
+        r.expect("the daemon stopped answering");
+        answered += 1;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(answered > 10);
+    // Each bomb met its bound: the memory bomb its limit (killed in its own cgroup),
+    // the fork bomb its task limit, the filler its disk limit.
+    let info = |id: &str| -> SandboxInfo {
+        d.client.call("GET", &format!("/v1/sandboxes/{id}"), None).unwrap()
+    };
+    let (mem, fork, fill) = (&bomb_ids[0].0, &bomb_ids[1].0, &bomb_ids[2].0);
+    let m = info(mem);
+    assert!(m.oom_kills.unwrap_or(0) > 0 || m.memory_bytes.unwrap_or(0) <= 256 << 20, "{m:?}");
+    let f = info(fork);
+    assert_eq!(f.limits.pids, Some(2048));
+    if quotas {
+        let used = info(fill).disk_used_bytes.unwrap();
+        assert!(used <= 256 << 20, "the filler holds {used} bytes");
+    }
+    // Every counter went on, the volume is writable, health is good.
+    let after: Vec<u64> = counters.iter().map(|c| d.read_number(&c.id, "/tmp/n")).collect();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(a > b, "counter {i} stopped: {b} then {a}");
+    }
+    for (id, _) in &bomb_ids {
+        let _: serde_json::Value = d
+            .client
+            .call("DELETE", &format!("/v1/sandboxes/{id}?force=true"), None)
+            .expect("remove a bomb");
+    }
+    let h = health(&d);
+    assert!(h.ok, "{:?}", h.degraded);
+    // The checkpoint taken before still forks, and its branch counts on.
+    let fork = d.fork(&ck.id, 1, false);
+    let b = &fork.branches[0].id;
+    let n = d.read_number(b, "/tmp/n");
+    assert!(wait_until(std::time::Duration::from_secs(10), || d.read_number(b, "/tmp/n") > n));
+    drop(d);
+    drop(disk);
+}

@@ -110,6 +110,9 @@ pub struct Health {
     pub exit_watcher: ComponentHealth,
     /// The egress rules' nftables table.
     pub network: ComponentHealth,
+    /// Whether a sandbox may have a disk limit here (btrfs simple quotas), or why not;
+    /// not counted as degraded.
+    pub disk_limits: ComponentHealth,
 }
 
 /// The data volume: its space and its state.
@@ -460,6 +463,10 @@ pub struct SandboxInfo {
     /// Its system-call filter: `default` or `unconfined`.
     #[serde(default)]
     pub seccomp: Seccomp,
+    /// What its writable layer is charged, where the volume has quotas; given when
+    /// `memory_bytes` is (inspect, a list with `stats=true`).
+    #[serde(default)]
+    pub disk_used_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -598,6 +605,10 @@ pub struct ForkRequest {
     /// `true`). Only a live checkpoint's restored branches have memory to share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_memory: Option<bool>,
+    /// Each branch's disk limit (what the branch itself writes); by default the
+    /// checkpointed sandbox's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -75,6 +75,10 @@ pub struct ForkArgs {
     /// Keep every branch's memory its own even where FORKD_KSM=on
     #[arg(long)]
     pub no_share_memory: bool,
+    /// Each branch's disk limit (what the branch itself writes, e.g. 1g); by default
+    /// the checkpointed sandbox's
+    #[arg(long)]
+    pub disk: Option<String>,
 }
 
 pub fn labels(list: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -217,6 +221,12 @@ pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
             (_, true) => Some(false),
             _ => None,
         },
+        disk_bytes: args
+            .disk
+            .as_deref()
+            .map(super::parse_size)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
     if !ctx.json {

@@ -26,6 +26,10 @@ pub struct RunArgs {
     /// CPU limit in CPUs (e.g. 1.5)
     #[arg(long)]
     pub cpus: Option<f64>,
+    /// What the sandbox may write to its filesystem (e.g. 10g); past it, writes fail
+    /// with EDQUOT. Its image's layers and its checkpoints are not counted
+    #[arg(long)]
+    pub disk: Option<String>,
     /// Labels (KEY=VALUE)
     #[arg(short, long = "label")]
     pub labels: Vec<String>,
@@ -78,6 +82,12 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
             .map_err(anyhow::Error::msg)?,
         pids: args.pids_limit,
         cpu_millis: args.cpus.map(|c| (c * 1000.0) as u64),
+        disk_bytes: args
+            .disk
+            .as_deref()
+            .map(super::parse_size)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
     };
     let mut labels = serde_json::Map::new();
     for l in &args.labels {

@@ -161,6 +161,16 @@ impl Daemon {
                 degraded.push(format!("{name}: {}", c.detail));
             }
         }
+        let disk_limits = match &self.disk_quotas {
+            Ok(()) => ComponentHealth {
+                ok: true,
+                detail: "btrfs simple quotas".into(),
+            },
+            Err(e) => ComponentHealth {
+                ok: false,
+                detail: e.clone(),
+            },
+        };
         Health {
             ok: degraded.is_empty(),
             degraded,
@@ -168,6 +178,7 @@ impl Daemon {
             criu,
             exit_watcher,
             network,
+            disk_limits,
         }
     }
 }

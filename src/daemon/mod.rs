@@ -106,6 +106,9 @@ pub struct Daemon {
     /// Held for the daemon's lifetime: one daemon per state root.
     _lock: nix::fcntl::Flock<std::fs::File>,
     next_request: AtomicU64,
+    /// Whether disk limits can be enforced (btrfs simple quotas on the volume), or why
+    /// not.
+    pub disk_quotas: Result<(), String>,
     /// The volume's space and state, as its watcher last found them (see [`health`]).
     pub volume_watch: health::Watch,
     /// Keep `favordynmods` on the cgroup2 mount (unless `FORKD_CGROUP_FAVOR_DYNMODS=0`).
@@ -327,6 +330,11 @@ impl Daemon {
             }
         };
         check_volume_size(&volume);
+        let disk_quotas = volume.enable_quotas();
+        match &disk_quotas {
+            Ok(()) => log::info("disk limits: btrfs simple quotas"),
+            Err(e) => log::info(&format!("{e}: a sandbox with a disk limit is refused")),
+        }
         log::info(&format!(
             "overlay lower layers: {} (Linux {})",
             match forkd_sys::mount::lower_mode() {
@@ -488,6 +496,7 @@ impl Daemon {
             next_request: AtomicU64::new(1),
             favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),
             favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
+            disk_quotas,
             volume_watch: health::Watch {
                 unbacked: Mutex::new(unbacked),
                 ..Default::default()

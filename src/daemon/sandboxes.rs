@@ -84,14 +84,16 @@ pub struct SandboxRecord {
 }
 
 /// Environment variables with the limits a sandbox gets when its request sets none:
-/// tasks (default [`DEFAULT_PIDS`], as podman's) and memory (default none); `0` for none.
+/// tasks (default [`DEFAULT_PIDS`], as podman's), memory and disk (default none); `0`
+/// for none. The disk default applies only where disk limits can be held.
 pub const DEFAULT_PIDS_ENV: &str = "FORKD_DEFAULT_PIDS";
 pub const DEFAULT_MEMORY_ENV: &str = "FORKD_DEFAULT_MEMORY";
+pub const DEFAULT_DISK_ENV: &str = "FORKD_DEFAULT_DISK";
 pub const DEFAULT_PIDS: u64 = 2048;
 
 /// `limits` with the operator's defaults where it sets nothing (a fork's branches keep
 /// their checkpoint's limits, defaults included).
-pub(crate) fn default_limits(limits: &Limits) -> Result<Limits, ApiError> {
+pub(crate) fn default_limits(limits: &Limits, disk_quotas: bool) -> Result<Limits, ApiError> {
     let setting = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
     let mut out = limits.clone();
     if out.pids.is_none() {
@@ -103,13 +105,19 @@ pub(crate) fn default_limits(limits: &Limits) -> Result<Limits, ApiError> {
             })?),
         };
     }
+    let size = |name: &str| -> Result<Option<u64>, ApiError> {
+        match setting(name).as_deref() {
+            None | Some("0") => Ok(None),
+            Some(v) => crate::cli::parse_size(v)
+                .map(Some)
+                .map_err(|e| ApiError::internal(format!("{name}={v:?}: {e}"))),
+        }
+    };
     if out.memory_bytes.is_none() {
-        out.memory_bytes = match setting(DEFAULT_MEMORY_ENV).as_deref() {
-            None | Some("0") => None,
-            Some(v) => Some(crate::cli::parse_size(v).map_err(|e| {
-                ApiError::internal(format!("{DEFAULT_MEMORY_ENV}={v:?}: {e}"))
-            })?),
-        };
+        out.memory_bytes = size(DEFAULT_MEMORY_ENV)?;
+    }
+    if out.disk_bytes.is_none() && disk_quotas {
+        out.disk_bytes = size(DEFAULT_DISK_ENV)?;
     }
     Ok(out)
 }
@@ -269,6 +277,12 @@ impl Daemon {
                 rec.cgroup_in(&self.hierarchy),
             )
         };
+        if self.disk_quotas.is_ok() {
+            info.disk_used_bytes = self
+                .volume
+                .disk_use(&sb.dir.join("layer"))
+                .map(|u| u.used_bytes);
+        }
         if let Some(bytes) = cg.memory_current() {
             info.memory_bytes = Some(bytes);
             info.memory_counted = Some(MemoryCounted::Cgroup);
@@ -309,6 +323,15 @@ impl Daemon {
                 .as_ref()
                 .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
             seccomp: rec.seccomp,
+            disk_used_bytes: None,
+        }
+    }
+
+    /// Refuses a disk limit where the volume cannot enforce one, saying why.
+    pub(crate) fn disk_limits_usable(&self, limits: &Limits) -> Result<(), ApiError> {
+        match (&limits.disk_bytes, &self.disk_quotas) {
+            (Some(_), Err(why)) => Err(ApiError::bad_request(format!("disk_bytes: {why}"))),
+            _ => Ok(()),
         }
     }
 
@@ -340,10 +363,11 @@ impl Daemon {
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
-        req.limits = default_limits(&req.limits)?;
+        req.limits = default_limits(&req.limits, self.disk_quotas.is_ok())?;
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
+        self.disk_limits_usable(&req.limits)?;
         let policy = self.network_policy(&req.network)?;
         let id = SandboxId::random();
         let hostname = req
@@ -485,6 +509,11 @@ impl Daemon {
         self.volume
             .create_subvolume(&layer)
             .map_err(|e| ApiError::from_chain(&ctx("create writable layer"), &e))?;
+        if let Some(bytes) = record.limits.disk_bytes {
+            self.volume
+                .set_disk_limit(&layer, Some(bytes))
+                .map_err(|e| ApiError::from_chain(&ctx("set the disk limit"), &e))?;
+        }
         for sub in ["upper", "work"] {
             let d = layer.join(sub);
             std::fs::create_dir(&d).map_err(|e| {

@@ -33,6 +33,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
                 memory_bytes: Some(256 << 20),
                 pids: Some(128),
                 cpu_millis: Some(500),
+                disk_bytes: Some(10 << 30),
             }
         } else {
             Limits::default()
@@ -58,6 +59,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
             nameservers: vec![],
             table: "forkd_0a1b2c3d".into(),
         }),
+        disk_used_bytes: with_values.then_some(12 << 20),
         seccomp: if with_values {
             api::Seccomp::Unconfined
         } else {
@@ -295,6 +297,10 @@ fn response_types_serialise_to_their_schemas() {
                     ok: false,
                     detail: "sandboxes with egress are unavailable: nft not found".into(),
                 },
+                disk_limits: api::ComponentHealth {
+                    ok: true,
+                    detail: "btrfs simple quotas".into(),
+                },
             },
         );
     }
@@ -330,6 +336,7 @@ fn response_types_serialise_to_their_schemas() {
             memory_bytes: Some(1),
             pids: None,
             cpu_millis: Some(1000),
+            disk_bytes: None,
         },
     );
     for log_path in [None, Some("/.forkd/logs/main.log".to_string())] {

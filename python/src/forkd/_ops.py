@@ -202,6 +202,7 @@ def create_sandbox(
     labels: Optional[Mapping[str, str]] = None,
     network: NetworkArg = None,
     seccomp: Optional[str] = None,
+    disk_bytes: Optional[int] = None,
 ) -> Call[t.SandboxInfo]:
     """`createSandbox`; `seccomp="unconfined"` makes it without the system-call filter."""
     body: dict[str, Any] = {"image": image, "labels": _labels(labels)}
@@ -209,7 +210,7 @@ def create_sandbox(
         body["seccomp"] = seccomp
     if network is not None:
         body["network"] = network_body(network)
-    limits = {"memory_bytes": memory_bytes, "pids": pids, "cpu_millis": cpu_millis}
+    limits = {"memory_bytes": memory_bytes, "pids": pids, "cpu_millis": cpu_millis, "disk_bytes": disk_bytes}
     if any(v is not None for v in limits.values()):
         body["limits"] = limits
     if hostname is not None:

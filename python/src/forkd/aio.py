@@ -125,9 +125,9 @@ class AsyncClient:
         """Every sandbox, running or stopped; with `stats`, with memory use and OOM kills."""
         return await self._send(_ops.list_sandboxes(stats))
 
-    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None, seccomp: Optional[str] = None) -> t.SandboxInfo:
+    async def create(self, image: str, *, command: Optional[Command] = None, hostname: Optional[str] = None, memory_bytes: Optional[int] = None, pids: Optional[int] = None, cpu_millis: Optional[int] = None, labels: Optional[Mapping[str, str]] = None, network: _ops.NetworkArg = None, seccomp: Optional[str] = None, disk_bytes: Optional[int] = None) -> t.SandboxInfo:
         """Creates and starts a sandbox of `image`. `command`, when given, starts detached with its output in the log `main`; limits left out take the daemon's defaults (2048 tasks; `cpu_millis` is thousandths of a CPU); `seccomp="unconfined"` makes it without the system-call filter. `network` is `"none"` (the default: loopback only), `"egress"` or `"allowlist=HOST,..."` (or a `types.Network`)."""
-        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network, seccomp=seccomp))
+        return await self._send(_ops.create_sandbox(image, command=command, hostname=hostname, memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, labels=labels, network=network, seccomp=seccomp, disk_bytes=disk_bytes))
 
     async def inspect(self, id: str) -> t.SandboxInfo:
         """One sandbox (a full id or a unique prefix of at least 4)."""

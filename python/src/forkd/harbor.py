@@ -27,7 +27,8 @@ Harbor's own Docker backend does, the golden sandbox runs the image's ENTRYPOINT
 `sleep infinity` as its command (CMD is replaced), so a start-up script that launches
 services and then `exec "$@"` leaves them running; the live checkpoint keeps them, and
 every trial starts with them up. `cpus` and `memory_mb` become the sandbox's cgroup
-limits. The task's network policy becomes the sandbox's network (docs/NETWORK.md):
+limits, and `storage_mb` its disk limit (each trial branch is charged only what it
+writes; where the daemon cannot hold disk limits, a warning says so and none is set). The task's network policy becomes the sandbox's network (docs/NETWORK.md):
 `no-network` (`allow_internet = false`) is forkd's `none`, loopback only; `public` is
 `egress` (the outside world, never the host or another sandbox); `allowlist` with
 `allowed_hosts` is forkd's allowlist (exact hostnames, IPv4 addresses and IPv4 networks;
@@ -46,7 +47,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
@@ -194,6 +195,7 @@ class ForkdEnvironment(BaseEnvironment):
             "healthcheck": hc.model_dump(mode="json") if hc else None,
             "cpus": self._effective_cpus,
             "memory_mb": self._effective_memory_mb,
+            "storage_mb": self._effective_storage_mb,
             "live": self._live,
             "network": self._forkd_network(self._network_policy),
             "environment_dir": sorted(
@@ -205,6 +207,18 @@ class ForkdEnvironment(BaseEnvironment):
             else [],
         }
         return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:32]
+
+    async def _disk_bytes(self) -> Optional[int]:
+        """The task's `storage_mb` as the sandbox's disk limit, where the daemon can hold
+        one (btrfs simple quotas, Linux 6.7); said once where it cannot."""
+        mb = self._effective_storage_mb
+        if mb is None:
+            return None
+        health = await self.client.health()
+        if not health.disk_limits.ok:
+            self.logger.warning(f"forkd: storage_mb = {mb} is not enforced: {health.disk_limits.detail}")
+            return None
+        return int(mb) << 20
 
     def _limits(self) -> dict[str, Any]:
         limits: dict[str, Any] = {}
@@ -234,6 +248,7 @@ class ForkdEnvironment(BaseEnvironment):
                 command=command,
                 labels={KEY_LABEL: key, "forkd.harbor": "golden"},
                 network=self._forkd_network(self._network_policy),
+                disk_bytes=await self._disk_bytes(),
                 **self._limits(),
             )
             self.sandbox_id = sb.id

@@ -158,11 +158,14 @@ class PullStatus(_Model):
 
 @dataclass
 class Limits(_Model):
-    """Resource limits of a sandbox; `None` is unlimited."""
+    """Resource limits of a sandbox; `None` takes the daemon's default (2048 tasks;
+    memory, CPU and disk unlimited unless the operator sets defaults)."""
 
     memory_bytes: Optional[int] = None
     pids: Optional[int] = None
     cpu_millis: Optional[int] = None
+    # what its writable layer may hold (btrfs simple quotas); writes past it get EDQUOT
+    disk_bytes: Optional[int] = None
 
 
 @dataclass
@@ -225,6 +228,8 @@ class SandboxInfo(_Model):
     network: Optional[NetworkInfo] = None
     # the system-call filter: "default" or "unconfined"
     seccomp: str = "default"
+    # what its writable layer is charged (inspect, or a list with stats), with quotas
+    disk_used_bytes: Optional[int] = None
 
     @property
     def running(self) -> bool:
@@ -404,6 +409,7 @@ class Health(_Model):
     criu: ComponentHealth = field(default_factory=ComponentHealth)
     exit_watcher: ComponentHealth = field(default_factory=ComponentHealth)
     network: ComponentHealth = field(default_factory=ComponentHealth)
+    disk_limits: ComponentHealth = field(default_factory=ComponentHealth)
 
 
 SCHEMAS: dict[str, type[_Model]] = {

@@ -66,6 +66,11 @@ pub struct Limits {
     pub pids: Option<u64>,
     /// CPU quota in thousandths of one CPU (1000 = one full core).
     pub cpu_millis: Option<u64>,
+    /// What the sandbox's writable layer may hold, in bytes: what its processes write,
+    /// not the layers under it. Not a cgroup limit: the daemon sets it on the layer's
+    /// subvolume (`forkd_volume`, btrfs simple quotas).
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
 }
 
 impl Limits {
@@ -74,6 +79,8 @@ impl Limits {
     pub const MIN_CPU_MILLIS: u64 = 10;
     /// The largest: a thousand CPUs.
     pub const MAX_CPU_MILLIS: u64 = 1_000_000;
+    /// The smallest disk limit: room for a few files' metadata.
+    pub const MIN_DISK_BYTES: u64 = 1 << 20;
     /// The largest task count the kernel takes as a limit (`PID_MAX_LIMIT` on 64-bit
     /// machines; `pids.max` refuses more).
     pub const MAX_PIDS: u64 = 4 * 1024 * 1024;
@@ -87,6 +94,14 @@ impl Limits {
                     "cpu_millis {m} is out of range: from {} (1% of a CPU, the kernel's shortest quota) to {} (1000 CPUs)",
                     Self::MIN_CPU_MILLIS,
                     Self::MAX_CPU_MILLIS
+                ));
+            }
+        }
+        if let Some(d) = self.disk_bytes {
+            if d < Self::MIN_DISK_BYTES {
+                return Err(format!(
+                    "disk_bytes {d} is too small: at least {} (1 MiB)",
+                    Self::MIN_DISK_BYTES
                 ));
             }
         }

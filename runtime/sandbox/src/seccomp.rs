@@ -9,7 +9,9 @@
 //! `open_by_handle_at`, every mount call (old and new API), `swapon`/`swapoff`,
 //! `reboot`, clock setting, `acct`, `quotactl`, `iopl`/`ioperm`, `pidfd_getfd`, `kcmp`,
 //! `AF_VSOCK` sockets and personalities beyond the usual ones. `ptrace` stays (gdb and
-//! strace work): the sandbox's processes are all it can see.
+//! strace work): the sandbox's processes are all it can see. Calls Docker's profile
+//! allows only with a capability are allowed where the sandbox keeps that capability
+//! (`chroot`, with CAP_SYS_CHROOT) and refused where it does not.
 //!
 //! The filter is built by `seccompiler` (no hand-written BPF) as two programs, stacked:
 //! 1. the allow-list, whose default is `EPERM`;
@@ -100,7 +102,7 @@ const ALLOWED: &[i64] = {
     use libc::*;
     &[
         SYS_accept, SYS_accept4, SYS_access, SYS_adjtimex, SYS_alarm, SYS_arch_prctl,
-        SYS_bind, SYS_brk, SYS_CACHESTAT, SYS_capget, SYS_capset, SYS_chdir, SYS_chmod,
+        SYS_bind, SYS_brk, SYS_CACHESTAT, SYS_capget, SYS_capset, SYS_chdir, SYS_chmod, SYS_chroot,
         SYS_chown, SYS_clock_adjtime, SYS_clock_getres, SYS_clock_gettime,
         SYS_clock_nanosleep, SYS_close, SYS_close_range, SYS_connect, SYS_copy_file_range,
         SYS_creat, SYS_dup, SYS_dup2, SYS_dup3, SYS_epoll_create, SYS_epoll_create1,
@@ -111,7 +113,7 @@ const ALLOWED: &[i64] = {
         SYS_fdatasync, SYS_fgetxattr, SYS_flistxattr, SYS_flock, SYS_fork,
         SYS_fremovexattr, SYS_fsetxattr, SYS_fstat, SYS_fstatfs, SYS_fsync, SYS_ftruncate,
         SYS_futex, SYS_FUTEX_REQUEUE, SYS_FUTEX_WAIT, SYS_futex_waitv, SYS_FUTEX_WAKE,
-        SYS_futimesat, SYS_getcpu, SYS_getcwd, SYS_getdents, SYS_getdents64, SYS_getegid,
+        SYS_futimesat, SYS_get_mempolicy, SYS_get_thread_area, SYS_getcpu, SYS_getcwd, SYS_getdents, SYS_getdents64, SYS_getegid,
         SYS_geteuid, SYS_getgid, SYS_getgroups, SYS_getitimer, SYS_getpeername,
         SYS_getpgid, SYS_getpgrp, SYS_getpid, SYS_getppid, SYS_getpriority, SYS_getrandom,
         SYS_getresgid, SYS_getresuid, SYS_getrlimit, SYS_get_robust_list, SYS_getrusage,
@@ -122,7 +124,7 @@ const ALLOWED: &[i64] = {
         SYS_io_submit, SYS_kill, SYS_landlock_add_rule, SYS_landlock_create_ruleset,
         SYS_landlock_restrict_self, SYS_lchown, SYS_lgetxattr, SYS_link, SYS_linkat,
         SYS_listen, SYS_listxattr, SYS_LISTXATTRAT, SYS_llistxattr, SYS_lremovexattr,
-        SYS_lseek, SYS_lsetxattr, SYS_LSM_GET_SELF_ATTR, SYS_LSM_LIST_MODULES,
+        SYS_lseek, SYS_lsetxattr, SYS_mbind, SYS_LSM_GET_SELF_ATTR, SYS_LSM_LIST_MODULES,
         SYS_LSM_SET_SELF_ATTR, SYS_lstat, SYS_madvise, SYS_MAP_SHADOW_STACK,
         SYS_membarrier, SYS_memfd_create, SYS_memfd_secret, SYS_mincore, SYS_mkdir,
         SYS_mkdirat, SYS_mknod, SYS_mknodat, SYS_mlock, SYS_mlock2, SYS_mlockall,
@@ -133,7 +135,7 @@ const ALLOWED: &[i64] = {
         SYS_newfstatat, SYS_open, SYS_openat, SYS_openat2, SYS_pause, SYS_pidfd_open,
         SYS_pidfd_send_signal, SYS_pipe, SYS_pipe2, SYS_pkey_alloc, SYS_pkey_free,
         SYS_pkey_mprotect, SYS_poll, SYS_ppoll, SYS_prctl, SYS_pread64, SYS_preadv,
-        SYS_preadv2, SYS_prlimit64, SYS_process_mrelease, SYS_process_vm_readv,
+        SYS_preadv2, SYS_prlimit64, SYS_process_madvise, SYS_process_mrelease, SYS_process_vm_readv,
         SYS_process_vm_writev, SYS_pselect6, SYS_ptrace, SYS_pwrite64, SYS_pwritev,
         SYS_pwritev2, SYS_read, SYS_readahead, SYS_readlink, SYS_readlinkat, SYS_readv,
         SYS_recvfrom, SYS_recvmmsg, SYS_recvmsg, SYS_remap_file_pages, SYS_removexattr,
@@ -148,7 +150,8 @@ const ALLOWED: &[i64] = {
         SYS_sendfile, SYS_sendmmsg, SYS_sendmsg, SYS_sendto, SYS_setfsgid, SYS_setfsuid,
         SYS_setgid, SYS_setgroups, SYS_setitimer, SYS_setpgid, SYS_setpriority,
         SYS_setregid, SYS_setresgid, SYS_setresuid, SYS_setreuid, SYS_setrlimit,
-        SYS_set_robust_list, SYS_setsid, SYS_setsockopt, SYS_set_tid_address, SYS_setuid,
+        SYS_set_mempolicy, SYS_set_mempolicy_home_node, SYS_set_robust_list,
+        SYS_set_thread_area, SYS_setsid, SYS_setsockopt, SYS_set_tid_address, SYS_setuid,
         SYS_setxattr, SYS_SETXATTRAT, SYS_shmat, SYS_shmctl, SYS_shmdt, SYS_shmget,
         SYS_shutdown, SYS_sigaltstack, SYS_signalfd, SYS_signalfd4, SYS_socketpair,
         SYS_splice, SYS_stat, SYS_statfs, SYS_statx, SYS_symlink, SYS_symlinkat,

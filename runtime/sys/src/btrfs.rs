@@ -87,6 +87,101 @@ struct DevInfoArgs {
 }
 const _: () = assert!(std::mem::size_of::<DevInfoArgs>() == 4096);
 
+const IOC_INO_LOOKUP: libc::c_ulong = ioc(IOC_WRITE | IOC_READ, 18, 4096);
+const IOC_QUOTA_CTL: libc::c_ulong = ioc(IOC_WRITE | IOC_READ, 40, 16);
+const IOC_QGROUP_LIMIT: libc::c_ulong = ioc(IOC_READ, 43, 48);
+/// `BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA` (Linux 6.7).
+const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
+/// `BTRFS_QGROUP_LIMIT_MAX_EXCL`.
+const QGROUP_LIMIT_MAX_EXCL: u64 = 1 << 1;
+
+/// `struct btrfs_ioctl_ino_lookup_args`.
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+const _: () = assert!(std::mem::size_of::<InoLookupArgs>() == 4096);
+
+/// `struct btrfs_ioctl_qgroup_limit_args` with its `struct btrfs_qgroup_limit`.
+#[repr(C)]
+struct QgroupLimitArgs {
+    qgroupid: u64,
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+const _: () = assert!(std::mem::size_of::<QgroupLimitArgs>() == 48);
+
+const IOC_FS_INFO: libc::c_ulong = ioc(IOC_READ, 31, 1024);
+
+/// The filesystem id (as `/sys/fs/btrfs/<uuid>` names it) of the btrfs filesystem
+/// holding `fd`.
+pub fn filesystem_uuid(fd: BorrowedFd<'_>) -> io::Result<String> {
+    let mut args = Box::new([0u8; 1024]);
+    // SAFETY: FS_INFO writes one btrfs_ioctl_fs_info_args (1024 bytes) into `args`.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), IOC_FS_INFO, args.as_mut_ptr()) };
+    check(ret as libc::c_long)?;
+    // max_id (u64), num_devices (u64), then fsid[16].
+    let id = &args[16..32];
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
+}
+
+/// The id of the subvolume holding the file open as `fd` (its tree id).
+pub fn subvolume_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut args = Box::new(InoLookupArgs {
+        treeid: 0,
+        objectid: SUBVOLUME_ROOT_INODE,
+        name: [0; 4080],
+    });
+    // SAFETY: INO_LOOKUP reads and writes one btrfs_ioctl_ino_lookup_args, which `args`
+    // is, alive and writable for the whole call.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), IOC_INO_LOOKUP, &mut *args) };
+    check(ret as libc::c_long)?;
+    Ok(args.treeid)
+}
+
+/// Turns on btrfs's simple quotas (Linux 6.7) on the filesystem `fs`: each extent is
+/// charged to the subvolume that wrote it, for as long as it exists, whoever shares it
+/// later (snapshots, reflinks). Idempotent. `EINVAL` on kernels without them.
+pub fn enable_simple_quotas(fs: BorrowedFd<'_>) -> io::Result<()> {
+    let mut args = [QUOTA_CTL_ENABLE_SIMPLE, 0u64];
+    // SAFETY: QUOTA_CTL reads and writes one btrfs_ioctl_quota_ctl_args (two u64), which
+    // `args` is.
+    let ret = unsafe { libc::ioctl(fs.as_raw_fd(), IOC_QUOTA_CTL, args.as_mut_ptr()) };
+    check(ret as libc::c_long)?;
+    Ok(())
+}
+
+/// Limits what the subvolume holding `subvolume` may be charged to `max_bytes` (`None`:
+/// no limit). Past it, writes there fail with `EDQUOT`.
+pub fn set_quota_limit(subvolume: BorrowedFd<'_>, max_bytes: Option<u64>) -> io::Result<()> {
+    let args = QgroupLimitArgs {
+        // 0: the subvolume of the descriptor.
+        qgroupid: 0,
+        flags: QGROUP_LIMIT_MAX_EXCL,
+        max_rfer: 0,
+        max_excl: max_bytes.unwrap_or(u64::MAX),
+        rsv_rfer: 0,
+        rsv_excl: 0,
+    };
+    // SAFETY: QGROUP_LIMIT reads one btrfs_ioctl_qgroup_limit_args, which `args` is.
+    let ret = unsafe { libc::ioctl(subvolume.as_raw_fd(), IOC_QGROUP_LIMIT, &args) };
+    check(ret as libc::c_long)?;
+    Ok(())
+}
+
 /// One device of a btrfs filesystem as the kernel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceSize {

@@ -31,6 +31,7 @@
 
 mod error;
 pub mod mountinfo;
+mod quota;
 mod space;
 
 use std::ffi::{CString, OsStr};
@@ -47,6 +48,7 @@ use forkd_sys::btrfs;
 use nix::fcntl::{Flock, FlockArg};
 
 pub use error::VolumeError;
+pub use quota::{DiskUse, SIMPLE_QUOTAS_KERNEL};
 pub use space::{Ahead, Space, HOST_RESERVE_ENV, INITIAL_SIZE};
 
 /// Environment variable with the size of a new volume image.
@@ -532,16 +534,10 @@ fn bdi_of_device(device: &str) -> Option<PathBuf> {
 }
 
 /// The nonzero error counters (`write_errs 3, flush_errs 1`) of the devices of the btrfs
-/// filesystem mounted at `mount_dir`, or `None` where the kernel does not list them
-/// (before 5.14) or the mount is not found.
+/// filesystem holding `mount_dir`, or `None` where the kernel does not list them
+/// (before 5.14).
 pub fn device_errors(mount_dir: &Path) -> Option<String> {
-    let mount = mountinfo::mount_at(mount_dir).ok()??;
-    let name = mount.source.strip_prefix("/dev/")?.to_string();
-    let fs_dir = fs::read_dir("/sys/fs/btrfs")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|d| d.join("devices").join(&name).exists())?;
+    let fs_dir = sysfs_dir_of(mount_dir)?;
     let mut found = false;
     let mut errors = Vec::new();
     for dev in fs::read_dir(fs_dir.join("devinfo")).ok()?.flatten() {
@@ -558,6 +554,14 @@ pub fn device_errors(mount_dir: &Path) -> Option<String> {
         }
     }
     found.then(|| errors.join(", "))
+}
+
+/// `/sys/fs/btrfs/<uuid>` of the btrfs filesystem holding `path`.
+pub(crate) fn sysfs_dir_of(path: &Path) -> Option<PathBuf> {
+    let dir = File::open(path).ok()?;
+    let uuid = btrfs::filesystem_uuid(dir.as_fd()).ok()?;
+    let d = Path::new("/sys/fs/btrfs").join(uuid);
+    d.is_dir().then_some(d)
 }
 
 /// The file behind the loop device `device` (`/dev/loopN`), if it is one.

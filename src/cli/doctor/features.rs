@@ -66,6 +66,13 @@ pub(super) const FEATURES: &[Feature] = &[
         required: false,
     },
     Feature {
+        name: "simple-quotas",
+        since: (6, 7),
+        used_for: "disk limits of sandboxes, each charged what it writes (btrfs simple quotas)",
+        without: "a sandbox with a disk limit is refused by name",
+        required: false,
+    },
+    Feature {
         name: "lowerdir+",
         since: (6, 8),
         used_for: "overlay layer stacks of any depth (one fsconfig lowerdir+ per layer)",

@@ -379,6 +379,54 @@ pub(super) fn check_btrfs() -> Check {
     }
 }
 
+/// The data volume of the state root (`FORKD_ROOT`, default `/var/lib/forkd`), if there
+/// is one: writable, without device errors, and how full. Read-only and errors fail the
+/// check (no sandbox can be made there); a volume not made yet is fine.
+pub(super) fn check_volume() -> Check {
+    const NAME: &str = "volume";
+    let root = crate::api::defaults::root();
+    let mounted = root.join("vol");
+    let path = if forkd_volume::mountinfo::mount_at(&mounted).ok().flatten().is_some() {
+        mounted
+    } else if forkd_sys::btrfs::is_btrfs(&root).unwrap_or(false) {
+        root.clone()
+    } else {
+        return Check::ok(
+            NAME,
+            false,
+            format!("no volume at {} yet (the daemon makes it at its first start)", root.display()),
+        );
+    };
+    let vfs = match nix::sys::statvfs::statvfs(&path) {
+        Ok(v) => v,
+        Err(e) => return Check::not_ok(NAME, true, format!("statfs {}: {e}", path.display())),
+    };
+    if vfs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+        return Check::not_ok(
+            NAME,
+            true,
+            format!(
+                "{} is read-only (btrfs stops writing after an I/O error: see the kernel log); stop the daemon, unmount it and run `btrfs check` on its image",
+                path.display()
+            ),
+        );
+    }
+    if let Some(errors) = forkd_volume::device_errors(&path).filter(|e| !e.is_empty()) {
+        return Check::not_ok(NAME, true, format!("{}: device errors: {errors}", path.display()));
+    }
+    let frsize = vfs.fragment_size() as u64;
+    Check::ok(
+        NAME,
+        true,
+        format!(
+            "{}: writable, {} MiB free of {} MiB",
+            path.display(),
+            (vfs.blocks_available() as u64 * frsize) >> 20,
+            (vfs.blocks() as u64 * frsize) >> 20
+        ),
+    )
+}
+
 pub(super) fn check_pidfd() -> Check {
     const NAME: &str = "pidfd";
     if let Err(e) = forkd_sys::pidfd_open(std::process::id() as libc::pid_t) {

@@ -119,6 +119,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_overlayfs(),
         check_cgroups(),
         check_btrfs(),
+        check_volume(),
         check_pidfd(),
         check_userfaultfd(),
         check_criu(opts.criu.as_deref()),

@@ -130,7 +130,14 @@ impl Daemon {
 
     /// Checks the request against the checkpoint and settles what the branches share.
     fn plan_fork<'a>(&'a self, c: &'a Checkpoint, req: &ForkRequest) -> Result<Plan<'a>, ApiError> {
-        let ck = c.record.locked().clone();
+        let mut ck = c.record.locked().clone();
+        if let Some(d) = req.disk_bytes {
+            ck.limits.disk_bytes = Some(d);
+            ck.limits
+                .validate()
+                .map_err(|e| ApiError::bad_request(format!("disk_bytes: {e}")))?;
+        }
+        self.disk_limits_usable(&ck.limits)?;
         if req.lazy && req.fresh {
             return Err(ApiError::bad_request(
                 "lazy and fresh exclude each other: a fresh branch restores no memory",
