@@ -10,7 +10,11 @@
 //!   `os.stat` calls, and `make -j2 -B` of 24 small C files; each times itself inside
 //!   (so start-up is not in it);
 //! - podman: the same two workloads in a container with podman's default seccomp
-//!   profile and with `--security-opt seccomp=unconfined`.
+//!   profile and with `--security-opt seccomp=unconfined`;
+//! - the mechanism under disk limits, on three fresh volumes: no quotas, btrfs simple
+//!   quotas (what forkd uses) and full qgroups (`btrfs quota enable`): a read-only
+//!   snapshot of a layer holding 64 files (what a checkpoint takes), a subvolume made
+//!   (what a create or a fork makes), and the deletion of each, with 200 snapshots alive.
 //!
 //! Output: `target/bench/walls.{json,md}`. Environment: `FORKD_BENCH_SAMPLES` (default
 //! 30), `FORKD_BENCH_PODMAN=0` skips podman. Needs root, CRIU and the Debian fixture.
@@ -67,6 +71,7 @@ fn run() -> Result<()> {
     let date = common::utc_now();
     let load_start = common::load_average();
     let mut report = Report::new("walls");
+    mechanism(samples.max(50), &mut report)?;
     let daemon = DaemonGuard::start(&bin)?;
     let measured = measure(&daemon, &busybox, &debian, podman.as_ref(), samples, &mut report);
     if measured.is_err() {
@@ -229,6 +234,89 @@ fn measure(
         ratio(report, &format!("forkd, filter default: {what}"), &format!("forkd, filter unconfined: {what}"), &format!("forkd {what}: filter / none"));
         ratio(report, &format!("podman, seccomp default: {what}"), &format!("podman, seccomp unconfined: {what}"), &format!("podman {what}: default seccomp / none"));
         ratio(report, &format!("forkd, filter default: {what}"), &format!("podman, seccomp default: {what}"), &format!("{what}: forkd's filter / podman's default"));
+    }
+    Ok(())
+}
+
+/// Snapshot, subvolume and deletion times on volumes without quotas, with simple quotas
+/// and with full qgroups.
+fn mechanism(n: usize, report: &mut Report) -> Result<()> {
+    use forkd_volume::Volume;
+    use std::path::Path;
+    let mut lines = Vec::new();
+    for mode in ["none", "simple quotas", "qgroups"] {
+        let state = common::unique_temp_dir("forkd-bench-walls-vol")?;
+        let vol = Volume::open(&state).map_err(|e| anyhow!("open a volume: {e}"))?;
+        let done = (|| -> Result<()> {
+            match mode {
+                "simple quotas" => vol.enable_quotas().map_err(|e| anyhow!(e))?,
+                "qgroups" => {
+                    common::run_checked(Command::new("btrfs").args(["quota", "enable"]).arg(vol.path()))?;
+                }
+                _ => {}
+            }
+            let root = vol.path();
+            vol.create_subvolume(Path::new("layer"))?;
+            for i in 0..64 {
+                std::fs::write(root.join(format!("layer/f{i}")), vec![i as u8; 64 << 10])?;
+            }
+            std::fs::create_dir_all(root.join("snaps"))?;
+            std::fs::create_dir_all(root.join("subs"))?;
+            // Snapshots alive while measuring, as checkpoints are.
+            for i in 0..200 {
+                vol.snapshot_readonly(Path::new("layer"), &Path::new("snaps").join(format!("k{i}")))?;
+            }
+            let mut i = 0;
+            let snap = sample(&format!("{mode}: snapshot"), 3, n, || {
+                i += 1;
+                // A write first, as a checkpoint follows a sandbox's writes.
+                std::fs::write(root.join("layer/changing"), i.to_string())?;
+                let t = Instant::now();
+                vol.snapshot_readonly(Path::new("layer"), &Path::new("snaps").join(format!("s{i}")))?;
+                Ok(us(t))
+            })?;
+            let mut j = 0;
+            let sub = sample(&format!("{mode}: subvolume"), 3, n, || {
+                j += 1;
+                let t = Instant::now();
+                vol.create_subvolume(&Path::new("subs").join(format!("b{j}")))?;
+                Ok(us(t))
+            })?;
+            let mut k = 0;
+            let del = sample(&format!("{mode}: delete"), 0, n, || {
+                k += 1;
+                let t = Instant::now();
+                vol.delete_subvolume(&Path::new("snaps").join(format!("s{k}")))?;
+                vol.delete_subvolume(&Path::new("subs").join(format!("b{k}")))?;
+                Ok(us(t))
+            })?;
+            let mut line = vec![mode.to_string()];
+            for (what, s) in [("snapshot", snap), ("subvolume", sub), ("delete a snapshot and a subvolume", del)] {
+                let sum = report.row(&format!("volume, {mode}: {what}"), s);
+                line.push(common::fmt_us(sum.p50));
+            }
+            lines.push(line);
+            Ok(())
+        })();
+        let unmounted = vol.unmount();
+        let _ = std::fs::remove_dir_all(&state);
+        done?;
+        unmounted.map_err(|e| anyhow!("unmount the bench's volume: {e}"))?;
+    }
+    report.tables.push(Table::new(
+        "Disk-limit mechanisms (p50, 200 snapshots alive)",
+        &["quotas", "snapshot", "subvolume", "delete a snapshot and a subvolume"],
+        lines,
+    ));
+    for what in ["snapshot", "subvolume", "delete a snapshot and a subvolume"] {
+        for mode in ["simple quotas", "qgroups"] {
+            ratio(
+                report,
+                &format!("volume, {mode}: {what}"),
+                &format!("volume, none: {what}"),
+                &format!("{what}: {mode} / none"),
+            );
+        }
     }
     Ok(())
 }
