@@ -562,3 +562,109 @@ fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours
     drop(d);
     drop(disk);
 }
+
+/// A tar of `entries` (kind, path, link target, mode, data).
+fn crafted_tar(entries: &[(tar::EntryType, &str, Option<&str>, u32, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (kind, path, link, mode, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(*kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(*mode);
+        if let Some(l) = link {
+            h.set_link_name(l).unwrap();
+        }
+        // The name as given, unchecked (the tar crate refuses `..` when it sets one).
+        let name = path.as_bytes();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_destination() {
+    let name = "cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_destination";
+    if !can_run(name) {
+        return;
+    }
+    let d = TestDaemon::start("walls-cp");
+    let sb = d.busybox();
+    let work = d.root.parent().unwrap().join("walls-cp");
+    let target = work.join("host-target");
+    std::fs::create_dir_all(&target).unwrap();
+    let t = target.to_str().unwrap();
+    let tars = [
+        // A symlink to a host directory, then a file through it.
+        crafted_tar(&[
+            (tar::EntryType::Directory, "x", None, 0o755, b""),
+            (tar::EntryType::Symlink, "x/link", Some(t), 0o777, b""),
+            (tar::EntryType::Regular, "x/link/pwned", None, 0o644, b"owned"),
+        ]),
+        // A hard link to a host file, then new contents for it.
+        crafted_tar(&[
+            (tar::EntryType::Directory, "y", None, 0o755, b""),
+            (tar::EntryType::Link, "y/h", Some("/etc/hostname"), 0o644, b""),
+            (tar::EntryType::Regular, "y/h", None, 0o644, b"owned"),
+        ]),
+        // A path that leaves the destination; a device node.
+        crafted_tar(&[(tar::EntryType::Regular, "../escaped", None, 0o644, b"")]),
+        crafted_tar(&[(tar::EntryType::Char, "null", None, 0o644, b"")]),
+        // A setuid program.
+        crafted_tar(&[(tar::EntryType::Regular, "tool", None, 0o4755, b"#!/bin/sh\n")]),
+    ];
+    for (i, tar) in tars.iter().enumerate() {
+        d.put_file(&sb.id, &format!("/forged{i}.tar"), tar);
+    }
+    // The sandbox's root replaces the program `forkd cp` runs in it with one that
+    // answers with an archive of its own making (removed first: it is running as PID 1).
+    let (code, _, err) = d.sh(
+        &sb.id,
+        "rm -f /.forkd/init && printf '#!/bin/sh\\ncat /forged$(cat /which).tar\\n' > /.forkd/init && chmod 755 /.forkd/init",
+    );
+    assert_eq!(code, 0, "{err}");
+    let forge = |i: usize| {
+        let (code, _, err) = d.sh(&sb.id, &format!("echo {i} > /which"));
+        assert_eq!(code, 0, "{err}");
+    };
+    let cp_out = |dest: &std::path::Path| {
+        d.cli(&["cp", &format!("{}:/anything", sb.id), dest.to_str().unwrap()])
+    };
+    forge(0);
+    let dest = work.join("out1");
+    let out = cp_out(&dest);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("symlink; refusing to write through it"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!target.join("pwned").exists(), "cp wrote through the sandbox's symlink");
+    forge(1);
+    let before = std::fs::read("/etc/hostname").ok();
+    let out = cp_out(&work.join("out2"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a hard link"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read("/etc/hostname").ok(), before);
+    // Paths that leave the destination, and a device node.
+    for i in [2, 3] {
+        forge(i);
+        let out = cp_out(&work.join("out3"));
+        assert!(!out.status.success(), "forged archive {i} was unpacked");
+    }
+    assert!(!work.join("escaped").exists());
+    // A setuid program arrives without its setuid bit.
+    forge(4);
+    let out = cp_out(&work.join("tool"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(work.join("tool")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o755);
+    // Into the sandbox: a host symlink arrives as a symlink, resolved inside the sandbox.
+    let other = d.busybox();
+    std::os::unix::fs::symlink("/etc/hostname", work.join("hostlink")).unwrap();
+    let out = d.cli(&["cp", work.join("hostlink").to_str().unwrap(), &format!("{}:/root/", other.id)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, link, _) = d.sh(&other.id, "readlink /root/hostlink; cat /root/hostlink");
+    let host_name = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    assert!(link.starts_with("/etc/hostname\n"), "{link}");
+    assert!(!link.contains(host_name.trim()) || host_name.trim().is_empty(), "the host's file came in: {link}");
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -331,41 +331,10 @@ pub fn cp(ctx: &Ctx, src: &str, dest: &str) -> anyhow::Result<i32> {
 }
 
 /// Unpacks a tar whose top entry is the copied item: into `dest` when it is a
-/// directory, else as `dest`.
+/// directory, else as `dest`. The archive comes from the sandbox, so it is unpacked as
+/// an untrusted one (`forkd_sandbox::files::Side::Host`).
 fn unpack_local(tar_bytes: &[u8], dest: &Path) -> anyhow::Result<()> {
-    let (dir, rename) = if dest.is_dir() {
-        (dest.to_path_buf(), None)
-    } else {
-        let parent = dest
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        (
-            parent.to_path_buf(),
-            dest.file_name().map(std::path::PathBuf::from),
-        )
-    };
-    let mut a = tar::Archive::new(tar_bytes);
-    a.set_preserve_permissions(true);
-    for entry in a.entries()? {
-        let mut entry = entry?;
-        let p = entry.path()?.into_owned();
-        let rel: std::path::PathBuf = match &rename {
-            Some(top) => top.join(p.components().skip(1).collect::<std::path::PathBuf>()),
-            None => p,
-        };
-        // unpack_in refuses entries that would leave `dir`.
-        let full = dir.join(&rel);
-        if let Some(parent) = full.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        if rel
-            .components()
-            .any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
-            anyhow::bail!("archive entry {} leaves the destination", rel.display());
-        }
-        entry.unpack(&full)?;
-    }
+    forkd_sandbox::files::unpack(dest, tar_bytes, forkd_sandbox::files::Side::Host)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dest.display()))?;
     Ok(())
 }

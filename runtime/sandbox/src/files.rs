@@ -42,7 +42,7 @@ fn write_tar<W: Write>(path: &Path, out: W) -> io::Result<()> {
 /// Reads a tar from stdin and writes it at `dest`: into `dest` when it is an existing
 /// directory, otherwise as `dest` itself (the archive's top entry renamed).
 pub fn untar_main(dest: &str) -> ! {
-    let code = match read_tar(Path::new(dest), io::stdin().lock()) {
+    let code = match unpack(Path::new(dest), io::stdin().lock(), Side::Sandbox) {
         Ok(n) => {
             println!("{n}");
             0
@@ -90,7 +90,24 @@ fn safe_relative(p: &Path) -> io::Result<PathBuf> {
     Ok(out)
 }
 
-fn read_tar<R: Read>(dest: &Path, input: R) -> io::Result<u64> {
+/// Where an archive is unpacked, which decides what of it is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Inside a sandbox (`__untar`): owners and modes as the archive says.
+    Sandbox,
+    /// On the host (`forkd cp SANDBOX:PATH DEST`), from an archive the sandbox made: it
+    /// may have been made by any program there (the sandbox's root can replace
+    /// `/.forkd/init` in its own layer), so owners are not kept (the files are the
+    /// caller's) and setuid and setgid bits are dropped.
+    Host,
+}
+
+/// Unpacks a tar at `dest`: into `dest` when it is an existing directory, otherwise as
+/// `dest` itself (the archive's top entry renamed). Never writes outside `dest` or
+/// through a symlink, whatever earlier entries made: `..` and absolute paths, a parent
+/// that is a symlink, hard links and device nodes are refused, naming the entry.
+/// Returns the number of entries written.
+pub fn unpack<R: Read>(dest: &Path, input: R, side: Side) -> io::Result<u64> {
     let (dir, rename) = match std::fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => (dest.to_path_buf(), None),
         _ => {
@@ -115,13 +132,30 @@ fn read_tar<R: Read>(dest: &Path, input: R) -> io::Result<u64> {
     };
     let mut archive = tar::Archive::new(input);
     archive.set_preserve_permissions(true);
-    archive.set_preserve_ownerships(true);
+    archive.set_preserve_ownerships(side == Side::Sandbox);
+    if side == Side::Host {
+        // Removed from every mode: setuid and setgid.
+        archive.set_mask(0o6000);
+    }
     archive.set_overwrite(true);
     let mut n = 0;
     for entry in archive.entries()? {
         let mut entry = entry?;
         let raw = entry.path()?.into_owned();
         let mut rel = safe_relative(&raw)?;
+        let kind = entry.header().entry_type();
+        let refused = match kind {
+            tar::EntryType::Link => Some("a hard link"),
+            tar::EntryType::Block | tar::EntryType::Char => Some("a device node"),
+            _ => None,
+        };
+        if let Some(what) = refused {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("archive entry {} is {what}; refusing it", raw.display()),
+            ));
+        }
+
         if let Some(new_top) = &rename {
             let rest: PathBuf = rel.components().skip(1).collect();
             // `join` of an empty path would add a trailing `/`, which a file cannot have.
@@ -178,7 +212,7 @@ mod tests {
         write_tar(&base.join("src"), &mut buf).unwrap();
 
         std::fs::create_dir_all(base.join("into")).unwrap();
-        read_tar(&base.join("into"), &buf[..]).unwrap();
+        unpack(&base.join("into"), &buf[..], Side::Sandbox).unwrap();
         assert_eq!(
             std::fs::read(base.join("into/src/sub/bin")).unwrap(),
             [0u8, 1, 2, 255]
@@ -188,7 +222,7 @@ mod tests {
             Path::new("/etc/passwd")
         );
 
-        read_tar(&base.join("renamed"), &buf[..]).unwrap();
+        unpack(&base.join("renamed"), &buf[..], Side::Sandbox).unwrap();
         assert_eq!(
             std::fs::read(base.join("renamed/sub/bin")).unwrap(),
             [0u8, 1, 2, 255]
@@ -196,7 +230,7 @@ mod tests {
         // A single file, written under a new name.
         let mut one = Vec::new();
         write_tar(&base.join("src/sub/bin"), &mut one).unwrap();
-        read_tar(&base.join("copied.bin"), &one[..]).unwrap();
+        unpack(&base.join("copied.bin"), &one[..], Side::Sandbox).unwrap();
         assert_eq!(
             std::fs::read(base.join("copied.bin")).unwrap(),
             [0u8, 1, 2, 255]
@@ -228,9 +262,49 @@ mod tests {
         h.set_cksum();
         b.append_data(&mut h, "evil/file", &[b'x'][..]).unwrap();
         let data = b.into_inner().unwrap();
-        let err = read_tar(&base.join("dest"), &data[..]).unwrap_err();
-        assert!(err.to_string().contains("symlink"), "{err}");
-        assert!(!base.join("outside/file").exists());
+        for side in [Side::Sandbox, Side::Host] {
+            let err = unpack(&base.join("dest"), &data[..], side).unwrap_err();
+            assert!(err.to_string().contains("symlink"), "{err}");
+            assert!(!base.join("outside/file").exists());
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn hard_links_and_devices_are_refused_and_the_host_drops_setuid() {
+        let base = std::env::temp_dir().join(format!("forkd-files-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("dest")).unwrap();
+        let one = |kind: tar::EntryType, name: &str, link: Option<&str>, mode: u32| {
+            let mut b = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_size(if kind == tar::EntryType::Regular { 1 } else { 0 });
+            h.set_mode(mode);
+            if let Some(l) = link {
+                h.set_link_name(l).unwrap();
+            }
+            if kind == tar::EntryType::Char {
+                h.set_device_major(1).unwrap();
+                h.set_device_minor(3).unwrap();
+            }
+            h.set_cksum();
+            let data: &[u8] = if kind == tar::EntryType::Regular { b"x" } else { b"" };
+            b.append_data(&mut h, name, data).unwrap();
+            b.into_inner().unwrap()
+        };
+        let link = one(tar::EntryType::Link, "h", Some("/etc/hostname"), 0o644);
+        let err = unpack(&base.join("dest"), &link[..], Side::Host).unwrap_err();
+        assert!(err.to_string().contains("h is a hard link"), "{err}");
+        let dev = one(tar::EntryType::Char, "null", None, 0o666);
+        let err = unpack(&base.join("dest"), &dev[..], Side::Host).unwrap_err();
+        assert!(err.to_string().contains("null is a device node"), "{err}");
+        assert!(std::fs::read_dir(base.join("dest")).unwrap().next().is_none());
+        use std::os::unix::fs::PermissionsExt;
+        let suid = one(tar::EntryType::Regular, "tool", None, 0o4755);
+        unpack(&base.join("dest"), &suid[..], Side::Host).unwrap();
+        let mode = std::fs::metadata(base.join("dest/tool")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755);
         std::fs::remove_dir_all(&base).unwrap();
     }
 }
