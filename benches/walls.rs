@@ -46,10 +46,26 @@ struct Variant {
 }
 
 const VARIANTS: [Variant; 4] = [
-    Variant { name: "filter", seccomp: "default", disk: None },
-    Variant { name: "unconfined", seccomp: "unconfined", disk: None },
-    Variant { name: "filter + disk 1 GiB", seccomp: "default", disk: Some(1 << 30) },
-    Variant { name: "unconfined + disk 1 GiB", seccomp: "unconfined", disk: Some(1 << 30) },
+    Variant {
+        name: "filter",
+        seccomp: "default",
+        disk: None,
+    },
+    Variant {
+        name: "unconfined",
+        seccomp: "unconfined",
+        disk: None,
+    },
+    Variant {
+        name: "filter + disk 1 GiB",
+        seccomp: "default",
+        disk: Some(1 << 30),
+    },
+    Variant {
+        name: "unconfined + disk 1 GiB",
+        seccomp: "unconfined",
+        disk: Some(1 << 30),
+    },
 ];
 
 fn main() {
@@ -73,7 +89,14 @@ fn run() -> Result<()> {
     let mut report = Report::new("walls");
     mechanism(samples.max(50), &mut report)?;
     let daemon = DaemonGuard::start(&bin)?;
-    let measured = measure(&daemon, &busybox, &debian, podman.as_ref(), samples, &mut report);
+    let measured = measure(
+        &daemon,
+        &busybox,
+        &debian,
+        podman.as_ref(),
+        samples,
+        &mut report,
+    );
     if measured.is_err() {
         eprintln!("daemon log (last lines):\n{}", daemon.log_tail(15));
     }
@@ -84,7 +107,9 @@ fn run() -> Result<()> {
         json!({ "samples": samples }),
         (
             "peer",
-            json!(podman.as_ref().map(|p| json!({ "engine": "podman", "version": p.version, "runtime": p.runtime }))),
+            json!(podman.as_ref().map(
+                |p| json!({ "engine": "podman", "version": p.version, "runtime": p.runtime })
+            )),
         ),
     );
     let title = run.title(&format!(
@@ -129,7 +154,10 @@ fn measure(
     let mut table = Vec::new();
     for v in &VARIANTS {
         if v.disk.is_some() && !quotas.disk_limits.ok {
-            report.notes.push(format!("{}: skipped, {}", v.name, quotas.disk_limits.detail));
+            report.notes.push(format!(
+                "{}: skipped, {}",
+                v.name, quotas.disk_limits.detail
+            ));
             continue;
         }
         let create = sample(&format!("{}: create", v.name), 3, n, || {
@@ -175,16 +203,57 @@ fn measure(
     }
     report.tables.push(Table::new(
         "forkd's operations (p50)",
-        &["variant", "create", "exec true", "live checkpoint", "fork of one branch"],
+        &[
+            "variant",
+            "create",
+            "exec true",
+            "live checkpoint",
+            "fork of one branch",
+        ],
         table,
     ));
-    ratio(report, "filter: create", "unconfined: create", "create with the filter / without");
-    ratio(report, "filter: exec true", "unconfined: exec true", "exec with the filter / without");
-    ratio(report, "filter: live checkpoint", "unconfined: live checkpoint", "live checkpoint with the filter / without");
-    ratio(report, "filter: fork of one branch", "unconfined: fork of one branch", "fork with the filter / without");
-    ratio(report, "filter + disk 1 GiB: create", "filter: create", "create with a disk limit / without");
-    ratio(report, "filter + disk 1 GiB: live checkpoint", "filter: live checkpoint", "live checkpoint with a disk limit / without");
-    ratio(report, "filter + disk 1 GiB: fork of one branch", "filter: fork of one branch", "fork with a disk limit / without");
+    ratio(
+        report,
+        "filter: create",
+        "unconfined: create",
+        "create with the filter / without",
+    );
+    ratio(
+        report,
+        "filter: exec true",
+        "unconfined: exec true",
+        "exec with the filter / without",
+    );
+    ratio(
+        report,
+        "filter: live checkpoint",
+        "unconfined: live checkpoint",
+        "live checkpoint with the filter / without",
+    );
+    ratio(
+        report,
+        "filter: fork of one branch",
+        "unconfined: fork of one branch",
+        "fork with the filter / without",
+    );
+    ratio(
+        report,
+        "filter + disk 1 GiB: create",
+        "filter: create",
+        "create with a disk limit / without",
+    );
+    ratio(
+        report,
+        "filter + disk 1 GiB: live checkpoint",
+        "filter: live checkpoint",
+        "live checkpoint with a disk limit / without",
+    );
+    ratio(
+        report,
+        "filter + disk 1 GiB: fork of one branch",
+        "filter: fork of one branch",
+        "fork with a disk limit / without",
+    );
 
     // Workloads in Debian.
     let mut work = Vec::new();
@@ -193,35 +262,61 @@ fn measure(
         for (what, line) in [("os.stat loop", STAT_LOOP), ("make -j2", MAKE)] {
             let s = sample(&format!("forkd {seccomp}: {what}"), 2, n, || {
                 let out = d.sh_ok(&sb.id, line)?;
-                out.trim().parse::<u64>().with_context(|| format!("{what} printed {out:?}"))
+                out.trim()
+                    .parse::<u64>()
+                    .with_context(|| format!("{what} printed {out:?}"))
             })?;
             let sum = report.row(&format!("forkd, filter {seccomp}: {what}"), s);
-            work.push(vec!["forkd".into(), seccomp.into(), what.into(), common::fmt_us(sum.p50)]);
+            work.push(vec![
+                "forkd".into(),
+                seccomp.into(),
+                what.into(),
+                common::fmt_us(sum.p50),
+            ]);
         }
         d.remove(&sb.id)?;
     }
     if let Some(p) = podman {
         p.import(debian, PODMAN_IMAGE)?;
-        for (seccomp, extra) in [("default", None), ("unconfined", Some("seccomp=unconfined"))] {
+        for (seccomp, extra) in [
+            ("default", None),
+            ("unconfined", Some("seccomp=unconfined")),
+        ] {
             let mut flags: Vec<&str> = PODMAN_RUN_FLAGS.to_vec();
             if let Some(e) = extra {
                 flags.extend(["--security-opt", e]);
             }
             let name = format!("forkd-bench-walls-{seccomp}");
-            let c = PodmanContainer::start_with(p, &name, PODMAN_IMAGE, &flags, &["sleep", "infinity"])?;
+            let c = PodmanContainer::start_with(
+                p,
+                &name,
+                PODMAN_IMAGE,
+                &flags,
+                &["sleep", "infinity"],
+            )?;
             for (what, line) in [("os.stat loop", STAT_LOOP), ("make -j2", MAKE)] {
                 let s = sample(&format!("podman {seccomp}: {what}"), 2, n, || {
                     let out = Command::new("podman")
                         .args(["exec", &c.name, "sh", "-c", line])
                         .output()?;
                     if !out.status.success() {
-                        return Err(anyhow!("podman exec: {}", String::from_utf8_lossy(&out.stderr)));
+                        return Err(anyhow!(
+                            "podman exec: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        ));
                     }
                     let text = String::from_utf8_lossy(&out.stdout);
-                    text.trim().parse::<u64>().with_context(|| format!("{what} printed {text:?}"))
+                    text.trim()
+                        .parse::<u64>()
+                        .with_context(|| format!("{what} printed {text:?}"))
                 })?;
                 let sum = report.row(&format!("podman, seccomp {seccomp}: {what}"), s);
-                work.push(vec!["podman".into(), seccomp.into(), what.into(), common::fmt_us(sum.p50)]);
+                work.push(vec![
+                    "podman".into(),
+                    seccomp.into(),
+                    what.into(),
+                    common::fmt_us(sum.p50),
+                ]);
             }
         }
     }
@@ -231,9 +326,24 @@ fn measure(
         work,
     ));
     for what in ["os.stat loop", "make -j2"] {
-        ratio(report, &format!("forkd, filter default: {what}"), &format!("forkd, filter unconfined: {what}"), &format!("forkd {what}: filter / none"));
-        ratio(report, &format!("podman, seccomp default: {what}"), &format!("podman, seccomp unconfined: {what}"), &format!("podman {what}: default seccomp / none"));
-        ratio(report, &format!("forkd, filter default: {what}"), &format!("podman, seccomp default: {what}"), &format!("{what}: forkd's filter / podman's default"));
+        ratio(
+            report,
+            &format!("forkd, filter default: {what}"),
+            &format!("forkd, filter unconfined: {what}"),
+            &format!("forkd {what}: filter / none"),
+        );
+        ratio(
+            report,
+            &format!("podman, seccomp default: {what}"),
+            &format!("podman, seccomp unconfined: {what}"),
+            &format!("podman {what}: default seccomp / none"),
+        );
+        ratio(
+            report,
+            &format!("forkd, filter default: {what}"),
+            &format!("podman, seccomp default: {what}"),
+            &format!("{what}: forkd's filter / podman's default"),
+        );
     }
     Ok(())
 }
@@ -251,7 +361,11 @@ fn mechanism(n: usize, report: &mut Report) -> Result<()> {
             match mode {
                 "simple quotas" => vol.enable_quotas().map_err(|e| anyhow!(e))?,
                 "qgroups" => {
-                    common::run_checked(Command::new("btrfs").args(["quota", "enable"]).arg(vol.path()))?;
+                    common::run_checked(
+                        Command::new("btrfs")
+                            .args(["quota", "enable"])
+                            .arg(vol.path()),
+                    )?;
                 }
                 _ => {}
             }
@@ -264,7 +378,10 @@ fn mechanism(n: usize, report: &mut Report) -> Result<()> {
             std::fs::create_dir_all(root.join("subs"))?;
             // Snapshots alive while measuring, as checkpoints are.
             for i in 0..200 {
-                vol.snapshot_readonly(Path::new("layer"), &Path::new("snaps").join(format!("k{i}")))?;
+                vol.snapshot_readonly(
+                    Path::new("layer"),
+                    &Path::new("snaps").join(format!("k{i}")),
+                )?;
             }
             let mut i = 0;
             let snap = sample(&format!("{mode}: snapshot"), 3, n, || {
@@ -272,7 +389,10 @@ fn mechanism(n: usize, report: &mut Report) -> Result<()> {
                 // A write first, as a checkpoint follows a sandbox's writes.
                 std::fs::write(root.join("layer/changing"), i.to_string())?;
                 let t = Instant::now();
-                vol.snapshot_readonly(Path::new("layer"), &Path::new("snaps").join(format!("s{i}")))?;
+                vol.snapshot_readonly(
+                    Path::new("layer"),
+                    &Path::new("snaps").join(format!("s{i}")),
+                )?;
                 Ok(us(t))
             })?;
             let mut j = 0;
@@ -291,7 +411,11 @@ fn mechanism(n: usize, report: &mut Report) -> Result<()> {
                 Ok(us(t))
             })?;
             let mut line = vec![mode.to_string()];
-            for (what, s) in [("snapshot", snap), ("subvolume", sub), ("delete a snapshot and a subvolume", del)] {
+            for (what, s) in [
+                ("snapshot", snap),
+                ("subvolume", sub),
+                ("delete a snapshot and a subvolume", del),
+            ] {
                 let sum = report.row(&format!("volume, {mode}: {what}"), s);
                 line.push(common::fmt_us(sum.p50));
             }
@@ -305,7 +429,12 @@ fn mechanism(n: usize, report: &mut Report) -> Result<()> {
     }
     report.tables.push(Table::new(
         "Disk-limit mechanisms (p50, 200 snapshots alive)",
-        &["quotas", "snapshot", "subvolume", "delete a snapshot and a subvolume"],
+        &[
+            "quotas",
+            "snapshot",
+            "subvolume",
+            "delete a snapshot and a subvolume",
+        ],
         lines,
     ));
     for what in ["snapshot", "subvolume", "delete a snapshot and a subvolume"] {

@@ -19,6 +19,8 @@ const ENOENT: i32 = 2;
 const ESRCH: i32 = 3;
 const EROFS: i32 = 30;
 const ENOSYS: i32 = 38;
+const ENETUNREACH: i32 = 101;
+const ETIMEDOUT: i32 = 110;
 
 /// What each attempt of the probe must end with.
 fn expected() -> BTreeMap<&'static str, Vec<i32>> {
@@ -93,19 +95,27 @@ fn probe() -> PathBuf {
     out
 }
 
-/// Runs the probe in `id` and checks every line against [`expected`].
-fn battery(d: &TestDaemon, id: &str, probe: &std::path::Path, what: &str) {
+/// Runs the probe in `id` and checks every line against [`expected`]; `sibling` is
+/// another sandbox's address and the errno its raw echo must end with.
+fn battery(d: &TestDaemon, id: &str, probe: &std::path::Path, what: &str, sibling: (&str, i32)) {
     let bytes = std::fs::read(probe).unwrap();
     d.put_file(id, "/walls-probe", &bytes);
     let daemon_pid = d.pid().expect("the daemon's pid");
-    let (code, out, err) = d.sh(id, &format!("chmod 755 /walls-probe && /walls-probe {daemon_pid}"));
+    let (code, out, err) = d.sh(
+        id,
+        &format!(
+            "chmod 755 /walls-probe && /walls-probe {daemon_pid} {}",
+            sibling.0
+        ),
+    );
     assert_eq!(code, 0, "{what}: the probe failed: {err}\n{out}");
     let got: BTreeMap<String, i32> = out
         .lines()
         .filter_map(|l| l.split_once(' '))
         .map(|(k, v)| (k.to_string(), v.trim().parse().expect("an errno")))
         .collect();
-    let want = expected();
+    let mut want = expected();
+    want.insert("raw-socket-sibling", vec![sibling.1]);
     let mut wrong = Vec::new();
     for (name, ok) in &want {
         match got.get(*name) {
@@ -119,7 +129,11 @@ fn battery(d: &TestDaemon, id: &str, probe: &std::path::Path, what: &str) {
             wrong.push(format!("{name}: not in the expected table"));
         }
     }
-    assert!(wrong.is_empty(), "{what}:\n{}\nprobe output:\n{out}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{what}:\n{}\nprobe output:\n{out}",
+        wrong.join("\n")
+    );
     // Nothing it tried is left in the sandbox either.
     let (_, ls, _) = d.sh(id, "ls /tmp/walls-sda 2>&1; grep -c walls-m /proc/mounts");
     assert!(ls.contains("No such file"), "{what}: {ls}");
@@ -161,13 +175,40 @@ fn the_escape_battery_fails_in_busybox_and_debian_before_and_after_a_fork() {
     let before = host_state();
     let d = TestDaemon::start("walls-battery");
     d.import(&debian, "debian");
+    // A sibling with egress, to be reached through raw sockets: from a sandbox without a
+    // network there is no route; from one with egress the packets go nowhere.
+    let sibling =
+        d.create(serde_json::json!({ "image": "busybox", "network": { "mode": "egress" } }));
+    let sibling_addr = sibling
+        .network
+        .as_ref()
+        .expect("the sibling's address")
+        .address
+        .clone();
+    let egress = d.create(serde_json::json!({
+        "image": "busybox", "network": { "mode": "egress" },
+        "command": { "argv": ["sleep", "infinity"] }
+    }));
+    battery(
+        &d,
+        &egress.id,
+        &probe,
+        "busybox sandbox with egress",
+        (&sibling_addr, ETIMEDOUT),
+    );
     for image in ["busybox", "debian"] {
         let sb = d.create(serde_json::json!({
             "image": image,
             "command": { "argv": ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done"] }
         }));
         assert_eq!(sb.seccomp, forkd::api::Seccomp::Default, "{image}");
-        battery(&d, &sb.id, &probe, &format!("{image} sandbox"));
+        battery(
+            &d,
+            &sb.id,
+            &probe,
+            &format!("{image} sandbox"),
+            (&sibling_addr, ENETUNREACH),
+        );
         if image == "debian" {
             d.put_file(&sb.id, "/walls-ctypes.py", CTYPES.as_bytes());
             let (code, out, err) = d.sh(&sb.id, "python3 /walls-ctypes.py");
@@ -189,10 +230,18 @@ fn the_escape_battery_fails_in_busybox_and_debian_before_and_after_a_fork() {
         // branch starts.
         let (_, status, _) = d.sh(branch, "grep -h Seccomp: /proc/1/status /proc/self/status");
         assert_eq!(status.matches("Seccomp:\t2").count(), 2, "{status}");
-        battery(&d, branch, &probe, &format!("{image} branch"));
+        battery(
+            &d,
+            branch,
+            &probe,
+            &format!("{image} branch"),
+            (&sibling_addr, ENETUNREACH),
+        );
         let n = d.read_number(branch, "/tmp/n");
         assert!(
-            wait_until(std::time::Duration::from_secs(10), || d.read_number(branch, "/tmp/n") > n),
+            wait_until(std::time::Duration::from_secs(10), || d
+                .read_number(branch, "/tmp/n")
+                > n),
             "the branch's counter stopped"
         );
     }
@@ -222,8 +271,18 @@ fn an_unconfined_sandbox_runs_without_the_filter_and_says_so() {
     let (_, status, _) = d.sh(b, "grep Seccomp: /proc/self/status");
     assert_eq!(status.trim(), "Seccomp:\t0");
     // The CLI's spelling, and a bad one refused by name.
-    let out = d.cli(&["run", "-d", "--security-opt", "seccomp=unconfined", "busybox"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = d.cli(&[
+        "run",
+        "-d",
+        "--security-opt",
+        "seccomp=unconfined",
+        "busybox",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let out = d.cli(&["inspect", &id]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"seccomp\": \"unconfined\""));
@@ -231,9 +290,18 @@ fn an_unconfined_sandbox_runs_without_the_filter_and_says_so() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("seccomp \"off\" is not known"), "{err}");
-    let out = d.cli(&["run", "-d", "--security-opt", "apparmor=unconfined", "busybox"]);
+    let out = d.cli(&[
+        "run",
+        "-d",
+        "--security-opt",
+        "apparmor=unconfined",
+        "busybox",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--security-opt \"apparmor=unconfined\" is not supported"), "{err}");
+    assert!(
+        err.contains("--security-opt \"apparmor=unconfined\" is not supported"),
+        "{err}"
+    );
     // The API refuses an unknown value by name too.
     let r: Result<SandboxInfo, _> = d.client.call(
         "POST",
@@ -241,7 +309,10 @@ fn an_unconfined_sandbox_runs_without_the_filter_and_says_so() {
         Some(&serde_json::json!({ "image": "busybox", "seccomp": "off" })),
     );
     let e = r.unwrap_err().to_string();
-    assert!(e.contains("seccomp") || e.contains("unknown variant"), "{e}");
+    assert!(
+        e.contains("seccomp") || e.contains("unknown variant"),
+        "{e}"
+    );
 }
 
 /// A small filesystem of the test's own, mounted for the daemon's state root; unmounted
@@ -255,11 +326,19 @@ impl SmallDisk {
     fn new(tag: &str, mib: u64) -> SmallDisk {
         let image = PathBuf::from(format!("/tmp/forkd-test-{tag}-{}.disk", std::process::id()));
         let mount = PathBuf::from(format!("/tmp/forkd-test-{tag}-{}.mnt", std::process::id()));
-        std::fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
         let ok = |c: &mut std::process::Command| assert!(c.status().unwrap().success(), "{c:?}");
-        ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
+        ok(std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&image));
         std::fs::create_dir_all(&mount).unwrap();
-        ok(std::process::Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mount));
+        ok(std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mount));
         SmallDisk { image, mount }
     }
 }
@@ -278,7 +357,9 @@ impl Drop for SmallDisk {
 }
 
 fn health(d: &TestDaemon) -> forkd::api::Health {
-    d.client.call("GET", "/v1/health", None).expect("GET /v1/health")
+    d.client
+        .call("GET", "/v1/health", None)
+        .expect("GET /v1/health")
 }
 
 #[test]
@@ -291,7 +372,11 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
     let disk = SmallDisk::new("full-disk", 1200);
     let root = disk.mount.join("root");
     let d = TestDaemon::start_at("full-disk", &[("FORKD_VOLUME_SIZE", "4G")], Some(&root));
-    assert!(d.log().contains("has room for"), "no word of the disk's size at start: {}", d.log());
+    assert!(
+        d.log().contains("has room for"),
+        "no word of the disk's size at start: {}",
+        d.log()
+    );
     let h = health(&d);
     assert!(h.ok, "{:?}", h.degraded);
     assert!(h.volume.size_bytes < h.volume.max_bytes);
@@ -321,14 +406,24 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
         "dd if=/dev/urandom of=/root/big bs=1M count=1500 2>&1; echo rc=$?",
     );
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("No space left on device") && out.contains("rc=1"), "the writer was not told: {out}");
+    assert!(
+        out.contains("No space left on device") && out.contains("rc=1"),
+        "the writer was not told: {out}"
+    );
     // Still full: the health endpoint says so, and a create is refused with the reason.
     let h = health(&d);
-    let pressure = h.volume.pressure.clone().expect("pressure while the disk is full");
+    let pressure = h
+        .volume
+        .pressure
+        .clone()
+        .expect("pressure while the disk is full");
     assert!(pressure.contains("the volume is full"), "{pressure}");
     assert!(!h.ok && h.volume.problems.is_empty(), "{h:?}");
-    let r: Result<SandboxInfo, _> =
-        d.client.call("POST", "/v1/sandboxes", Some(&serde_json::json!({ "image": "busybox" })));
+    let r: Result<SandboxInfo, _> = d.client.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&serde_json::json!({ "image": "busybox" })),
+    );
     let e = r.unwrap_err().to_string();
     assert!(e.contains("create refused: the volume is full"), "{e}");
     // The volume stayed writable: no read-only remount, no device error.
@@ -343,15 +438,23 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
     let (code, _, err) = d.sh(&writer.id, "rm /root/big && sync");
     assert_eq!(code, 0, "{err}");
     assert!(
-        wait_until(std::time::Duration::from_secs(15), || health(&d).volume.pressure.is_none()),
+        wait_until(std::time::Duration::from_secs(15), || health(&d)
+            .volume
+            .pressure
+            .is_none()),
         "the pressure did not clear"
     );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let seen = sampler.join().unwrap();
-    assert!(!seen.is_empty(), "GET /v1/health never reported the pressure while it lasted");
+    assert!(
+        !seen.is_empty(),
+        "GET /v1/health never reported the pressure while it lasted"
+    );
     let n = d.read_number(&counter.id, "/tmp/n");
     assert!(
-        wait_until(std::time::Duration::from_secs(10), || d.read_number(&counter.id, "/tmp/n") > n),
+        wait_until(std::time::Duration::from_secs(10), || d
+            .read_number(&counter.id, "/tmp/n")
+            > n),
         "the other sandbox's counter stopped"
     );
     let fork = d.fork(&before.id, 1, false);
@@ -359,7 +462,9 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
     let n = d.read_number(b, "/tmp/n");
     assert!(n > 0);
     assert!(
-        wait_until(std::time::Duration::from_secs(10), || d.read_number(b, "/tmp/n") > n),
+        wait_until(std::time::Duration::from_secs(10), || d
+            .read_number(b, "/tmp/n")
+            > n),
         "the branch of the checkpoint taken before does not count"
     );
     let again = d.busybox();
@@ -434,7 +539,10 @@ fn disk_limits_charge_each_sandbox_and_branch_its_own_writes() {
     let (code, _, err) = d.sh(&limited.id, "rm -f /root/b && sync");
     assert_eq!(code, 0, "{err}");
     assert!(
-        wait_until(std::time::Duration::from_secs(10), || disk_used(&d, &limited.id) < 48 * MIB),
+        wait_until(std::time::Duration::from_secs(10), || disk_used(
+            &d,
+            &limited.id
+        ) < 48 * MIB),
         "the removed file is still charged: {}",
         disk_used(&d, &limited.id)
     );
@@ -443,7 +551,10 @@ fn disk_limits_charge_each_sandbox_and_branch_its_own_writes() {
     let ck = d.checkpoint(&limited.id, true);
     let fork = d.fork(&ck.id, 2, false);
     for b in &fork.branches {
-        assert!(disk_used(&d, &b.id) < 4 * MIB, "a fresh branch is charged its parent's data");
+        assert!(
+            disk_used(&d, &b.id) < 4 * MIB,
+            "a fresh branch is charged its parent's data"
+        );
         write_mib(&d, &b.id, "/root/own", 50).unwrap();
         let e = write_mib(&d, &b.id, "/root/more", 30).unwrap_err();
         assert!(e.contains("Disk quota exceeded"), "{e}");
@@ -452,7 +563,9 @@ fn disk_limits_charge_each_sandbox_and_branch_its_own_writes() {
         let (code, _, _) = d.sh(&b.id, "test -s /root/a && rm -f /root/more && sync");
         assert_eq!(code, 0);
         let n = d.read_number(&b.id, "/tmp/n");
-        assert!(wait_until(std::time::Duration::from_secs(10), || d.read_number(&b.id, "/tmp/n") > n));
+        assert!(wait_until(std::time::Duration::from_secs(10), || d
+            .read_number(&b.id, "/tmp/n")
+            > n));
     }
     let small: forkd::api::ForkResult = d
         .client
@@ -467,7 +580,11 @@ fn disk_limits_charge_each_sandbox_and_branch_its_own_writes() {
     assert!(e.contains("Disk quota exceeded"), "{e}");
     // The CLI's spelling, and a limit too small refused by name.
     let out = d.cli(&["run", "-d", "--disk", "32m", "busybox"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(write_mib(&d, &id, "/root/x", 40).is_err());
     let r: Result<SandboxInfo, _> = d.client.call(
@@ -481,7 +598,8 @@ fn disk_limits_charge_each_sandbox_and_branch_its_own_writes() {
 
 #[test]
 fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours_running() {
-    let name = "a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours_running";
+    let name =
+        "a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours_running";
     if !can_run_criu(name) {
         return;
     }
@@ -492,10 +610,38 @@ fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours
     let root = disk.mount.join("root");
     let d = TestDaemon::start_at(
         "greedy",
-        &[("FORKD_DEFAULT_MEMORY", "256m"), ("FORKD_DEFAULT_DISK", "256m")],
+        &[
+            ("FORKD_DEFAULT_MEMORY", "256m"),
+            ("FORKD_DEFAULT_DISK", "256m"),
+        ],
         Some(&root),
     );
     let quotas = health(&d).disk_limits.ok;
+    // All sandboxes together are bounded below the machine's memory.
+    let total_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let bound = [
+        "/sys/fs/cgroup/memory/forkd/memory.limit_in_bytes",
+        "/sys/fs/cgroup/forkd/memory.max",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .expect("the forkd cgroup's memory bound");
+    let bound: u64 = bound.trim().parse().expect("a bound, not max");
+    assert!(
+        bound < total_kib << 10,
+        "sandboxes may use {bound} of {} bytes",
+        total_kib << 10
+    );
+    assert!(
+        d.log().contains("all sandboxes together may use"),
+        "{}",
+        d.log()
+    );
     const COUNT: &str = "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done";
     let counters: Vec<SandboxInfo> = (0..20)
         .map(|_| d.create(serde_json::json!({ "image": "busybox", "command": { "shell": COUNT } })))
@@ -503,17 +649,24 @@ fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours
     assert_eq!(counters[0].limits.pids, Some(2048));
     assert_eq!(counters[0].limits.memory_bytes, Some(256 << 20));
     let ck = d.checkpoint(&counters[0].id, true);
-    let before: Vec<u64> = counters.iter().map(|c| d.read_number(&c.id, "/tmp/n")).collect();
+    let before: Vec<u64> = counters
+        .iter()
+        .map(|c| d.read_number(&c.id, "/tmp/n"))
+        .collect();
     // The three at once.
     let bombs = [
         ("memory", "x=0123456789abcdef; while true; do x=$x$x; done"),
         ("fork", "b() { b | b & }; b"),
-        ("disk", "while true; do dd if=/dev/zero of=/root/fill.$$ bs=1M count=4096; sleep 0.2; done"),
+        (
+            "disk",
+            "while true; do dd if=/dev/zero of=/root/fill.$$ bs=1M count=4096; sleep 0.2; done",
+        ),
     ];
     let bomb_ids: Vec<(String, &str)> = bombs
         .iter()
         .map(|(what, line)| {
-            let sb = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": line } }));
+            let sb =
+                d.create(serde_json::json!({ "image": "busybox", "command": { "shell": line } }));
             (sb.id, *what)
         })
         .collect();
@@ -530,11 +683,16 @@ fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours
     // Each bomb met its bound: the memory bomb its limit (killed in its own cgroup),
     // the fork bomb its task limit, the filler its disk limit.
     let info = |id: &str| -> SandboxInfo {
-        d.client.call("GET", &format!("/v1/sandboxes/{id}"), None).unwrap()
+        d.client
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .unwrap()
     };
     let (mem, fork, fill) = (&bomb_ids[0].0, &bomb_ids[1].0, &bomb_ids[2].0);
     let m = info(mem);
-    assert!(m.oom_kills.unwrap_or(0) > 0 || m.memory_bytes.unwrap_or(0) <= 256 << 20, "{m:?}");
+    assert!(
+        m.oom_kills.unwrap_or(0) > 0 || m.memory_bytes.unwrap_or(0) <= 256 << 20,
+        "{m:?}"
+    );
     let f = info(fork);
     assert_eq!(f.limits.pids, Some(2048));
     if quotas {
@@ -542,7 +700,10 @@ fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours
         assert!(used <= 256 << 20, "the filler holds {used} bytes");
     }
     // Every counter went on, the volume is writable, health is good.
-    let after: Vec<u64> = counters.iter().map(|c| d.read_number(&c.id, "/tmp/n")).collect();
+    let after: Vec<u64> = counters
+        .iter()
+        .map(|c| d.read_number(&c.id, "/tmp/n"))
+        .collect();
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         assert!(a > b, "counter {i} stopped: {b} then {a}");
     }
@@ -558,13 +719,18 @@ fn a_memory_bomb_a_fork_bomb_and_a_disk_filler_leave_the_node_and_its_neighbours
     let fork = d.fork(&ck.id, 1, false);
     let b = &fork.branches[0].id;
     let n = d.read_number(b, "/tmp/n");
-    assert!(wait_until(std::time::Duration::from_secs(10), || d.read_number(b, "/tmp/n") > n));
+    assert!(wait_until(std::time::Duration::from_secs(10), || d
+        .read_number(b, "/tmp/n")
+        > n));
     drop(d);
     drop(disk);
 }
 
-/// A tar of `entries` (kind, path, link target, mode, data).
-fn crafted_tar(entries: &[(tar::EntryType, &str, Option<&str>, u32, &[u8])]) -> Vec<u8> {
+/// One entry of a forged archive: kind, path, link target, mode, data.
+type Forged<'a> = (tar::EntryType, &'a str, Option<&'a str>, u32, &'a [u8]);
+
+/// A tar of `entries`.
+fn crafted_tar(entries: &[Forged]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (kind, path, link, mode, data) in entries {
         let mut h = tar::Header::new_gnu();
@@ -585,7 +751,8 @@ fn crafted_tar(entries: &[(tar::EntryType, &str, Option<&str>, u32, &[u8])]) -> 
 
 #[test]
 fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_destination() {
-    let name = "cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_destination";
+    let name =
+        "cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_destination";
     if !can_run(name) {
         return;
     }
@@ -600,19 +767,37 @@ fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_desti
         crafted_tar(&[
             (tar::EntryType::Directory, "x", None, 0o755, b""),
             (tar::EntryType::Symlink, "x/link", Some(t), 0o777, b""),
-            (tar::EntryType::Regular, "x/link/pwned", None, 0o644, b"owned"),
+            (
+                tar::EntryType::Regular,
+                "x/link/pwned",
+                None,
+                0o644,
+                b"owned",
+            ),
         ]),
         // A hard link to a host file, then new contents for it.
         crafted_tar(&[
             (tar::EntryType::Directory, "y", None, 0o755, b""),
-            (tar::EntryType::Link, "y/h", Some("/etc/hostname"), 0o644, b""),
+            (
+                tar::EntryType::Link,
+                "y/h",
+                Some("/etc/hostname"),
+                0o644,
+                b"",
+            ),
             (tar::EntryType::Regular, "y/h", None, 0o644, b"owned"),
         ]),
         // A path that leaves the destination; a device node.
         crafted_tar(&[(tar::EntryType::Regular, "../escaped", None, 0o644, b"")]),
         crafted_tar(&[(tar::EntryType::Char, "null", None, 0o644, b"")]),
         // A setuid program.
-        crafted_tar(&[(tar::EntryType::Regular, "tool", None, 0o4755, b"#!/bin/sh\n")]),
+        crafted_tar(&[(
+            tar::EntryType::Regular,
+            "tool",
+            None,
+            0o4755,
+            b"#!/bin/sh\n",
+        )]),
     ];
     for (i, tar) in tars.iter().enumerate() {
         d.put_file(&sb.id, &format!("/forged{i}.tar"), tar);
@@ -629,19 +814,34 @@ fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_desti
         assert_eq!(code, 0, "{err}");
     };
     let cp_out = |dest: &std::path::Path| {
-        d.cli(&["cp", &format!("{}:/anything", sb.id), dest.to_str().unwrap()])
+        d.cli(&[
+            "cp",
+            &format!("{}:/anything", sb.id),
+            dest.to_str().unwrap(),
+        ])
     };
     forge(0);
     let dest = work.join("out1");
     let out = cp_out(&dest);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("symlink; refusing to write through it"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!target.join("pwned").exists(), "cp wrote through the sandbox's symlink");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("symlink; refusing to write through it"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !target.join("pwned").exists(),
+        "cp wrote through the sandbox's symlink"
+    );
     forge(1);
     let before = std::fs::read("/etc/hostname").ok();
     let out = cp_out(&work.join("out2"));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is a hard link"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is a hard link"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(std::fs::read("/etc/hostname").ok(), before);
     // Paths that leave the destination, and a device node.
     for i in [2, 3] {
@@ -653,18 +853,36 @@ fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_desti
     // A setuid program arrives without its setuid bit.
     forge(4);
     let out = cp_out(&work.join("tool"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(work.join("tool")).unwrap().permissions().mode();
+    let mode = std::fs::metadata(work.join("tool"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o7777, 0o755);
     // Into the sandbox: a host symlink arrives as a symlink, resolved inside the sandbox.
     let other = d.busybox();
     std::os::unix::fs::symlink("/etc/hostname", work.join("hostlink")).unwrap();
-    let out = d.cli(&["cp", work.join("hostlink").to_str().unwrap(), &format!("{}:/root/", other.id)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = d.cli(&[
+        "cp",
+        work.join("hostlink").to_str().unwrap(),
+        &format!("{}:/root/", other.id),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (_, link, _) = d.sh(&other.id, "readlink /root/hostlink; cat /root/hostlink");
     let host_name = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
     assert!(link.starts_with("/etc/hostname\n"), "{link}");
-    assert!(!link.contains(host_name.trim()) || host_name.trim().is_empty(), "the host's file came in: {link}");
+    assert!(
+        !link.contains(host_name.trim()) || host_name.trim().is_empty(),
+        "the host's file came in: {link}"
+    );
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -221,12 +221,7 @@ pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
             (_, true) => Some(false),
             _ => None,
         },
-        disk_bytes: args
-            .disk
-            .as_deref()
-            .map(super::parse_size)
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+        disk_bytes: super::parse_size_opt(args.disk.as_deref())?,
         ..Default::default()
     };
     if !ctx.json {

@@ -210,6 +210,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// [`parse_size`] of an optional flag's value.
+pub fn parse_size_opt(s: Option<&str>) -> anyhow::Result<Option<u64>> {
+    s.map(parse_size).transpose().map_err(anyhow::Error::msg)
+}
+
 /// Parses sizes like `512m`, `2g`, `1048576`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim().to_ascii_lowercase();

@@ -74,20 +74,10 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
         );
     }
     let limits = forkd_cgroups::Limits {
-        memory_bytes: args
-            .memory
-            .as_deref()
-            .map(super::parse_size)
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+        memory_bytes: super::parse_size_opt(args.memory.as_deref())?,
         pids: args.pids_limit,
         cpu_millis: args.cpus.map(|c| (c * 1000.0) as u64),
-        disk_bytes: args
-            .disk
-            .as_deref()
-            .map(super::parse_size)
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+        disk_bytes: super::parse_size_opt(args.disk.as_deref())?,
     };
     let mut labels = serde_json::Map::new();
     for l in &args.labels {

@@ -70,7 +70,9 @@ impl Daemon {
         let mut st = self.volume_watch.state.locked();
         if pressure != st.pressure {
             match &pressure {
-                Some(p) => log::warn(&format!("{p}; creates and forks are refused until space is freed")),
+                Some(p) => log::warn(&format!(
+                    "{p}; creates and forks are refused until space is freed"
+                )),
                 None if st.pressure.is_some() => log::info("volume: space is free again"),
                 None => {}
             }
@@ -156,7 +158,11 @@ impl Daemon {
         if let Some(p) = &volume.pressure {
             degraded.push(format!("volume: {p}"));
         }
-        for (name, c) in [("criu", &criu), ("exit watcher", &exit_watcher), ("network", &network)] {
+        for (name, c) in [
+            ("criu", &criu),
+            ("exit watcher", &exit_watcher),
+            ("network", &network),
+        ] {
             if !c.ok {
                 degraded.push(format!("{name}: {}", c.detail));
             }

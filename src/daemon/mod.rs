@@ -117,6 +117,46 @@ pub struct Daemon {
     favor_dynmods_failed: std::sync::atomic::AtomicBool,
 }
 
+/// Environment variable with the memory all sandboxes together may use (`0`: no bound).
+pub const SANDBOXES_MEMORY_ENV: &str = "FORKD_SANDBOXES_MEMORY";
+
+/// Bounds every sandbox's memory together (the `forkd` cgroup, shared by every daemon
+/// on the host), by default to the machine's memory less a tenth (at least 1 GiB) for
+/// the daemon and the host: a memory bomb without a limit of its own meets the OOM killer
+/// in there, never the host's. A bad setting stops the daemon; a kernel that refuses
+/// the bound is said once.
+fn bound_sandboxes_memory(hierarchy: &forkd_cgroups::Hierarchy) -> anyhow::Result<()> {
+    let bytes = match std::env::var(SANDBOXES_MEMORY_ENV) {
+        Ok(v) if v.trim() == "0" => return Ok(()),
+        Ok(v) => crate::cli::parse_size(&v)
+            .map_err(|e| anyhow::anyhow!("{SANDBOXES_MEMORY_ENV}={v:?}: {e}"))?,
+        Err(_) => {
+            let total = std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| {
+                    m.lines()
+                        .find_map(|l| l.strip_prefix("MemTotal:"))
+                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                })
+                .map(|kib| kib << 10)
+                .unwrap_or(0);
+            if total == 0 {
+                return Ok(());
+            }
+            total - (total / 10).max(1 << 30).min(total / 2)
+        }
+    };
+    match forkd_cgroups::bound_memory(hierarchy, "forkd", bytes) {
+        Ok(path) => log::info(&format!(
+            "cgroup: all sandboxes together may use {} MiB of memory ({}; {SANDBOXES_MEMORY_ENV})",
+            bytes >> 20,
+            path.display()
+        )),
+        Err(e) => log::warn(&format!("cgroup: sandboxes' memory left unbounded: {e}")),
+    }
+    Ok(())
+}
+
 /// Says in plain words, at start, how far the volume can really grow: the most it may
 /// grow to against what the disk under it can give.
 fn check_volume_size(volume: &forkd_volume::Volume) {
@@ -431,6 +471,7 @@ impl Daemon {
                 .collect::<String>()
         };
         let mut cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, cgroup_pool()?);
+        bound_sandboxes_memory(&hierarchy)?;
         if let Some(asked) = share_memory_cgroups()? {
             cgroups = cgroups.sharing_memory();
             match cgroups.shared_memory_for(&forkd_cgroups::Limits::default()) {

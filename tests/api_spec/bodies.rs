@@ -266,7 +266,10 @@ fn response_types_serialise_to_their_schemas() {
             },
         );
     }
-    for pressure in [None, Some("the volume is full: 0 MiB free of 1012 MiB".to_string())] {
+    for pressure in [
+        None,
+        Some("the volume is full: 0 MiB free of 1012 MiB".to_string()),
+    ] {
         let ok = pressure.is_none();
         check_serialised(
             &doc,

@@ -129,7 +129,9 @@ fn every_error_response_is_an_api_error_with_its_kinds_status() {
         .collect();
     assert_eq!(
         statuses,
-        ["400", "403", "404", "409", "500", "503"].map(String::from).into()
+        ["400", "403", "404", "409", "500", "503"]
+            .map(String::from)
+            .into()
     );
     for ((method, path, id), op) in operations(&doc) {
         let responses = op["responses"].as_object().unwrap();

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/ip_icmp.h>
+#include <poll.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
 #include <sys/socket.h>
@@ -45,6 +48,40 @@ static long int80_getpid(void) {
     __asm__ volatile("int $0x80" : "=a"(ret) : "a"(20L) : "memory");
     if (ret < 0 && ret > -4096) { errno = (int)-ret; return -1; }
     return ret;
+}
+
+/* An ICMP echo to `addr` from a raw socket: 0 if an answer came back (a way to another
+ * sandbox), ETIMEDOUT if none did within a second, else sendto's errno. */
+static long raw_echo(const char *addr) {
+    struct sockaddr_in to = {.sin_family = AF_INET};
+    if (inet_pton(AF_INET, addr, &to.sin_addr) != 1) { errno = EINVAL; return -1; }
+    int s = socket(AF_INET, SOCK_RAW, IPPROTO_ICMP);
+    if (s < 0) return -1;
+    unsigned char pkt[16] = {ICMP_ECHO, 0, 0, 0, 0x12, 0x34, 0, 1};
+    unsigned sum = 0;
+    for (int i = 0; i < 16; i += 2) sum += (pkt[i] << 8) | pkt[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    sum = ~sum & 0xffff;
+    pkt[2] = sum >> 8; pkt[3] = sum & 0xff;
+    if (sendto(s, pkt, sizeof pkt, 0, (struct sockaddr *)&to, sizeof to) < 0) {
+        int e = errno; close(s); errno = e; return -1;
+    }
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    for (int waited = 0; waited < 10; waited++) {
+        if (poll(&p, 1, 100) > 0) {
+            unsigned char buf[256];
+            struct sockaddr_in from;
+            socklen_t len = sizeof from;
+            long n = recvfrom(s, buf, sizeof buf, 0, (struct sockaddr *)&from, &len);
+            int hl = n > 0 ? (buf[0] & 0xf) * 4 : 0;
+            if (n > hl && from.sin_addr.s_addr == to.sin_addr.s_addr && buf[hl] == ICMP_ECHOREPLY) {
+                close(s); return 0;
+            }
+        }
+    }
+    close(s);
+    errno = ETIMEDOUT;
+    return -1;
 }
 
 int main(int argc, char **argv) {
@@ -125,6 +162,8 @@ int main(int argc, char **argv) {
     /* PID 1's parent is outside the namespace: the sandbox sees it as pid 0. */
     TRY("ptrace-init-parent", ptrace(PTRACE_ATTACH, (pid_t)0, 0, 0));
     TRY("kill-host-pid", kill((pid_t)host_pid, 0));
+    /* Another sandbox's address, through a raw socket (CAP_NET_RAW is kept). */
+    if (argc > 2) TRY("raw-socket-sibling", raw_echo(argv[2]));
 
     /* What programs need goes on. */
     TRY("unshare-files", unshare(CLONE_FILES | CLONE_FS));

@@ -57,6 +57,8 @@ struct HarborEnvironment {
     allowed_hosts: Option<Vec<String>>,
     /// The older spelling: false is `no-network`, true `public`.
     allow_internet: Option<bool>,
+    /// What the environment may write, MiB: forkd's `[environment] disk_mb`.
+    storage_mb: Option<u64>,
 }
 
 impl HarborEnvironment {
@@ -223,6 +225,9 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
             if env.network.is_none() {
                 env.network = Some(network);
             }
+            if env.disk_mb.is_none() {
+                env.disk_mb = h.environment.storage_mb.filter(|&mb| mb > 0);
+            }
             // A start-up script's services are part of the state: keep them live.
             if declares_entrypoint(&dockerfile) {
                 env.live = true;
@@ -267,7 +272,7 @@ mod tests {
         .unwrap();
         let text = "schema_version = \"1.4\"\n[metadata]\nx = 1\n[agent]\ntimeout_sec = 120.5\n\
                     [verifier]\ntimeout_sec = 30\n[environment]\ndocker_image = \"debian\"\n\
-                    workdir = \"/srv\"\nallow_internet = false\ncpus = 1\n";
+                    workdir = \"/srv\"\nallow_internet = false\ncpus = 1\nstorage_mb = 2048\n";
         assert!(is_harbor(text, &dir));
         assert!(!is_harbor("[task]\nimage = \"x\"\n", &dir));
         let t = to_task_toml(text, &dir).unwrap();
@@ -280,6 +285,8 @@ mod tests {
             ("debian", "/srv", "terminal")
         );
         assert_eq!((t.agent.timeout_secs, t.verifier.timeout_secs), (121, 30));
+        // storage_mb is every trial's disk limit.
+        assert_eq!(t.environment.disk_mb, Some(2048));
         assert_eq!(t.verifier.reward_path.as_deref(), Some(REWARD_PATH));
         std::fs::write(
             dir.join("forkd.toml"),

@@ -390,7 +390,7 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
     let sb = s.create(
         &task.config.task.image,
         &[("forkd.eval.task", &task.name)],
-        env.network.as_deref(),
+        env,
     )?;
     let built = (|| -> anyhow::Result<String> {
         // A build context went into the image; other environment files are copied in.

@@ -37,6 +37,8 @@ impl Ran {
 pub struct Session {
     pub client: Client,
     pub socket: std::path::PathBuf,
+    /// Whether the daemon holds disk limits, once asked.
+    disk_limits: std::sync::OnceLock<bool>,
 }
 
 impl Session {
@@ -44,16 +46,19 @@ impl Session {
         Session {
             client: Client::new(socket),
             socket: socket.to_path_buf(),
+            disk_limits: std::sync::OnceLock::new(),
         }
     }
 
-    /// Creates a sandbox of `image` with `network` (the task file's form; `None`: none).
+    /// Creates a sandbox of `image` with `network` (the task file's form; `None`: none),
+    /// the task's system-call filter and disk limit.
     pub fn create(
         &self,
         image: &str,
         labels: &[(&str, &str)],
-        network: Option<&str>,
+        env: &crate::task::EnvSection,
     ) -> InfraResult<String> {
+        let network = env.network.as_deref();
         let labels: serde_json::Map<String, serde_json::Value> = labels
             .iter()
             .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
@@ -62,12 +67,38 @@ impl Session {
         let network: forkd_api::Network = network
             .map(|n| n.parse().unwrap_or_default())
             .unwrap_or_default();
-        let body = serde_json::json!({ "image": image, "labels": labels, "network": network });
+        let mut body = serde_json::json!({ "image": image, "labels": labels, "network": network });
+        if let Some(s) = &env.seccomp {
+            body["seccomp"] = s.as_str().into();
+        }
+        if let Some(mb) = env.disk_mb {
+            if self.disk_limits()? {
+                body["limits"] = serde_json::json!({ "disk_bytes": mb << 20 });
+            }
+        }
         let sb: SandboxInfo = self
             .client
             .call("POST", "/v1/sandboxes", Some(&body))
             .map_err(infra("create sandbox"))?;
         Ok(sb.id)
+    }
+
+    /// Whether the daemon holds disk limits; said once on stderr where it does not.
+    fn disk_limits(&self) -> InfraResult<bool> {
+        if let Some(ok) = self.disk_limits.get() {
+            return Ok(*ok);
+        }
+        let h: forkd_api::Health = self
+            .client
+            .call("GET", "/v1/health", None)
+            .map_err(infra("ask the daemon's health"))?;
+        if !h.disk_limits.ok {
+            eprintln!(
+                "forkd eval: tasks' disk_mb is not enforced: {}",
+                h.disk_limits.detail
+            );
+        }
+        Ok(*self.disk_limits.get_or_init(|| h.disk_limits.ok))
     }
 
     pub fn exec(&self, id: &str, req: &ExecRequest, stdin: Option<&[u8]>) -> InfraResult<Ran> {

@@ -98,6 +98,15 @@ pub struct EnvSection {
     /// `allowlist=HOST,...` (docs/NETWORK.md). Every state and trial of the task has it.
     #[serde(default)]
     pub network: Option<String>,
+    /// `unconfined` for a task whose software needs what the system-call filter refuses
+    /// (docs/DESIGN.md); `default` otherwise.
+    #[serde(default)]
+    pub seccomp: Option<String>,
+    /// What each of the task's sandboxes may write, in MiB (Harbor's `storage_mb`): each
+    /// trial is charged only its own writes. Not enforced, with a warning, where the
+    /// daemon cannot hold disk limits.
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
 }
 
 fn default_ready_timeout() -> u64 {
@@ -276,6 +285,17 @@ impl Task {
                 toml_path.display()
             );
         }
+        if let Some(s) = &config.environment.seccomp {
+            s.parse::<forkd_api::Seccomp>().map_err(|e| {
+                anyhow::anyhow!("{}: [environment] seccomp: {e}", toml_path.display())
+            })?;
+        }
+        if config.environment.disk_mb == Some(0) {
+            anyhow::bail!(
+                "{}: [environment] disk_mb must be at least 1",
+                toml_path.display()
+            );
+        }
         if let Some(n) = &config.environment.network {
             n.parse::<forkd_net::Network>().map_err(|e| {
                 anyhow::anyhow!("{}: [environment] network: {e}", toml_path.display())
@@ -408,4 +428,45 @@ pub fn load_suite(dir: &Path) -> anyhow::Result<Vec<Task>> {
     );
     tasks.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task_dir(tag: &str, environment: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("forkd-task-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for sub in ["tests", "solution"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        std::fs::write(dir.join("instruction.md"), "Do it.\n").unwrap();
+        std::fs::write(
+            dir.join("task.toml"),
+            format!(
+                "[task]\nkind = \"swe\"\nimage = \"busybox\"\nworkdir = \"/w\"\n\
+                 [environment]\n{environment}\n\
+                 [verifier]\ncommand = \"true\"\ntests_dir = \"/w/.t\"\n"
+            ),
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_filter_and_the_disk_limit_are_task_settings_checked_by_name() {
+        let dir = task_dir("walls-ok", "seccomp = \"unconfined\"\ndisk_mb = 512");
+        let t = Task::load(&dir).unwrap();
+        assert_eq!(t.config.environment.seccomp.as_deref(), Some("unconfined"));
+        assert_eq!(t.config.environment.disk_mb, Some(512));
+        let dir = task_dir("walls-bad", "seccomp = \"off\"");
+        let e = Task::load(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("[environment] seccomp") && e.contains("\"off\""),
+            "{e}"
+        );
+        let dir = task_dir("walls-zero", "disk_mb = 0");
+        let e = Task::load(&dir).unwrap_err().to_string();
+        assert!(e.contains("disk_mb must be at least 1"), "{e}");
+    }
 }

@@ -15,7 +15,9 @@ Keyword arguments (`--ek key=value`):
   rescue state, live processes included): the inherited-start conditions in Harbor;
 - `image`: the forkd image to use (default: the task's `docker_image`, pulled from its
   registry if forkd lacks it, else the image built from `environment/Dockerfile`);
-- `live` (default true): checkpoint the golden sandbox with its processes.
+- `live` (default true): checkpoint the golden sandbox with its processes;
+- `seccomp`: `unconfined` runs the golden sandbox and its trials without forkd's
+  system-call filter (for software that needs what it refuses).
 
 The image: `--ek image=NAME`, else the task's `[environment] docker_image` (forkd's image
 of that name, or pulled from its registry as Harbor's own backends pull it), else
@@ -87,9 +89,13 @@ class ForkdEnvironment(BaseEnvironment):
         checkpoint: str | None = None,
         image: str | None = None,
         live: bool | str = True,
+        seccomp: str | None = None,
         *args: Any,
         **kwargs: Any,
     ) -> None:
+        if seccomp not in (None, "default", "unconfined"):
+            raise ValueError(f"seccomp={seccomp!r}: forkd knows default and unconfined")
+        self._seccomp = seccomp
         self._socket = socket
         self._start_checkpoint = checkpoint
         self._image_override = image
@@ -196,6 +202,7 @@ class ForkdEnvironment(BaseEnvironment):
             "cpus": self._effective_cpus,
             "memory_mb": self._effective_memory_mb,
             "storage_mb": self._effective_storage_mb,
+            "seccomp": self._seccomp,
             "live": self._live,
             "network": self._forkd_network(self._network_policy),
             "environment_dir": sorted(
@@ -249,6 +256,7 @@ class ForkdEnvironment(BaseEnvironment):
                 labels={KEY_LABEL: key, "forkd.harbor": "golden"},
                 network=self._forkd_network(self._network_policy),
                 disk_bytes=await self._disk_bytes(),
+                seccomp=self._seccomp,
                 **self._limits(),
             )
             self.sandbox_id = sb.id

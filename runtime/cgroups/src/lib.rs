@@ -228,6 +228,32 @@ pub fn favor_dynamic_changes() -> Result<Option<(PathBuf, bool)>, CgroupError> {
     Ok(Some((point, true)))
 }
 
+/// Bounds the memory of the cgroup `name` (the parent of every sandbox's, such as
+/// `forkd`), made if missing: all sandboxes together, whatever their own limits, so that
+/// a hog meets the OOM killer inside it rather than the host's. On cgroup v1 the bound
+/// holds only where the memory hierarchy is hierarchical (`memory.use_hierarchy`, always
+/// so since Linux 6.x); the error says when it is not.
+pub fn bound_memory(hierarchy: &Hierarchy, name: &str, bytes: u64) -> Result<PathBuf, CgroupError> {
+    let (dir, file) = match hierarchy {
+        Hierarchy::V1 { root, .. } => (root.join("memory").join(name), "memory.limit_in_bytes"),
+        Hierarchy::V2 { root, .. } => (root.join(name), "memory.max"),
+    };
+    fs::create_dir_all(&dir).map_err(io_err(&dir, "create"))?;
+    if let Hierarchy::V1 { .. } = hierarchy {
+        let h = dir.join("memory.use_hierarchy");
+        if fs::read_to_string(&h).is_ok_and(|v| v.trim() == "0") {
+            return Err(CgroupError::Io {
+                path: h.clone(),
+                step: "bound memory",
+                source: io::Error::other("the memory hierarchy is flat here: a parent's limit does not hold its children"),
+            });
+        }
+    }
+    let path = dir.join(file);
+    write(&path, &bytes.to_string(), "bound memory")?;
+    Ok(path)
+}
+
 /// One sandbox's cgroup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cgroup {

@@ -279,7 +279,11 @@ mod tests {
             let mut b = tar::Builder::new(Vec::new());
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(kind);
-            h.set_size(if kind == tar::EntryType::Regular { 1 } else { 0 });
+            h.set_size(if kind == tar::EntryType::Regular {
+                1
+            } else {
+                0
+            });
             h.set_mode(mode);
             if let Some(l) = link {
                 h.set_link_name(l).unwrap();
@@ -289,7 +293,11 @@ mod tests {
                 h.set_device_minor(3).unwrap();
             }
             h.set_cksum();
-            let data: &[u8] = if kind == tar::EntryType::Regular { b"x" } else { b"" };
+            let data: &[u8] = if kind == tar::EntryType::Regular {
+                b"x"
+            } else {
+                b""
+            };
             b.append_data(&mut h, name, data).unwrap();
             b.into_inner().unwrap()
         };
@@ -299,11 +307,17 @@ mod tests {
         let dev = one(tar::EntryType::Char, "null", None, 0o666);
         let err = unpack(&base.join("dest"), &dev[..], Side::Host).unwrap_err();
         assert!(err.to_string().contains("null is a device node"), "{err}");
-        assert!(std::fs::read_dir(base.join("dest")).unwrap().next().is_none());
+        assert!(std::fs::read_dir(base.join("dest"))
+            .unwrap()
+            .next()
+            .is_none());
         use std::os::unix::fs::PermissionsExt;
         let suid = one(tar::EntryType::Regular, "tool", None, 0o4755);
         unpack(&base.join("dest"), &suid[..], Side::Host).unwrap();
-        let mode = std::fs::metadata(base.join("dest/tool")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(base.join("dest/tool"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o7777, 0o755);
         std::fs::remove_dir_all(&base).unwrap();
     }

@@ -106,6 +106,7 @@ pub const LAST_KNOWN: i64 = SYS_OPEN_TREE_ATTR;
 const NEWER: i64 = 64;
 
 /// Allowed whatever their arguments.
+#[rustfmt::skip]
 pub const ALLOWED: &[i64] = {
     use libc::*;
     &[
@@ -175,6 +176,7 @@ pub const ALLOWED: &[i64] = {
 
 /// Numbers the kernel no longer (or never did) implement on x86-64: let through, the
 /// kernel answers `ENOSYS`.
+#[rustfmt::skip]
 pub const UNIMPLEMENTED: &[i64] = {
     use libc::*;
     &[
@@ -295,9 +297,18 @@ fn refusals() -> Result<BpfProgram, String> {
     // AF_VSOCK: the host's hypervisor sockets.
     rules.insert(
         libc::SYS_socket,
-        vec![rule(vec![cond(0, Len::Dword, Op::Eq, libc::AF_VSOCK as u64)])],
+        vec![rule(vec![cond(
+            0,
+            Len::Dword,
+            Op::Eq,
+            libc::AF_VSOCK as u64,
+        )])],
     );
-    program(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))
+    program(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+    )
 }
 
 /// The `ENOSYS` program (the second one installed).
@@ -307,7 +318,11 @@ fn not_implemented() -> Result<BpfProgram, String> {
     for nr in LAST_KNOWN + 1..=LAST_KNOWN + NEWER {
         rules.insert(nr, Vec::new());
     }
-    program(rules, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32))
+    program(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+    )
 }
 
 fn program(
@@ -363,7 +378,13 @@ mod tests {
 
     #[test]
     fn every_system_call_up_to_the_last_known_is_classified_once() {
-        let special = [libc::SYS_clone, libc::SYS_clone3, libc::SYS_unshare, libc::SYS_personality, libc::SYS_socket];
+        let special = [
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_unshare,
+            libc::SYS_personality,
+            libc::SYS_socket,
+        ];
         for nr in every_number() {
             let places = [
                 ALLOWED.contains(&nr),
@@ -388,7 +409,12 @@ mod tests {
         }
         for nr in ALLOWED {
             assert!(*nr <= LAST_KNOWN, "{nr} is past LAST_KNOWN");
-            for special in [libc::SYS_clone, libc::SYS_clone3, libc::SYS_unshare, libc::SYS_socket] {
+            for special in [
+                libc::SYS_clone,
+                libc::SYS_clone3,
+                libc::SYS_unshare,
+                libc::SYS_socket,
+            ] {
                 assert_ne!(*nr, special, "{nr} has rules of its own");
             }
         }
@@ -403,7 +429,10 @@ mod tests {
         let progs = default_programs().unwrap();
         assert_eq!(progs.len(), 2);
         for p in &progs {
-            assert!(p.len() < 4096, "a BPF program holds at most 4096 instructions");
+            assert!(
+                p.len() < 4096,
+                "a BPF program holds at most 4096 instructions"
+            );
             assert!(p.iter().all(|i| i.k != libc::SECCOMP_RET_KILL_PROCESS
                 || i.code != (libc::BPF_RET | libc::BPF_K) as u16));
         }

@@ -69,11 +69,8 @@ const IOC_SNAP_CREATE_V2: libc::c_ulong = ioc(IOC_WRITE, 23, std::mem::size_of::
 const IOC_SUBVOL_GETFLAGS: libc::c_ulong = ioc(IOC_READ, 25, std::mem::size_of::<u64>());
 const IOC_SUBVOL_SETFLAGS: libc::c_ulong = ioc(IOC_WRITE, 26, std::mem::size_of::<u64>());
 const IOC_RESIZE: libc::c_ulong = ioc(IOC_WRITE, 3, std::mem::size_of::<VolArgs>());
-const IOC_DEV_INFO: libc::c_ulong = ioc(
-    IOC_WRITE | IOC_READ,
-    30,
-    std::mem::size_of::<DevInfoArgs>(),
-);
+const IOC_DEV_INFO: libc::c_ulong =
+    ioc(IOC_WRITE | IOC_READ, 30, std::mem::size_of::<DevInfoArgs>());
 
 /// `struct btrfs_ioctl_dev_info_args` (`fsid` of newer headers is in `unused`).
 #[repr(C)]

@@ -41,12 +41,20 @@ pub enum VolumeError {
         "the volume image {} is not allocated under its filesystem ({} MiB missing, {} MiB free on the disk): a full disk would make the volume read-only; free space on that disk or set FORKD_VOLUME_SIZE lower for a new volume",
         image.display(), missing >> 20, free >> 20
     )]
-    Unbacked { image: PathBuf, missing: u64, free: u64 },
+    Unbacked {
+        image: PathBuf,
+        missing: u64,
+        free: u64,
+    },
     #[error(
         "the disk under {} can give the volume {} MiB (its free space less FORKD_HOST_RESERVE); a new volume needs {} MiB",
         dir.display(), budget >> 20, need >> 20
     )]
-    NoRoom { dir: PathBuf, budget: u64, need: u64 },
+    NoRoom {
+        dir: PathBuf,
+        budget: u64,
+        need: u64,
+    },
     #[error("{} is a {fstype} mount, not btrfs", path.display())]
     NotBtrfs { path: PathBuf, fstype: String },
     #[error("{} is not in the volume at {}", path.display(), volume.display())]

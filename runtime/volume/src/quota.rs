@@ -50,7 +50,8 @@ impl Volume {
                 self.root.display()
             ));
         }
-        let dir = File::open(&self.root).map_err(|e| format!("open {}: {e}", self.root.display()))?;
+        let dir =
+            File::open(&self.root).map_err(|e| format!("open {}: {e}", self.root.display()))?;
         forkd_sys::btrfs::enable_simple_quotas(dir.as_fd()).map_err(|e| {
             format!(
                 "disk limits are unavailable: enabling btrfs simple quotas on {} failed: {e}",
@@ -71,7 +72,9 @@ impl Volume {
         let dir = File::open(path).ok()?;
         let id = forkd_sys::btrfs::subvolume_id(dir.as_fd()).ok()?;
         let q = self.sysfs_dir()?.join("qgroups").join(format!("0_{id}"));
-        let read = |name: &str| -> Option<u64> { fs::read_to_string(q.join(name)).ok()?.trim().parse().ok() };
+        let read = |name: &str| -> Option<u64> {
+            fs::read_to_string(q.join(name)).ok()?.trim().parse().ok()
+        };
         let used_bytes = read("exclusive")?;
         let limit_bytes = read("max_exclusive").filter(|&l| l != 0 && l != u64::MAX);
         Some(DiskUse {

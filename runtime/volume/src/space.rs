@@ -144,21 +144,21 @@ fn host_reserve(host_bytes: u64) -> Result<u64, VolumeError> {
 /// reserve.
 pub(crate) fn host_budget(dir: &Path) -> Result<u64, VolumeError> {
     let v = statvfs(dir)?;
-    let frsize = v.fragment_size() as u64;
-    let reserve = host_reserve(v.blocks() as u64 * frsize)?;
-    Ok((v.blocks_available() as u64 * frsize).saturating_sub(reserve))
+    let frsize = v.fragment_size();
+    let reserve = host_reserve(v.blocks() * frsize)?;
+    Ok((v.blocks_available() * frsize).saturating_sub(reserve))
 }
 
 impl Volume {
     /// Where the volume stands now.
     pub fn space(&self) -> Result<Space, VolumeError> {
         let vfs = statvfs(&self.root)?;
-        let frsize = vfs.fragment_size() as u64;
-        let fs_free = vfs.blocks_available() as u64 * frsize;
+        let frsize = vfs.fragment_size();
+        let fs_free = vfs.blocks_available() * frsize;
         let dir = File::open(&self.root).map_err(VolumeError::io("open", &self.root))?;
         let fs_bytes = match forkd_sys::btrfs::device_size(dir.as_fd(), 1) {
             Ok(d) => d.total_bytes,
-            Err(_) => vfs.blocks() as u64 * frsize,
+            Err(_) => vfs.blocks() * frsize,
         };
         let Some(image) = &self.loop_image else {
             return Ok(Space {
@@ -174,15 +174,15 @@ impl Volume {
         let meta = std::fs::metadata(image).map_err(VolumeError::io("stat", image))?;
         let host_dir = image.parent().unwrap_or(Path::new("/"));
         let host = statvfs(host_dir)?;
-        let host_frsize = host.fragment_size() as u64;
-        let host_bytes = host.blocks() as u64 * host_frsize;
+        let host_frsize = host.fragment_size();
+        let host_bytes = host.blocks() * host_frsize;
         Ok(Space {
             fs_bytes,
             fs_free,
             max_bytes: meta.len(),
             backed_bytes: meta.blocks() * 512,
             host_bytes,
-            host_free: host.blocks_available() as u64 * host_frsize,
+            host_free: host.blocks_available() * host_frsize,
             host_reserve: host_reserve(host_bytes)?,
         })
     }
@@ -224,7 +224,9 @@ impl Volume {
             from as i64,
             (to - from) as i64,
         )
-        .map_err(|e| VolumeError::io("allocate", image)(std::io::Error::from_raw_os_error(e as i32)))
+        .map_err(|e| {
+            VolumeError::io("allocate", image)(std::io::Error::from_raw_os_error(e as i32))
+        })
     }
 
     /// Makes sure every byte the filesystem may use is allocated in its image (a volume
@@ -320,12 +322,18 @@ mod tests {
         // Plenty free: nothing to do.
         assert_eq!(space(2 * G, G, 256 * G, 50 * G).next_size(), None);
         // Filling: grows by half, at least 1 GiB.
-        assert_eq!(space(2 * G, 100 << 20, 256 * G, 50 * G).next_size(), Some(3 * G));
+        assert_eq!(
+            space(2 * G, 100 << 20, 256 * G, 50 * G).next_size(),
+            Some(3 * G)
+        );
         assert_eq!(space(8 * G, G, 256 * G, 50 * G).next_size(), Some(12 * G));
         // Never past the image.
         assert_eq!(space(8 * G, G, 10 * G, 50 * G).next_size(), Some(10 * G));
         // Never into the host's reserve.
-        assert_eq!(space(8 * G, G, 256 * G, G + G / 2).next_size(), Some(8 * G + G / 2));
+        assert_eq!(
+            space(8 * G, G, 256 * G, G + G / 2).next_size(),
+            Some(8 * G + G / 2)
+        );
         assert_eq!(space(8 * G, G, 256 * G, G).next_size(), None);
     }
 
@@ -333,7 +341,10 @@ mod tests {
     fn pressure_is_said_when_full_and_unable_to_grow() {
         assert_eq!(space(2 * G, 10 << 20, 256 * G, 50 * G).pressure(), None);
         let p = space(2 * G, 10 << 20, 256 * G, G).pressure().unwrap();
-        assert!(p.contains("10 MiB free of 2048 MiB") && p.contains("kept for the host"), "{p}");
+        assert!(
+            p.contains("10 MiB free of 2048 MiB") && p.contains("kept for the host"),
+            "{p}"
+        );
         let p = space(2 * G, 10 << 20, 2 * G, 50 * G).pressure().unwrap();
         assert!(p.contains("at its most"), "{p}");
         assert_eq!(space(2 * G, G, 2 * G, G).pressure(), None);

@@ -386,7 +386,11 @@ pub(super) fn check_volume() -> Check {
     const NAME: &str = "volume";
     let root = crate::api::defaults::root();
     let mounted = root.join("vol");
-    let path = if forkd_volume::mountinfo::mount_at(&mounted).ok().flatten().is_some() {
+    let path = if forkd_volume::mountinfo::mount_at(&mounted)
+        .ok()
+        .flatten()
+        .is_some()
+    {
         mounted
     } else if forkd_sys::btrfs::is_btrfs(&root).unwrap_or(false) {
         root.clone()
@@ -394,7 +398,10 @@ pub(super) fn check_volume() -> Check {
         return Check::ok(
             NAME,
             false,
-            format!("no volume at {} yet (the daemon makes it at its first start)", root.display()),
+            format!(
+                "no volume at {} yet (the daemon makes it at its first start)",
+                root.display()
+            ),
         );
     };
     let vfs = match nix::sys::statvfs::statvfs(&path) {
@@ -412,17 +419,21 @@ pub(super) fn check_volume() -> Check {
         );
     }
     if let Some(errors) = forkd_volume::device_errors(&path).filter(|e| !e.is_empty()) {
-        return Check::not_ok(NAME, true, format!("{}: device errors: {errors}", path.display()));
+        return Check::not_ok(
+            NAME,
+            true,
+            format!("{}: device errors: {errors}", path.display()),
+        );
     }
-    let frsize = vfs.fragment_size() as u64;
+    let frsize = vfs.fragment_size();
     Check::ok(
         NAME,
         true,
         format!(
             "{}: writable, {} MiB free of {} MiB",
             path.display(),
-            (vfs.blocks_available() as u64 * frsize) >> 20,
-            (vfs.blocks() as u64 * frsize) >> 20
+            (vfs.blocks_available() * frsize) >> 20,
+            (vfs.blocks() * frsize) >> 20
         ),
     )
 }

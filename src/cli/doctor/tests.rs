@@ -115,6 +115,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "overlayfs",
             "cgroups",
             "btrfs",
+            "volume",
             "pidfd",
             "userfaultfd",
             "criu",
@@ -129,6 +130,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "favordynmods",
             "bdi-max-bytes",
             "memory-merge",
+            "simple-quotas",
             "lowerdir+",
         ]
     );
