@@ -406,8 +406,12 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
         "dd if=/dev/urandom of=/root/big bs=1M count=1500 2>&1; echo rc=$?",
     );
     assert_eq!(code, 0, "{err}");
+    // The writer is told: by btrfs when the volume filled, or (where the volume has
+    // quotas) by the disk limit the daemon gave it, the largest writer, once the volume
+    // was down to its reserve.
     assert!(
-        out.contains("No space left on device") && out.contains("rc=1"),
+        (out.contains("No space left on device") || out.contains("Disk quota exceeded"))
+            && out.contains("rc=1"),
         "the writer was not told: {out}"
     );
     // Still full: the health endpoint says so, and a create is refused with the reason.
@@ -417,7 +421,10 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
         .pressure
         .clone()
         .expect("pressure while the disk is full");
-    assert!(pressure.contains("the volume is full"), "{pressure}");
+    assert!(
+        pressure.contains("the volume is") && pressure.contains("cannot grow"),
+        "{pressure}"
+    );
     assert!(!h.ok && h.volume.problems.is_empty(), "{h:?}");
     let r: Result<SandboxInfo, _> = d.client.call(
         "POST",
@@ -425,7 +432,28 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
         Some(&serde_json::json!({ "image": "busybox" })),
     );
     let e = r.unwrap_err().to_string();
-    assert!(e.contains("create refused: the volume is full"), "{e}");
+    assert!(e.contains("create refused: the volume is"), "{e}");
+    if h.disk_limits.ok {
+        // The writer was the one stopped, and the other sandbox's counter goes on while
+        // the writer's file is still there.
+        assert!(
+            pressure.contains(&format!("sandbox {}, its largest writer", writer.id)),
+            "{pressure}"
+        );
+        let n = d.read_number(&counter.id, "/tmp/n");
+        assert!(
+            wait_until(std::time::Duration::from_secs(10), || d
+                .read_number(&counter.id, "/tmp/n")
+                > n),
+            "the other sandbox's counter stopped while the volume was full"
+        );
+        // And the stopped writer cannot take the reserve.
+        let (_, out, _) = d.sh(
+            &writer.id,
+            "dd if=/dev/zero of=/root/more bs=1M count=64 2>&1",
+        );
+        assert!(out.contains("Disk quota exceeded"), "{out}");
+    }
     // The volume stayed writable: no read-only remount, no device error.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let vol = root.join("vol");

@@ -1,9 +1,16 @@
 //! The node's health: the volume's space and state, CRIU, the exit watcher and the
 //! network table (`GET /v1/health`, `forkd doctor`), and the volume's watcher, which
-//! grows a loop volume before it fills (`forkd_volume::Volume::keep_ahead`) and keeps
-//! what it found for the requests that make sandboxes: while the volume is full or
-//! unusable, creates, forks and builds are refused with that reason (503) rather than
-//! failing one by one half-way.
+//! grows a loop volume before it fills (`forkd_volume::Volume::keep_ahead`), stops the
+//! largest writer when it can grow no more, and keeps what it found for the requests
+//! that make sandboxes: while the volume is full or unusable, creates, forks and builds
+//! are refused with that reason (503) rather than failing one by one half-way.
+//!
+//! Stopping a writer: once the volume is down to its reserve (`Space::reserve`, 5%, at
+//! least 256 MiB) and cannot grow, the sandbox whose writable layer holds the most is
+//! given a disk limit equal to what it holds (btrfs simple quotas, where the volume has
+//! them): its next write fails with `EDQUOT`, and the reserve stays for the daemon's
+//! records and the other sandboxes. One writer a look (five a second); once twice the
+//! reserve is free again, every writer stopped so gets its own limit back.
 
 use super::{log, Daemon, Lock};
 use crate::api::{ApiError, ComponentHealth, Health, VolumeHealth};
@@ -27,6 +34,9 @@ pub struct Watch {
     /// Found at start: the image is not allocated under the filesystem (a full disk could
     /// still make it read-only).
     pub unbacked: Mutex<Option<String>>,
+    /// Sandboxes stopped from writing more, with the disk limit each had, and what was
+    /// said of them.
+    pub held: Mutex<std::collections::HashMap<forkd_sandbox::SandboxId, (Option<u64>, String)>>,
 }
 
 impl Daemon {
@@ -65,7 +75,22 @@ impl Daemon {
                 space.host_free >> 20
             ));
         }
-        let pressure = space.pressure();
+        let held = if self.disk_quotas.is_ok() {
+            self.hold_back_writers(&space)
+        } else {
+            Vec::new()
+        };
+        let pressure = match (space.pressure(), held.is_empty()) {
+            (Some(p), true) => Some(p),
+            (Some(p), false) => Some(format!("{p}; {}", held.join("; "))),
+            (None, false) => Some(format!(
+                "the volume is down to its reserve: {} free of {}, and it cannot grow; {}",
+                forkd_volume::mib(space.fs_free),
+                forkd_volume::mib(space.fs_bytes),
+                held.join("; ")
+            )),
+            (None, true) => None,
+        };
         let problems = self.volume.problems();
         let mut st = self.volume_watch.state.locked();
         if pressure != st.pressure {
@@ -85,6 +110,57 @@ impl Daemon {
             pressure,
             problems,
         };
+    }
+
+    /// Stops the largest writer while the volume is down to its reserve and cannot grow;
+    /// lets every writer stopped so write again once twice the reserve is free. Returns
+    /// what is said of the writers held back now.
+    fn hold_back_writers(&self, space: &forkd_volume::Space) -> Vec<String> {
+        let mut held = self.volume_watch.held.locked();
+        if space.in_reserve() {
+            let largest = self
+                .sandboxes_in_order()
+                .into_iter()
+                .filter(|sb| !held.contains_key(&sb.id))
+                .filter_map(|sb| {
+                    let used = self.volume.disk_use(&sb.dir.join("layer"))?.used_bytes;
+                    Some((used, sb))
+                })
+                .max_by_key(|(used, _)| *used);
+            // Only a sandbox that holds a good part of the reserve is the one filling it.
+            if let Some((used, sb)) = largest.filter(|(used, _)| *used >= space.reserve() / 4) {
+                let had = sb.record.locked().limits.disk_bytes;
+                match self
+                    .volume
+                    .set_disk_limit(&sb.dir.join("layer"), Some(used))
+                {
+                    Ok(()) => {
+                        let said = format!(
+                            "sandbox {}, its largest writer ({}), may write no more (EDQUOT) until space is freed",
+                            sb.id,
+                            forkd_volume::mib(used)
+                        );
+                        log::warn(&format!("volume: {said}"));
+                        held.insert(sb.id.clone(), (had, said));
+                    }
+                    Err(e) => log::warn(&format!("volume: could not stop sandbox {}: {e}", sb.id)),
+                }
+            }
+        } else if !held.is_empty() && (space.fs_free > 2 * space.reserve() || space.can_grow()) {
+            let table = self.sandboxes.locked();
+            for (id, (had, _)) in held.drain() {
+                let Some(sb) = table.by_id().get(&id) else {
+                    continue;
+                };
+                if let Err(e) = self.volume.set_disk_limit(&sb.dir.join("layer"), had) {
+                    log::warn(&format!(
+                        "volume: could not give sandbox {id} its disk limit back: {e}"
+                    ));
+                }
+            }
+            log::info("volume: space is free again; every sandbox may write");
+        }
+        held.values().map(|(_, said)| said.clone()).collect()
     }
 
     /// Refuses what would write a new sandbox to a volume that is full or unusable.

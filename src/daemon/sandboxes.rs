@@ -219,7 +219,7 @@ impl Daemon {
     }
 
     /// Every sandbox, oldest first. The table lock is held only to copy the entries out.
-    fn sandboxes_in_order(&self) -> Vec<Arc<Sandbox>> {
+    pub(crate) fn sandboxes_in_order(&self) -> Vec<Arc<Sandbox>> {
         // Sorted by (created, id) before they are described: sorting the descriptions
         // themselves moved thousands of large records (a fifth of a list of 5,000).
         let mut entries: Vec<(u64, Arc<Sandbox>)> = self

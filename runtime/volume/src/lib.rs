@@ -49,7 +49,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 pub use error::VolumeError;
 pub use quota::{DiskUse, SIMPLE_QUOTAS_KERNEL};
-pub use space::{Ahead, Space, HOST_RESERVE_ENV, INITIAL_SIZE};
+pub use space::{mib, Ahead, Space, HOST_RESERVE_ENV, INITIAL_SIZE};
 
 /// Environment variable with the size of a new volume image.
 pub const SIZE_ENV: &str = "FORKD_VOLUME_SIZE";

@@ -72,11 +72,28 @@ impl Space {
         end.min(self.max_bytes)
     }
 
+    /// Whether the filesystem can still grow by a step.
+    pub fn can_grow(&self) -> bool {
+        self.can_grow_to() >= self.fs_bytes + MIN_STEP
+    }
+
+    /// The free space kept for the daemon's records and the sandboxes that are not
+    /// filling the volume: a twentieth of it, at least 256 MiB, at most a quarter.
+    pub fn reserve(&self) -> u64 {
+        (self.fs_bytes / 20).max(256 << 20).min(self.fs_bytes / 4)
+    }
+
+    /// Whether the volume is down to its reserve and cannot grow: the daemon then stops
+    /// the largest writer (see the daemon's volume watcher).
+    pub fn in_reserve(&self) -> bool {
+        self.fs_free < self.reserve() && !self.can_grow()
+    }
+
     /// Whether the volume is nearly full and cannot grow: writers are getting or about to
     /// get `ENOSPC`. The message says why, in plain words.
     pub fn pressure(&self) -> Option<String> {
         let low = (self.fs_bytes / 50).max(64 << 20);
-        if self.fs_free >= low || self.can_grow_to() >= self.fs_bytes + MIN_STEP {
+        if self.fs_free >= low || self.can_grow() {
             return None;
         }
         let why = if self.fs_bytes >= self.max_bytes {
@@ -107,7 +124,8 @@ impl Space {
     }
 }
 
-fn mib(b: u64) -> String {
+/// Bytes in words: MiB, or GiB from 10 GiB on.
+pub fn mib(b: u64) -> String {
     if b >= 10 << 30 {
         format!("{} GiB", b >> 30)
     } else {
