@@ -55,8 +55,10 @@ fn expected() -> BTreeMap<&'static str, Vec<i32>> {
         "socket-vsock",
         "personality-exec",
         "iopl",
-        // A 32-bit system call is refused, not killed.
+        // A 32-bit system call is refused, not killed; so are x32's.
         "int80-getpid",
+        "x32-unshare-user",
+        "x32-io-uring-setup",
         // Without CAP_MKNOD.
         "mknod-block",
     ] {
@@ -826,6 +828,11 @@ fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_desti
             0o4755,
             b"#!/bin/sh\n",
         )]),
+        // Beside what was asked for, a file for the destination directory.
+        crafted_tar(&[
+            (tar::EntryType::Regular, "anything", None, 0o644, b"asked"),
+            (tar::EntryType::Regular, ".bashrc", None, 0o644, b"owned"),
+        ]),
     ];
     for (i, tar) in tars.iter().enumerate() {
         d.put_file(&sb.id, &format!("/forged{i}.tar"), tar);
@@ -885,6 +892,22 @@ fn cp_out_of_a_sandbox_that_forges_its_archives_writes_nothing_outside_the_desti
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    forge(5);
+    let out = d.cli(&[
+        "cp",
+        &format!("{}:/anything", sb.id),
+        work.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not below anything"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !work.join(".bashrc").exists(),
+        "cp wrote beside what was asked for"
     );
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(work.join("tool"))

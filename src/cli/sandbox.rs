@@ -310,7 +310,7 @@ pub fn cp(ctx: &Ctx, src: &str, dest: &str) -> anyhow::Result<i32> {
             if resp.status >= 400 {
                 return Err(crate::client::Client::api_error(&resp).into());
             }
-            unpack_local(&resp.body, Path::new(dest))?;
+            unpack_local(&resp.body, Path::new(path), Path::new(dest))?;
             Ok(0)
         }
         (Some(_), Some(_)) => {
@@ -323,8 +323,12 @@ pub fn cp(ctx: &Ctx, src: &str, dest: &str) -> anyhow::Result<i32> {
 /// Unpacks a tar whose top entry is the copied item: into `dest` when it is a
 /// directory, else as `dest`. The archive comes from the sandbox, so it is unpacked as
 /// an untrusted one (`forkd_sandbox::files::Side::Host`).
-fn unpack_local(tar_bytes: &[u8], dest: &Path) -> anyhow::Result<()> {
-    forkd_sandbox::files::unpack(dest, tar_bytes, forkd_sandbox::files::Side::Host)
+fn unpack_local(tar_bytes: &[u8], src: &Path, dest: &Path) -> anyhow::Result<()> {
+    // A relative destination is the working directory's, never the root's.
+    let dest = std::path::absolute(dest).map_err(|e| anyhow::anyhow!("{}: {e}", dest.display()))?;
+    // The archive's top entry is the source's last component (`.` for the root).
+    let top = src.file_name().map(Path::new).unwrap_or(Path::new("."));
+    forkd_sandbox::files::unpack(&dest, tar_bytes, forkd_sandbox::files::Side::Host { top })
         .map_err(|e| anyhow::anyhow!("{}: {e}", dest.display()))?;
     Ok(())
 }

@@ -37,6 +37,9 @@ pub struct Watch {
     /// Sandboxes stopped from writing more, with the disk limit each had, and what was
     /// said of them.
     pub held: Mutex<std::collections::HashMap<forkd_sandbox::SandboxId, (Option<u64>, String)>>,
+    /// What each sandbox's writable layer held at the last look while the volume was
+    /// near its reserve: the writer stopped is the one that grew most since.
+    pub last_use: Mutex<std::collections::HashMap<forkd_sandbox::SandboxId, u64>>,
 }
 
 impl Daemon {
@@ -117,36 +120,60 @@ impl Daemon {
     /// what is said of the writers held back now.
     fn hold_back_writers(&self, space: &forkd_volume::Space) -> Vec<String> {
         let mut held = self.volume_watch.held.locked();
-        if space.in_reserve() {
-            let largest = self
+        let mut last_use = self.volume_watch.last_use.locked();
+        let near = space.fs_free < 2 * space.reserve() && !space.can_grow();
+        if near {
+            // What each holds now, and how much it grew since the last look.
+            let now: Vec<(u64, u64, Arc<super::sandboxes::Sandbox>)> = self
                 .sandboxes_in_order()
                 .into_iter()
                 .filter(|sb| !held.contains_key(&sb.id))
                 .filter_map(|sb| {
                     let used = self.volume.disk_use(&sb.dir.join("layer"))?.used_bytes;
-                    Some((used, sb))
+                    let grew = last_use
+                        .get(&sb.id)
+                        .map_or(0, |&was| used.saturating_sub(was));
+                    Some((grew, used, sb))
                 })
-                .max_by_key(|(used, _)| *used);
-            // Only a sandbox that holds a good part of the reserve is the one filling it.
-            if let Some((used, sb)) = largest.filter(|(used, _)| *used >= space.reserve() / 4) {
-                let had = sb.record.locked().limits.disk_bytes;
-                match self
-                    .volume
-                    .set_disk_limit(&sb.dir.join("layer"), Some(used))
-                {
-                    Ok(()) => {
-                        let said = format!(
-                            "sandbox {}, its largest writer ({}), may write no more (EDQUOT) until space is freed",
-                            sb.id,
-                            forkd_volume::mib(used)
-                        );
-                        log::warn(&format!("volume: {said}"));
-                        held.insert(sb.id.clone(), (had, said));
+                .collect();
+            last_use.clear();
+            last_use.extend(now.iter().map(|(_, used, sb)| (sb.id.clone(), *used)));
+            if space.in_reserve() {
+                // The one that grew most; without a look before, the one that holds most.
+                let writer = now
+                    .iter()
+                    .filter(|(grew, _, _)| *grew > 0)
+                    .max_by_key(|(grew, _, _)| *grew)
+                    .or_else(|| {
+                        now.iter()
+                            .filter(|(_, used, _)| *used >= space.reserve() / 4)
+                            .max_by_key(|(_, used, _)| *used)
+                    });
+                if let Some((_, used, sb)) = writer {
+                    let had = sb.record.locked().limits.disk_bytes;
+                    match self
+                        .volume
+                        .set_disk_limit(&sb.dir.join("layer"), Some(*used))
+                    {
+                        Ok(()) => {
+                            let said = format!(
+                                "sandbox {}, its largest writer ({}), may write no more (EDQUOT) until space is freed",
+                                sb.id,
+                                forkd_volume::mib(*used)
+                            );
+                            log::warn(&format!("volume: {said}"));
+                            held.insert(sb.id.clone(), (had, said));
+                        }
+                        Err(e) => {
+                            log::warn(&format!("volume: could not stop sandbox {}: {e}", sb.id))
+                        }
                     }
-                    Err(e) => log::warn(&format!("volume: could not stop sandbox {}: {e}", sb.id)),
                 }
             }
-        } else if !held.is_empty() && (space.fs_free > 2 * space.reserve() || space.can_grow()) {
+        } else {
+            last_use.clear();
+        }
+        if !held.is_empty() && (space.fs_free > 2 * space.reserve() || space.can_grow()) {
             let table = self.sandboxes.locked();
             for (id, (had, _)) in held.drain() {
                 let Some(sb) = table.by_id().get(&id) else {
@@ -163,6 +190,20 @@ impl Daemon {
         held.values().map(|(_, said)| said.clone()).collect()
     }
 
+    /// Gives every sandbox the disk limit its record says, at start: one a daemon held
+    /// back before it stopped (`hold_back_writers`) would otherwise stay stopped.
+    pub(crate) fn restore_disk_limits(&self) {
+        if self.disk_quotas.is_err() {
+            return;
+        }
+        for sb in self.sandboxes_in_order() {
+            let limit = sb.record.locked().limits.disk_bytes;
+            if let Err(e) = self.volume.set_disk_limit(&sb.dir.join("layer"), limit) {
+                log::warn(&format!("sandbox {}: set its disk limit: {e}", sb.id));
+            }
+        }
+    }
+
     /// Refuses what would write a new sandbox to a volume that is full or unusable.
     pub(crate) fn volume_usable(&self, what: &str) -> Result<(), ApiError> {
         let st = self.volume_watch.state.locked().clone();
@@ -177,10 +218,12 @@ impl Daemon {
         Ok(())
     }
 
-    /// What `GET /v1/health` answers; looks at the volume again first.
+    /// What `GET /v1/health` answers: what the volume's watcher last found (at most a
+    /// fifth of a second ago; only the watcher grows the volume or stops writers), with
+    /// the volume's state read now.
     pub fn health(&self) -> Health {
-        self.look_at_volume();
-        let st = self.volume_watch.state.locked().clone();
+        let mut st = self.volume_watch.state.locked().clone();
+        st.problems = self.volume.problems();
         let mut problems = st.problems.clone();
         if let Some(u) = self.volume_watch.unbacked.locked().clone() {
             problems.push(u);

@@ -370,7 +370,18 @@ impl Daemon {
             }
         };
         check_volume_size(&volume);
-        let disk_quotas = volume.enable_quotas();
+        // Simple quotas set a feature flag that kernels before 6.7 cannot mount: on a
+        // volume that is the host's own btrfs only when the operator says so.
+        let disk_quotas = if volume.loop_image().is_none()
+            && std::env::var("FORKD_DISK_QUOTAS").as_deref() != Ok("on")
+        {
+            Err(format!(
+                "disk limits on {}, the host's own btrfs, need FORKD_DISK_QUOTAS=on (btrfs simple quotas set a feature flag that kernels before 6.7 cannot mount)",
+                volume.path().display()
+            ))
+        } else {
+            volume.enable_quotas()
+        };
         match &disk_quotas {
             Ok(()) => log::info("disk limits: btrfs simple quotas"),
             Err(e) => log::info(&format!("{e}: a sandbox with a disk limit is refused")),
@@ -565,6 +576,7 @@ impl Daemon {
         daemon
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;
+        daemon.restore_disk_limits();
         daemon
             .recover_checkpoints()
             .map_err(|e| anyhow::anyhow!("recover checkpoints: {e}"))?;

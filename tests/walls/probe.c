@@ -151,6 +151,8 @@ int main(int argc, char **argv) {
     TRY("personality-exec", syscall(SYS_personality, 0x0400000 /* READ_IMPLIES_EXEC */));
     TRY("iopl", syscall(SYS_iopl, 3));
     TRY("int80-getpid", int80_getpid());
+    TRY("x32-unshare-user", syscall(0x40000000L | SYS_unshare, CLONE_NEWUSER));
+    TRY("x32-io-uring-setup", syscall(0x40000000L | 425, 8, zero));
     TRY("unknown-syscall", syscall(500));
 
     /* Devices, the host's knobs, processes outside. */

@@ -92,14 +92,16 @@ fn safe_relative(p: &Path) -> io::Result<PathBuf> {
 
 /// Where an archive is unpacked, which decides what of it is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
+pub enum Side<'a> {
     /// Inside a sandbox (`__untar`): owners and modes as the archive says.
     Sandbox,
     /// On the host (`forkd cp SANDBOX:PATH DEST`), from an archive the sandbox made: it
     /// may have been made by any program there (the sandbox's root can replace
     /// `/.forkd/init` in its own layer), so owners are not kept (the files are the
-    /// caller's) and setuid and setgid bits are dropped.
-    Host,
+    /// caller's), setuid and setgid bits are dropped, and unpacked into an existing
+    /// directory every entry must be below `top`, the name of what was asked for (else a
+    /// copy into a home directory could bring a `.bashrc` beside it).
+    Host { top: &'a Path },
 }
 
 /// Unpacks a tar at `dest`: into `dest` when it is an existing directory, otherwise as
@@ -107,7 +109,7 @@ pub enum Side {
 /// through a symlink, whatever earlier entries made: `..` and absolute paths, a parent
 /// that is a symlink, hard links and device nodes are refused, naming the entry.
 /// Returns the number of entries written.
-pub fn unpack<R: Read>(dest: &Path, input: R, side: Side) -> io::Result<u64> {
+pub fn unpack<R: Read>(dest: &Path, input: R, side: Side<'_>) -> io::Result<u64> {
     let (dir, rename) = match std::fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => (dest.to_path_buf(), None),
         _ => {
@@ -132,8 +134,9 @@ pub fn unpack<R: Read>(dest: &Path, input: R, side: Side) -> io::Result<u64> {
     };
     let mut archive = tar::Archive::new(input);
     archive.set_preserve_permissions(true);
-    archive.set_preserve_ownerships(side == Side::Sandbox);
-    if side == Side::Host {
+    let host = matches!(side, Side::Host { .. });
+    archive.set_preserve_ownerships(!host);
+    if host {
         // Removed from every mode: setuid and setgid.
         archive.set_mask(0o6000);
     }
@@ -154,6 +157,19 @@ pub fn unpack<R: Read>(dest: &Path, input: R, side: Side) -> io::Result<u64> {
                 io::ErrorKind::InvalidInput,
                 format!("archive entry {} is {what}; refusing it", raw.display()),
             ));
+        }
+        if let (Side::Host { top }, None) = (side, &rename) {
+            let whole_root = top == Path::new(".");
+            if !whole_root && rel.components().next() != top.components().next() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "archive entry {} is not below {}, what was asked for; refusing it",
+                        raw.display(),
+                        top.display()
+                    ),
+                ));
+            }
         }
 
         if let Some(new_top) = &rename {
@@ -262,7 +278,12 @@ mod tests {
         h.set_cksum();
         b.append_data(&mut h, "evil/file", &[b'x'][..]).unwrap();
         let data = b.into_inner().unwrap();
-        for side in [Side::Sandbox, Side::Host] {
+        for side in [
+            Side::Sandbox,
+            Side::Host {
+                top: Path::new("evil"),
+            },
+        ] {
             let err = unpack(&base.join("dest"), &data[..], side).unwrap_err();
             assert!(err.to_string().contains("symlink"), "{err}");
             assert!(!base.join("outside/file").exists());
@@ -302,10 +323,24 @@ mod tests {
             b.into_inner().unwrap()
         };
         let link = one(tar::EntryType::Link, "h", Some("/etc/hostname"), 0o644);
-        let err = unpack(&base.join("dest"), &link[..], Side::Host).unwrap_err();
+        let err = unpack(
+            &base.join("dest"),
+            &link[..],
+            Side::Host {
+                top: Path::new("h"),
+            },
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("h is a hard link"), "{err}");
         let dev = one(tar::EntryType::Char, "null", None, 0o666);
-        let err = unpack(&base.join("dest"), &dev[..], Side::Host).unwrap_err();
+        let err = unpack(
+            &base.join("dest"),
+            &dev[..],
+            Side::Host {
+                top: Path::new("null"),
+            },
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("null is a device node"), "{err}");
         assert!(std::fs::read_dir(base.join("dest"))
             .unwrap()
@@ -313,7 +348,14 @@ mod tests {
             .is_none());
         use std::os::unix::fs::PermissionsExt;
         let suid = one(tar::EntryType::Regular, "tool", None, 0o4755);
-        unpack(&base.join("dest"), &suid[..], Side::Host).unwrap();
+        unpack(
+            &base.join("dest"),
+            &suid[..],
+            Side::Host {
+                top: Path::new("tool"),
+            },
+        )
+        .unwrap();
         let mode = std::fs::metadata(base.join("dest/tool"))
             .unwrap()
             .permissions()

@@ -256,9 +256,21 @@ const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWCGROUP) as u64;
 
-/// `personality` values programs use (Linux, `UNAME26`, `ADDR_NO_RANDOMIZE`, both, and
-/// the query `0xffffffff`); others (`READ_IMPLIES_EXEC`, say) are refused.
-const PERSONALITIES: &[u64] = &[0, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
+/// `CLONE_NEWTIME` (Linux 5.6).
+const CLONE_NEWTIME: u64 = 0x80;
+
+/// `personality` values programs use: Linux, `PER_LINUX32`, `UNAME26`, both (Docker's
+/// list), `ADDR_NO_RANDOMIZE` alone and with `PER_LINUX32` (gdb and `setarch -R`), and the
+/// query `0xffffffff`; others (`READ_IMPLIES_EXEC`, say) are refused.
+const PERSONALITIES: &[u64] = &[
+    0,
+    0x0008,
+    0x0002_0000,
+    0x0002_0008,
+    0x0004_0000,
+    0x0004_0008,
+    0xffff_ffff,
+];
 
 fn cond(arg: u8, len: Len, op: Op, value: u64) -> SeccompCondition {
     SeccompCondition::new(arg, len, op, value).expect("a valid seccomp condition")
@@ -275,15 +287,20 @@ fn refusals() -> Result<BpfProgram, String> {
         REFUSED.iter().map(|&(_, nr)| (nr, Vec::new())).collect();
     // Any namespace flag: one rule a flag (a rule is a conjunction; the rules of a call
     // are alternatives).
-    let any_namespace = || {
+    let any_namespace = |flags: u64| {
         (0..64)
             .map(|bit| 1u64 << bit)
-            .filter(|f| NAMESPACE_FLAGS & f != 0)
+            .filter(|f| flags & f != 0)
             .map(|f| rule(vec![cond(0, Len::Qword, Op::MaskedEq(f), f)]))
             .collect::<Vec<_>>()
     };
-    rules.insert(libc::SYS_clone, any_namespace());
-    rules.insert(libc::SYS_unshare, any_namespace());
+    rules.insert(libc::SYS_clone, any_namespace(NAMESPACE_FLAGS));
+    // A time namespace only through unshare (in clone's flags that bit is the exit
+    // signal's).
+    rules.insert(
+        libc::SYS_unshare,
+        any_namespace(NAMESPACE_FLAGS | CLONE_NEWTIME),
+    );
     // A personality other than the usual ones.
     rules.insert(
         libc::SYS_personality,
@@ -349,8 +366,37 @@ fn program(
     if patched != 1 {
         return Err("compile the system-call filter: no architecture check where expected".into());
     }
+    // x32 calls carry x86-64's architecture and their number with bit 30 set: no rule
+    // names them, so without this they would take the default action (allow, in the
+    // first program). Right after the number is loaded, refuse any at or past that bit.
+    // Every jump of seccompiler's programs is forward and relative, and none crosses
+    // this point, so inserting here moves nothing.
+    let load_nr = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    if prog.get(3).map(|i| (i.code, i.k)) != Some((load_nr, 0)) {
+        return Err(
+            "compile the system-call filter: no load of the call's number where expected".into(),
+        );
+    }
+    let x32 = [
+        seccompiler::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: X32_SYSCALL_BIT,
+        },
+        seccompiler::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: eperm,
+        },
+    ];
+    prog.splice(4..4, x32);
     Ok(prog)
 }
+
+/// The bit x32's system-call numbers carry (`__X32_SYSCALL_BIT`).
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// The default filter's programs, in the order they are installed.
 pub fn default_programs() -> Result<Vec<BpfProgram>, String> {
@@ -435,6 +481,15 @@ mod tests {
             );
             assert!(p.iter().all(|i| i.k != libc::SECCOMP_RET_KILL_PROCESS
                 || i.code != (libc::BPF_RET | libc::BPF_K) as u16));
+        }
+    }
+
+    #[test]
+    fn x32_numbers_are_refused_right_after_the_number_is_loaded() {
+        for p in default_programs().unwrap() {
+            let jge = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+            assert_eq!((p[4].code, p[4].k, p[4].jt, p[4].jf), (jge, X32_SYSCALL_BIT, 0, 1));
+            assert_eq!(p[5].k, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32);
         }
     }
 

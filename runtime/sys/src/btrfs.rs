@@ -220,6 +220,13 @@ pub fn resize(fs: BorrowedFd<'_>, devid: u64, bytes: u64) -> io::Result<()> {
     // SAFETY: RESIZE reads one btrfs_ioctl_vol_args, which `args` is, alive for the call.
     let ret = unsafe { libc::ioctl(fs.as_raw_fd(), IOC_RESIZE, &*args) };
     check(ret as libc::c_long)?;
+    // A positive answer is btrfs's own error (another exclusive operation runs): nothing
+    // was resized.
+    if ret > 0 {
+        return Err(io::Error::other(format!(
+            "btrfs refused the resize ({ret}: another exclusive operation is running)"
+        )));
+    }
     Ok(())
 }
 

@@ -77,6 +77,8 @@ pub struct Volume {
     root: PathBuf,
     /// The image behind the loop mount at `root`, when forkd made that mount.
     loop_image: Option<PathBuf>,
+    /// `/sys/fs/btrfs/<uuid>` of the filesystem, found once (`quota`).
+    sysfs: std::sync::OnceLock<Option<PathBuf>>,
 }
 
 impl Volume {
@@ -107,12 +109,14 @@ impl Volume {
             return Ok(Volume {
                 root: mount_dir,
                 loop_image: ours.then_some(image),
+                sysfs: Default::default(),
             });
         }
         if btrfs::is_btrfs(&state_root).map_err(VolumeError::io("statfs", &state_root))? {
             return Ok(Volume {
                 root: state_root,
                 loop_image: None,
+                sysfs: Default::default(),
             });
         }
 
@@ -134,6 +138,7 @@ impl Volume {
         Ok(Volume {
             root: mount_dir,
             loop_image: Some(image),
+            sysfs: Default::default(),
         })
     }
 
@@ -651,6 +656,7 @@ mod tests {
         let volume = Volume {
             root: PathBuf::from("/state/vol"),
             loop_image: None,
+            sysfs: Default::default(),
         };
         assert_eq!(
             volume.resolve(Path::new("a/b")).unwrap(),

@@ -98,6 +98,8 @@ impl Volume {
 
     /// `/sys/fs/btrfs/<uuid>` of this volume's filesystem.
     fn sysfs_dir(&self) -> Option<PathBuf> {
-        crate::sysfs_dir_of(&self.root)
+        self.sysfs
+            .get_or_init(|| crate::sysfs_dir_of(&self.root))
+            .clone()
     }
 }

@@ -78,9 +78,11 @@ impl Space {
     }
 
     /// The free space kept for the daemon's records and the sandboxes that are not
-    /// filling the volume: a twentieth of it, at least 256 MiB, at most a quarter.
+    /// filling the volume: a twentieth of it, from 256 MiB to 4 GiB, at most a quarter.
     pub fn reserve(&self) -> u64 {
-        (self.fs_bytes / 20).max(256 << 20).min(self.fs_bytes / 4)
+        (self.fs_bytes / 20)
+            .clamp(256 << 20, 4 << 30)
+            .min(self.fs_bytes / 4)
     }
 
     /// Whether the volume is down to its reserve and cannot grow: the daemon then stops
@@ -92,7 +94,7 @@ impl Space {
     /// Whether the volume is nearly full and cannot grow: writers are getting or about to
     /// get `ENOSPC`. The message says why, in plain words.
     pub fn pressure(&self) -> Option<String> {
-        let low = (self.fs_bytes / 50).max(64 << 20);
+        let low = (self.fs_bytes / 50).clamp(64 << 20, 1 << 30);
         if self.fs_free >= low || self.can_grow() {
             return None;
         }
@@ -223,11 +225,18 @@ impl Volume {
         })
     }
 
-    /// Allocates the image from `from` to `to` and resizes the filesystem to `to`.
+    /// Allocates the image from `from` to `to` and resizes the filesystem to `to`; never
+    /// below its size now.
     fn grow_to(&self, from: u64, to: u64) -> Result<(), VolumeError> {
         let image = self.loop_image.as_ref().expect("a loop volume");
-        self.allocate(image, from, to)?;
         let dir = File::open(&self.root).map_err(VolumeError::io("open", &self.root))?;
+        let now = forkd_sys::btrfs::device_size(dir.as_fd(), 1)
+            .map_err(VolumeError::io("read the size of", &self.root))?
+            .total_bytes;
+        if to <= now {
+            return Ok(());
+        }
+        self.allocate(image, from.min(now), to)?;
         forkd_sys::btrfs::resize(dir.as_fd(), 1, to).map_err(VolumeError::io("resize", &self.root))
     }
 
@@ -249,9 +258,9 @@ impl Volume {
 
     /// Makes sure every byte the filesystem may use is allocated in its image (a volume
     /// made sparse by an older build, or one whose allocation a crash interrupted): the
-    /// holes are filled if the host can spare them, else the filesystem is shrunk to what
-    /// it can. Returns what it did, for the daemon's log; an error means the volume stays
-    /// exposed to a full disk, which the caller reports.
+    /// holes are filled if the host can spare them. Returns what it did, for the daemon's
+    /// log; an error (no room to fill them) means the volume stays exposed to a full disk,
+    /// which the caller reports.
     pub fn ensure_backed(&self) -> Result<Vec<String>, VolumeError> {
         let Some(image) = &self.loop_image else {
             return Ok(Vec::new());
@@ -271,28 +280,14 @@ impl Volume {
                 image.display()
             )]);
         }
-        // Shrink to what the host can back, never below what is used.
-        let dir = File::open(&self.root).map_err(VolumeError::io("open", &self.root))?;
-        let used = forkd_sys::btrfs::device_size(dir.as_fd(), 1)
-            .map(|d| d.bytes_used)
-            .unwrap_or(s.fs_bytes);
-        let target = (s.backed_bytes + budget).max(used + (1 << 30)) & !((1 << 20) - 1);
-        if target >= s.fs_bytes {
-            return Err(VolumeError::Unbacked {
-                image: image.clone(),
-                missing,
-                free: s.host_free,
-            });
-        }
-        forkd_sys::btrfs::resize(dir.as_fd(), 1, target)
-            .map_err(VolumeError::io("shrink", &self.root))?;
-        self.allocate(image, 0, target)?;
-        Ok(vec![format!(
-            "shrank the filesystem from {} to {} so the disk under {} can hold all of it",
-            mib(s.fs_bytes),
-            mib(target),
-            image.display()
-        )])
+        // Not enough room to back it: said, left as it is (allocating part of it could
+        // fill the disk; shrinking a filesystem moves its chunks, for as long as that
+        // takes). Making the volume again (a new state root) gives one that is backed.
+        Err(VolumeError::Unbacked {
+            image: image.clone(),
+            missing,
+            free: s.host_free,
+        })
     }
 
     /// Whether the volume is healthy: writable, and without device errors. Returns what
