@@ -488,7 +488,10 @@ mod tests {
     fn x32_numbers_are_refused_right_after_the_number_is_loaded() {
         for p in default_programs().unwrap() {
             let jge = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
-            assert_eq!((p[4].code, p[4].k, p[4].jt, p[4].jf), (jge, X32_SYSCALL_BIT, 0, 1));
+            assert_eq!(
+                (p[4].code, p[4].k, p[4].jt, p[4].jf),
+                (jge, X32_SYSCALL_BIT, 0, 1)
+            );
             assert_eq!(p[5].k, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32);
         }
     }
