@@ -451,6 +451,13 @@ impl Daemon {
                 c
             })
             .map_err(|e| e.to_string());
+        if criu.is_ok() && forkd_sys::random_ready().ok() == Some(false) {
+            log::warn(
+                "the kernel's random pool is not ready yet: each CRIU run waits for it (3-4 s \
+                 a checkpoint or restore) until it is; a virtual machine needs RDRAND or \
+                 virtio-rng (forkd doctor: random)",
+            );
+        }
         match &criu {
             Err(e) => log::warn(&format!("live checkpoints are unavailable: {e}")),
             // The private /run starts empty: probe the kernel now, off the request path,

@@ -450,6 +450,23 @@ pub(super) fn check_pidfd() -> Check {
     Check::ok(NAME, true, "pidfd_open works")
 }
 
+pub(super) fn check_random() -> Check {
+    const NAME: &str = "random";
+    match forkd_sys::random_ready() {
+        Ok(true) => Check::ok(NAME, false, "the kernel's random pool is ready"),
+        Ok(false) => Check::new(
+            NAME,
+            Status::Warn,
+            false,
+            "the kernel's random pool is not ready yet (getrandom would block): CRIU waits \
+             up to 1 s for each id it draws, 3-4 s a checkpoint or restore, until it is; \
+             a virtual machine needs RDRAND or a virtio-rng device (dmesg says \
+             'crng init done' once ready)",
+        ),
+        Err(e) => Check::new(NAME, Status::Warn, false, format!("getrandom: {e}")),
+    }
+}
+
 pub(super) fn check_userfaultfd() -> Check {
     const NAME: &str = "userfaultfd";
     let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;

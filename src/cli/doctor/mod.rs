@@ -122,6 +122,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_volume(),
         check_pidfd(),
         check_userfaultfd(),
+        check_random(),
         check_criu(opts.criu.as_deref()),
         check_egress(opts.criu.as_deref()),
         check_qemu(),

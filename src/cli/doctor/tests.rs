@@ -118,6 +118,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "volume",
             "pidfd",
             "userfaultfd",
+            "random",
             "criu",
             "egress",
             "qemu",
