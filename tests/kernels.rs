@@ -7,7 +7,9 @@
 //! checkpoint of a counting shell loop forked into 4 branches that count on, memory
 //! sharing refused by name (it needs Linux 6.4), a live checkpoint of a TCP service whose
 //! 4 branches answer, a two-stage image build, egress to a host in a network namespace
-//! the suite makes (and none without it), and `forkd eval` on the mini suite.
+//! the suite makes (and none without it), a QEMU machine under TCG (a counting boot
+//! sector, fixtures/kernels/qemu-image.sh) checkpointed live into 2 branches that count
+//! on, and `forkd eval` on the mini suite.
 
 #![forbid(unsafe_code)]
 
@@ -19,8 +21,9 @@ use std::process::Command;
 
 const FORKD_INIT: &str = env!("CARGO_BIN_EXE_forkd-init");
 
-/// Boots `suite`'s kernel with the smoke suite; returns its `SMOKE` lines.
-fn boot(name: &str, suite: &str) -> Option<Vec<String>> {
+/// Boots `suite`'s kernel with the smoke suite and the images in `images` beside the
+/// busybox fixture; returns its `SMOKE` lines.
+fn boot(name: &str, suite: &str, images: &Path) -> Option<Vec<String>> {
     if !can_run_criu(name) {
         return None;
     }
@@ -43,6 +46,20 @@ fn boot(name: &str, suite: &str) -> Option<Vec<String>> {
     ) {
         return None;
     }
+    // The QEMU step's image (a machine booting a counting boot sector), made once.
+    if !images.join("qemu.tar").exists() {
+        let made = Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kernels/qemu-image.sh"))
+            .arg(images.join("qemu.tar"))
+            .env("FORKD_CACHE", cache_dir())
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "qemu-image.sh: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
     let dir = PathBuf::from(format!(
         "/tmp/forkd-test-kernel-{suite}-{}",
         std::process::id()
@@ -57,6 +74,7 @@ fn boot(name: &str, suite: &str) -> Option<Vec<String>> {
         .arg(&dir)
         .arg("600")
         .env("FORKD_CACHE", cache_dir())
+        .env("FORKD_KERNELS_IMAGES", images)
         .output()
         .unwrap();
     let serial = dir.join("serial.log");
@@ -75,6 +93,10 @@ fn boot(name: &str, suite: &str) -> Option<Vec<String>> {
         "{suite}: the suite did not finish: {text}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+    // What each step said (with --nocapture): the QEMU step's time, the eval's rows.
+    for l in &lines {
+        eprintln!("{suite}: {l}");
+    }
     Some(lines)
 }
 
@@ -98,6 +120,13 @@ fn check(suite: &str, release: &str, lines: &[String]) {
         "fs-fork",
         "live-checkpoint",
         "live-fork",
+        "tcp-service",
+        "build",
+        "egress",
+        "no-network",
+        "eval-validate",
+        "eval-run",
+        "qemu",
     ] {
         let l = find(step);
         assert!(
@@ -126,12 +155,15 @@ fn check(suite: &str, release: &str, lines: &[String]) {
 #[test]
 fn debian_11_and_12_kernels_run_the_smoke_suite() {
     let name = "debian_11_and_12_kernels_run_the_smoke_suite";
+    let images =
+        std::env::temp_dir().join(format!("forkd-test-kernel-images-{}", std::process::id()));
     for (suite, release) in [
         ("bullseye", "5.10.0-32-cloud-amd64"),
         ("bookworm", "6.1.0-50-cloud-amd64"),
     ] {
-        if let Some(lines) = boot(name, suite) {
+        if let Some(lines) = boot(name, suite, &images) {
             check(suite, release, &lines);
         }
     }
+    let _ = std::fs::remove_dir_all(&images);
 }
