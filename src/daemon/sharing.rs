@@ -116,15 +116,25 @@ fn write_knob(name: &str, value: &str) -> std::io::Result<()> {
 /// The first kernel with `PR_SET_MEMORY_MERGE`, which opens a whole process tree to KSM.
 pub const MEMORY_MERGE_KERNEL: (u32, u32) = (6, 4);
 
-/// Whether the kernel of `release` can share a branch's memory; the error says why not.
-pub fn memory_merge_supported(release: &str) -> Result<(), String> {
-    match forkd_sys::mount::kernel_version(release) {
-        Some(v) if v < MEMORY_MERGE_KERNEL => Err(format!(
-            "memory sharing needs Linux {}.{} (PR_SET_MEMORY_MERGE); this kernel is {release}",
-            MEMORY_MERGE_KERNEL.0, MEMORY_MERGE_KERNEL.1
-        )),
-        _ => Ok(()),
+/// Whether this kernel can share a branch's memory; the error says why not. The kernel
+/// is asked (`forkd_sys::memory_merge_available`), not its version read: distribution
+/// kernels carry features back (RHEL's 5.14).
+pub fn memory_merge_supported() -> Result<(), String> {
+    memory_merge_verdict(
+        &forkd_sys::mount::kernel_release(),
+        forkd_sys::memory_merge_available(),
+    )
+}
+
+/// The verdict for the kernel of `release`, which has `PR_SET_MEMORY_MERGE` or not.
+pub fn memory_merge_verdict(release: &str, available: bool) -> Result<(), String> {
+    if available {
+        return Ok(());
     }
+    Err(format!(
+        "memory sharing needs Linux {}.{} (PR_SET_MEMORY_MERGE); this kernel is {release}",
+        MEMORY_MERGE_KERNEL.0, MEMORY_MERGE_KERNEL.1
+    ))
 }
 
 impl Sharing {
@@ -137,8 +147,7 @@ impl Sharing {
             running: Mutex::new(None),
         };
         if sharing.settings.mode == Mode::On {
-            memory_merge_supported(&forkd_sys::mount::kernel_release())
-                .map_err(|e| anyhow::anyhow!("FORKD_KSM=on: {e}"))?;
+            memory_merge_supported().map_err(|e| anyhow::anyhow!("FORKD_KSM=on: {e}"))?;
             sharing.start()?;
         }
         Ok(sharing)
@@ -157,7 +166,7 @@ impl Sharing {
             (Mode::On, _) | (Mode::Ask, Some(true)) => true,
         };
         if share {
-            memory_merge_supported(&forkd_sys::mount::kernel_release())?;
+            memory_merge_supported()?;
             self.start().map_err(|e| format!("{e:#}"))?;
         }
         Ok(share)
@@ -297,14 +306,20 @@ mod tests {
 
     /// What a request gets under each mode, where KSM never has to start.
     #[test]
-    fn kernels_before_6_4_are_refused_by_name() {
+    fn kernels_without_memory_merge_are_refused_by_name() {
         assert_eq!(
-            memory_merge_supported("5.10.0-33-amd64").unwrap_err(),
+            memory_merge_verdict("5.10.0-33-amd64", false).unwrap_err(),
             "memory sharing needs Linux 6.4 (PR_SET_MEMORY_MERGE); this kernel is 5.10.0-33-amd64"
         );
-        assert!(memory_merge_supported("6.1.0-27-cloud-amd64").is_err());
-        assert!(memory_merge_supported("6.4.0").is_ok());
-        assert!(memory_merge_supported("6.18.2").is_ok());
+        assert!(memory_merge_verdict("6.1.0-27-cloud-amd64", false).is_err());
+        assert!(memory_merge_verdict("6.18.2", true).is_ok());
+        // A distribution kernel that carries the call back is used, whatever its number.
+        assert!(memory_merge_verdict("5.14.0-427.el9.x86_64", true).is_ok());
+        // Every kernel from 6.4 answers the probe.
+        let release = forkd_sys::mount::kernel_release();
+        if forkd_sys::mount::kernel_version(&release).is_some_and(|v| v >= MEMORY_MERGE_KERNEL) {
+            assert!(forkd_sys::memory_merge_available(), "{release}");
+        }
     }
 
     #[test]

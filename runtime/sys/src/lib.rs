@@ -417,6 +417,14 @@ pub fn with_own_run(
     Ok(())
 }
 
+/// Whether this kernel has `PR_SET_MEMORY_MERGE`: Linux 6.4, or a distribution kernel
+/// that carries it back (`PR_GET_MEMORY_MERGE` answers rather than failing `EINVAL`).
+pub fn memory_merge_available() -> bool {
+    const PR_GET_MEMORY_MERGE: libc::c_int = 68;
+    // SAFETY: a prctl with integer arguments that only reads the caller's own flag.
+    unsafe { libc::prctl(PR_GET_MEMORY_MERGE, 0 as libc::c_ulong, 0, 0, 0) >= 0 }
+}
+
 /// Makes `cmd` run with `PR_SET_MEMORY_MERGE` (Linux 6.4+): every anonymous mapping it
 /// and the processes it forks make from then on is open to KSM, across `exec` too.
 pub fn memory_merge_in_child(cmd: &mut std::process::Command) {

@@ -13,6 +13,9 @@ pub(super) struct Feature {
     /// What happens on a kernel without it.
     pub without: &'static str,
     pub required: bool,
+    /// Asks the kernel itself, for a feature that distribution kernels carry back to
+    /// older versions (the daemon asks the same way); else the version decides.
+    pub probe: Option<fn() -> bool>,
 }
 
 pub(super) const FEATURES: &[Feature] = &[
@@ -22,6 +25,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "sandbox roots as detached mounts (fsopen, fsmount, open_tree, move_mount)",
         without: "no sandbox can start",
         required: true,
+        probe: None,
     },
     Feature {
         name: "pidfd-calls",
@@ -29,6 +33,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "watching and signalling every sandbox's init (pidfd_open, pidfd_send_signal)",
         without: "no sandbox can be watched",
         required: true,
+        probe: None,
     },
     Feature {
         name: "close_range",
@@ -36,6 +41,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "the exit watcher's descriptor table",
         without: "the exit watcher cannot start",
         required: true,
+        probe: None,
     },
     Feature {
         name: "cloexec-range",
@@ -43,6 +49,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "closing every descriptor before a sandbox's init runs, in one call (CLOSE_RANGE_CLOEXEC)",
         without: "descriptors are marked one at a time",
         required: false,
+        probe: None,
     },
     Feature {
         name: "favordynmods",
@@ -50,6 +57,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "moving processes into cgroups without an RCU wait (cgroup2 favordynmods)",
         without: "each create and fork may wait 7-19 ms for RCU",
         required: false,
+        probe: None,
     },
     Feature {
         name: "bdi-max-bytes",
@@ -57,6 +65,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "bounding the volume's dirty data (FORKD_DIRTY_LIMIT)",
         without: "the volume is left untuned: a checkpoint after a large write waits for it",
         required: false,
+        probe: None,
     },
     Feature {
         name: "memory-merge",
@@ -64,6 +73,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "memory shared between branches (KSM, PR_SET_MEMORY_MERGE)",
         without: "forks that ask share_memory are refused by name",
         required: false,
+        probe: Some(forkd_sys::memory_merge_available),
     },
     Feature {
         name: "simple-quotas",
@@ -71,6 +81,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "disk limits of sandboxes, each charged what it writes (btrfs simple quotas)",
         without: "a sandbox with a disk limit is refused by name",
         required: false,
+        probe: None,
     },
     Feature {
         name: "lowerdir+",
@@ -78,21 +89,39 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "overlay layer stacks of any depth (one fsconfig lowerdir+ per layer)",
         without: "layers are handed over as one-byte links, at most 128 a stack",
         required: false,
+        probe: None,
     },
 ];
 
 /// Each feature against the kernel of `release`.
 pub(super) fn check_features(release: &str) -> Vec<Check> {
     let version = forkd_sys::mount::kernel_version(release);
+    // Probes ask the running kernel: only for its own release.
+    let running = release == forkd_sys::mount::kernel_release();
     FEATURES
         .iter()
         .map(|f| {
             let needs = format!("Linux {}.{}+", f.since.0, f.since.1);
-            match version {
-                Some(v) if v >= f.since => {
-                    Check::ok(f.name, f.required, format!("{needs}: yes; {}", f.used_for))
+            // The kernel's own answer where there is a probe, else its version.
+            let has = match (f.probe.filter(|_| running), version) {
+                (Some(probe), _) => Some(probe()),
+                (None, Some(v)) => Some(v >= f.since),
+                (None, None) => None,
+            };
+            match has {
+                Some(true) => {
+                    let how = if version.is_some_and(|v| v < f.since) {
+                        format!("yes, carried back by {release}")
+                    } else {
+                        "yes".to_string()
+                    };
+                    Check::ok(
+                        f.name,
+                        f.required,
+                        format!("{needs}: {how}; {}", f.used_for),
+                    )
                 }
-                Some(_) => Check::not_ok(
+                Some(false) => Check::not_ok(
                     f.name,
                     f.required,
                     format!(
