@@ -174,19 +174,27 @@ pub(super) fn try_unshare(flags: libc::c_int) -> anyhow::Result<()> {
 
 pub(super) fn check_overlayfs() -> Check {
     const NAME: &str = "overlayfs";
-    let filesystems = "/proc/filesystems";
-    match fs::read_to_string(filesystems) {
-        Ok(text) if has_filesystem(&text, "overlay") => {}
-        Ok(_) => return Check::not_ok(NAME, true, format!("no overlay in {filesystems}")),
-        Err(e) => return Check::not_ok(NAME, true, format!("{filesystems}: {e}")),
-    }
+    // The probe first: on a stock system overlay is a module the kernel loads at the
+    // first mount, so /proc/filesystems lacks it until then, and the daemon's own mounts
+    // load it the same way.
     match overlay_probe() {
         Ok(how) => Check::ok(
             NAME,
             true,
             format!("mount as the daemon does, write to upper ({how})"),
         ),
-        Err(e) => Check::not_ok(NAME, true, format!("{e:#}")),
+        Err(e) => {
+            let filesystems = "/proc/filesystems";
+            let listed = fs::read_to_string(filesystems)
+                .map(|text| has_filesystem(&text, "overlay"))
+                .unwrap_or(false);
+            let why = if listed {
+                String::new()
+            } else {
+                format!(" (no overlay in {filesystems}, and the kernel did not load it)")
+            };
+            Check::not_ok(NAME, true, format!("{e:#}{why}"))
+        }
     }
 }
 
