@@ -59,19 +59,7 @@ fn boot(name: &str, suite: &str, images: &Path, harbor: bool) -> Option<Vec<Stri
         return None;
     }
     // The QEMU step's image (a machine booting a counting boot sector), made once.
-    if !images.join("qemu.tar").exists() {
-        let made = Command::new("bash")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kernels/qemu-image.sh"))
-            .arg(images.join("qemu.tar"))
-            .env("FORKD_CACHE", cache_dir())
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "qemu-image.sh: {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
+    make_once("qemu-image.sh", &images.join("qemu.tar"));
     let dir = PathBuf::from(format!(
         "/tmp/forkd-test-kernel-{suite}-{}",
         std::process::id()
@@ -81,19 +69,7 @@ fn boot(name: &str, suite: &str, images: &Path, harbor: bool) -> Option<Vec<Stri
     let mut cmd = Command::new("bash");
     if harbor {
         let disk = images.join("harbor.img");
-        if !disk.exists() {
-            let made = Command::new("bash")
-                .arg(here.join("harbor-disk.sh"))
-                .arg(&disk)
-                .env("FORKD_CACHE", cache_dir())
-                .output()
-                .unwrap();
-            assert!(
-                made.status.success(),
-                "harbor-disk.sh: {}",
-                String::from_utf8_lossy(&made.stderr)
-            );
-        }
+        make_once("harbor-disk.sh", &disk);
         cmd.env("FORKD_KERNELS_DISK", disk);
     }
     // The guest powers off after the suite; TCG makes it take a few minutes.
@@ -128,6 +104,28 @@ fn boot(name: &str, suite: &str, images: &Path, harbor: bool) -> Option<Vec<Stri
         eprintln!("{suite}: {l}");
     }
     Some(lines)
+}
+
+/// Runs fixtures/kernels/`script` `out` unless `out` exists (one image for both guests).
+fn make_once(script: &str, out: &Path) {
+    if out.exists() {
+        return;
+    }
+    let made = Command::new("bash")
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/kernels")
+                .join(script),
+        )
+        .arg(out)
+        .env("FORKD_CACHE", cache_dir())
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
 }
 
 fn check(suite: &str, release: &str, harbor: bool, lines: &[String]) {
