@@ -636,10 +636,12 @@ fn kill_9_during_an_evaluator_run_then_resume() {
     }
 }
 
-/// The state volume (a 640 MiB image here) filled by a sandbox to its last MiB: a live
-/// checkpoint of a sandbox holding 100 MB and the import of a 120 MB archive each fail
-/// with an error that says the volume is full, leave no checkpoint, stage or layer
-/// stage, and the sandbox runs on; once the sandbox frees the space both work.
+/// The state volume (a 640 MiB image here) filled to its last MiB, by a sandbox and, past
+/// the reserve at which the daemon stops that sandbox from writing more (where the volume
+/// has quotas), by a file on the volume: a live checkpoint of a sandbox holding 100 MB
+/// and the import of a 120 MB archive each fail with an error that says the volume is
+/// full, leave no checkpoint, stage or layer stage, and the sandbox runs on; once the
+/// space is freed both work.
 #[test]
 fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
     let name = "a_full_volume_fails_checkpoints_and_imports_cleanly";
@@ -673,9 +675,20 @@ fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
         let st = nix::sys::statvfs::statvfs(&d.data()).unwrap();
         st.blocks_available() as u64 * st.fragment_size() as u64 / 1024
     };
+    // The rest, written from outside (no quota holds it back).
+    let rest = d.data().join("fill-from-the-host");
+    let topped = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "dd if=/dev/zero of={} bs=1M 2>&1 | tail -1; sync",
+            rest.display()
+        ))
+        .output()
+        .expect("fill the volume from the host");
+    let topped = String::from_utf8_lossy(&topped.stdout);
     assert!(
         free_kib() < 64 * 1024,
-        "the volume is not full ({} KiB free): {out}",
+        "the volume is not full ({} KiB free): {out} {topped}",
         free_kib()
     );
     let nothing_left = |what: &str| {
@@ -724,6 +737,7 @@ fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
 
     let (code, _, err) = d.sh(&sb.id, "rm /fill && sync");
     assert_eq!(code, 0, "{err}");
+    std::fs::remove_file(&rest).unwrap();
     assert!(
         wait_until(Duration::from_secs(30), || free_kib() > 300 * 1024),
         "the space never came back: {} KiB",

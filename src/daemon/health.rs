@@ -9,8 +9,10 @@
 //! least 256 MiB) and cannot grow, the sandbox whose writable layer holds the most is
 //! given a disk limit equal to what it holds (btrfs simple quotas, where the volume has
 //! them): its next write fails with `EDQUOT`, and the reserve stays for the daemon's
-//! records and the other sandboxes. One writer a look (five a second); once twice the
-//! reserve is free again, every writer stopped so gets its own limit back.
+//! records and the other sandboxes. One writer a look (five a second), and only one that
+//! grew by at least `GREW` since the volume came near its reserve: a sandbox rewriting a
+//! small file now and then is never taken for a filler. Once twice the reserve is free
+//! again, every writer stopped so gets its own limit back.
 
 use super::{log, Daemon, Lock};
 use crate::api::{ApiError, ComponentHealth, Health, VolumeHealth};
@@ -19,6 +21,10 @@ use std::time::Duration;
 
 /// How often the watcher looks at the volume.
 const EVERY: Duration = Duration::from_millis(200);
+
+/// How much a sandbox must have grown since the volume came near its reserve to be
+/// stopped as a writer (a rewrite of a small file moves its use by a few blocks).
+const GREW: u64 = 1 << 20;
 
 /// What the watcher last found.
 #[derive(Debug, Default, Clone)]
@@ -37,9 +43,10 @@ pub struct Watch {
     /// Sandboxes stopped from writing more, with the disk limit each had, and what was
     /// said of them.
     pub held: Mutex<std::collections::HashMap<forkd_sandbox::SandboxId, (Option<u64>, String)>>,
-    /// What each sandbox's writable layer held at the last look while the volume was
-    /// near its reserve: the writer stopped is the one that grew most since.
-    pub last_use: Mutex<std::collections::HashMap<forkd_sandbox::SandboxId, u64>>,
+    /// What each sandbox's writable layer held when the volume came near its reserve
+    /// (or when the sandbox was first seen after): the writer stopped is the one that
+    /// grew most since.
+    pub first_use: Mutex<std::collections::HashMap<forkd_sandbox::SandboxId, u64>>,
 }
 
 impl Daemon {
@@ -120,32 +127,35 @@ impl Daemon {
     /// what is said of the writers held back now.
     fn hold_back_writers(&self, space: &forkd_volume::Space) -> Vec<String> {
         let mut held = self.volume_watch.held.locked();
-        let mut last_use = self.volume_watch.last_use.locked();
+        let mut first_use = self.volume_watch.first_use.locked();
         let near = space.fs_free < 2 * space.reserve() && !space.can_grow();
         if near {
-            // What each holds now, and how much it grew since the last look.
+            // What each holds now, and how much it grew since the volume came near (its
+            // charges made current first).
+            if let Err(e) = self.volume.settle_charges() {
+                log::warn(&format!("volume: {e}"));
+            }
+            let first_look = first_use.is_empty();
             let now: Vec<(u64, u64, Arc<super::sandboxes::Sandbox>)> = self
                 .sandboxes_in_order()
                 .into_iter()
                 .filter(|sb| !held.contains_key(&sb.id))
                 .filter_map(|sb| {
                     let used = self.volume.disk_use(&sb.dir.join("layer"))?.used_bytes;
-                    let grew = last_use
-                        .get(&sb.id)
-                        .map_or(0, |&was| used.saturating_sub(was));
-                    Some((grew, used, sb))
+                    let was = *first_use.entry(sb.id.clone()).or_insert(used);
+                    Some((used.saturating_sub(was), used, sb))
                 })
                 .collect();
-            last_use.clear();
-            last_use.extend(now.iter().map(|(_, used, sb)| (sb.id.clone(), *used)));
             if space.in_reserve() {
-                // The one that grew most; without a look before, the one that holds most.
+                // The one that grew most; at the first look (the volume went from plenty
+                // to its reserve within one), the one that holds most.
                 let writer = now
                     .iter()
-                    .filter(|(grew, _, _)| *grew > 0)
+                    .filter(|(grew, _, _)| *grew >= GREW)
                     .max_by_key(|(grew, _, _)| *grew)
                     .or_else(|| {
                         now.iter()
+                            .filter(|_| first_look)
                             .filter(|(_, used, _)| *used >= space.reserve() / 4)
                             .max_by_key(|(_, used, _)| *used)
                     });
@@ -171,7 +181,7 @@ impl Daemon {
                 }
             }
         } else {
-            last_use.clear();
+            first_use.clear();
         }
         if !held.is_empty() && (space.fs_free > 2 * space.reserve() || space.can_grow()) {
             let table = self.sandboxes.locked();

@@ -228,19 +228,27 @@ impl TestDaemon {
 
     /// Reads a number a sandbox process keeps writing to `path`. The writer truncates the
     /// file before each write (`echo $i > path`), so a read can land in between and see
-    /// it empty: such a read is retried, a few times at most.
+    /// it empty, and a writer that was just refused space (a disk limit, a full volume)
+    /// left it empty until its next write: such a read is retried for up to 2 seconds,
+    /// twenty times the writers' period.
     pub fn read_number(&self, id: &str, path: &str) -> u64 {
         let mut seen = Vec::new();
-        for _ in 0..5 {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
             let (code, out, err) = self.sh(id, &format!("cat {path}"));
             assert_eq!(code, 0, "cat {path} in {id}: {err}");
             if let Ok(n) = out.trim().parse() {
                 return n;
             }
             seen.push(out);
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            if Instant::now() > deadline {
+                panic!(
+                    "{path} in {id} held no number in 2 s ({} reads): {seen:?}",
+                    seen.len()
+                )
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("{path} in {id} held no number in 5 reads: {seen:?}")
     }
 }
 

@@ -67,6 +67,16 @@ impl Volume {
             .map_err(VolumeError::io("set the disk limit of", path))
     }
 
+    /// Writes the volume's dirty data out and commits its transaction (`syncfs`), so that
+    /// the charges `disk_use` reads are current: btrfs charges a write to its subvolume
+    /// only once the data is allocated and the transaction that allocated it commits, up
+    /// to 30 seconds later, and a fast writer can fill gigabytes in that time.
+    pub fn settle_charges(&self) -> Result<(), VolumeError> {
+        let dir = File::open(&self.root).map_err(VolumeError::io("open", &self.root))?;
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir))
+            .map_err(|e| VolumeError::io("sync", &self.root)(e.into()))
+    }
+
     /// What the subvolume at `path` is charged, and its limit; `None` without quotas.
     pub fn disk_use(&self, path: &Path) -> Option<DiskUse> {
         let dir = File::open(path).ok()?;
