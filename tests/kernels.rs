@@ -24,7 +24,8 @@ use std::process::Command;
 const FORKD_INIT: &str = env!("CARGO_BIN_EXE_forkd-init");
 
 /// Boots `suite`'s kernel with the smoke suite and the images in `images` beside the
-/// busybox fixture, and with `harbor`, the Harbor step's disk; returns its `SMOKE` lines.
+/// busybox fixture, and with `harbor`, the Harbor step's disk; returns its `SMOKE` lines and
+/// doctor's (`DOCTOR`).
 fn boot(name: &str, suite: &str, images: &Path, harbor: bool) -> Option<Vec<String>> {
     if !can_run_criu(name) {
         return None;
@@ -92,7 +93,12 @@ fn boot(name: &str, suite: &str, images: &Path, harbor: bool) -> Option<Vec<Stri
     );
     let lines: Vec<String> = text
         .lines()
-        .filter_map(|l| l.find("SMOKE ").map(|i| l[i..].to_string()))
+        .filter_map(|l| {
+            ["SMOKE ", "DOCTOR "]
+                .iter()
+                .find_map(|m| l.find(m))
+                .map(|i| l[i..].to_string())
+        })
         .collect();
     assert!(
         lines.iter().any(|l| l == "SMOKE done"),
@@ -165,6 +171,29 @@ fn check(suite: &str, release: &str, harbor: bool, lines: &[String]) {
             l.starts_with(&format!("SMOKE {step} ok")),
             "{suite}: {l}\n{lines:#?}"
         );
+    }
+    // Doctor's rows of kernel features, each the answer of a probe on a real older kernel
+    // (where the feature has one): Debian carries none of these back, so each answer must
+    // be the one the version gives.
+    let version = forkd_sys::mount::kernel_version(release).unwrap();
+    for (feature, since) in [
+        ("mount-api", (5, 2)),
+        ("pidfd-calls", (5, 3)),
+        ("close_range", (5, 9)),
+        ("cloexec-range", (5, 11)),
+        ("rseq-dump", (5, 13)),
+        ("favordynmods", (6, 0)),
+        ("bdi-max-bytes", (6, 2)),
+        ("memory-merge", (6, 4)),
+        ("simple-quotas", (6, 7)),
+        ("lowerdir+", (6, 8)),
+    ] {
+        let row = lines
+            .iter()
+            .find(|l| l.starts_with("DOCTOR ") && l.split_whitespace().nth(2) == Some(feature))
+            .unwrap_or_else(|| panic!("{suite}: no doctor row {feature}: {lines:#?}"));
+        let want = if version >= since { "ok" } else { "warn" };
+        assert_eq!(row.split_whitespace().nth(1), Some(want), "{suite}: {row}");
     }
     assert!(
         find("overlay").contains("as links"),

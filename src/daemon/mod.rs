@@ -451,7 +451,7 @@ impl Daemon {
                 c
             })
             .map_err(|e| e.to_string());
-        if criu.is_ok() && forkd_sys::random_ready().ok() == Some(false) {
+        if criu.is_ok() && forkd_sys::probe::random_ready().ok() == Some(false) {
             log::warn(
                 "the kernel's random pool is not ready yet: each CRIU run waits for it (3-4 s \
                  a checkpoint or restore) until it is; a virtual machine needs RDRAND or \
@@ -598,8 +598,12 @@ impl Daemon {
         if !self.favor_dynmods {
             return;
         }
+        // The kernel's list of cgroup2 features is asked; without it, the version.
         let release = forkd_sys::mount::kernel_release();
-        if forkd_sys::mount::kernel_version(&release).is_some_and(|v| v < (6, 0)) {
+        let has = forkd_sys::probe::cgroup_favordynmods().unwrap_or_else(|| {
+            forkd_sys::mount::kernel_version(&release).is_none_or(|v| v >= (6, 0))
+        });
+        if !has {
             if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
                 log::info(&format!(
                     "cgroup: favordynmods needs Linux 6.0; this kernel is {release}: each \

@@ -117,12 +117,12 @@ fn write_knob(name: &str, value: &str) -> std::io::Result<()> {
 pub const MEMORY_MERGE_KERNEL: (u32, u32) = (6, 4);
 
 /// Whether this kernel can share a branch's memory; the error says why not. The kernel
-/// is asked (`forkd_sys::memory_merge_available`), not its version read: distribution
+/// is asked (`forkd_sys::probe::memory_merge`), not its version read: distribution
 /// kernels carry features back (RHEL's 5.14).
 pub fn memory_merge_supported() -> Result<(), String> {
     memory_merge_verdict(
         &forkd_sys::mount::kernel_release(),
-        forkd_sys::memory_merge_available(),
+        forkd_sys::probe::memory_merge(),
     )
 }
 
@@ -318,7 +318,7 @@ mod tests {
         // Every kernel from 6.4 answers the probe.
         let release = forkd_sys::mount::kernel_release();
         if forkd_sys::mount::kernel_version(&release).is_some_and(|v| v >= MEMORY_MERGE_KERNEL) {
-            assert!(forkd_sys::memory_merge_available(), "{release}");
+            assert!(forkd_sys::probe::memory_merge(), "{release}");
         }
     }
 

@@ -17,6 +17,7 @@ pub mod exits;
 pub mod lowerdir;
 pub mod mount;
 pub mod mountinfo;
+pub mod probe;
 pub mod testing;
 
 /// Turns a raw `-1`-on-error return code into an `io::Result`.
@@ -246,25 +247,6 @@ pub fn userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(own_fd(fd as RawFd))
 }
 
-/// Whether the kernel's random pool is ready: `getrandom(GRND_NONBLOCK)` answers instead of
-/// `EAGAIN`. Until it is, every program that asks for random bytes without blocking and
-/// retries (util-linux's libuuid sleeps 125 ms, up to 8 times) waits: CRIU spends some
-/// 3-4 s a run there on a virtual machine that offers neither RDRAND nor virtio-rng.
-pub fn random_ready() -> io::Result<bool> {
-    let mut byte = 0u8;
-    // SAFETY: getrandom writes at most one byte into `byte`, which outlives the call.
-    let n = unsafe { libc::getrandom((&mut byte as *mut u8).cast(), 1, libc::GRND_NONBLOCK) };
-    if n >= 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EAGAIN) {
-        Ok(false)
-    } else {
-        Err(e)
-    }
-}
-
 /// Forks the current process. The parent gets the child's pid, the child gets 0.
 ///
 /// Used by forkd's in-sandbox init, which is single-threaded.
@@ -415,14 +397,6 @@ pub fn with_own_run(
         });
     }
     Ok(())
-}
-
-/// Whether this kernel has `PR_SET_MEMORY_MERGE`: Linux 6.4, or a distribution kernel
-/// that carries it back (`PR_GET_MEMORY_MERGE` answers rather than failing `EINVAL`).
-pub fn memory_merge_available() -> bool {
-    const PR_GET_MEMORY_MERGE: libc::c_int = 68;
-    // SAFETY: a prctl with integer arguments that only reads the caller's own flag.
-    unsafe { libc::prctl(PR_GET_MEMORY_MERGE, 0 as libc::c_ulong, 0, 0, 0) >= 0 }
 }
 
 /// Makes `cmd` run with `PR_SET_MEMORY_MERGE` (Linux 6.4+): every anonymous mapping it

@@ -34,12 +34,20 @@ pub struct DiskUse {
 impl Volume {
     /// Turns simple quotas on (idempotent), or says why they cannot be.
     pub fn enable_quotas(&self) -> Result<(), String> {
+        // btrfs's own list of features is asked (a distribution kernel may carry simple
+        // quotas back); the version names what is missing.
         let release = forkd_sys::mount::kernel_release();
-        if forkd_sys::mount::kernel_version(&release).is_some_and(|v| v < SIMPLE_QUOTAS_KERNEL) {
-            return Err(format!(
+        let old =
+            forkd_sys::mount::kernel_version(&release).is_some_and(|v| v < SIMPLE_QUOTAS_KERNEL);
+        let lacking = || {
+            format!(
                 "disk limits need Linux {}.{} (btrfs simple quotas); this kernel is {release}",
                 SIMPLE_QUOTAS_KERNEL.0, SIMPLE_QUOTAS_KERNEL.1
-            ));
+            )
+        };
+        let listed = forkd_sys::probe::btrfs_simple_quotas();
+        if !listed.unwrap_or(!old) {
+            return Err(lacking());
         }
         if self.quota_mode().as_deref() == Some("squota") {
             return Ok(());
@@ -53,6 +61,9 @@ impl Volume {
         let dir =
             File::open(&self.root).map_err(|e| format!("open {}: {e}", self.root.display()))?;
         forkd_sys::btrfs::enable_simple_quotas(dir.as_fd()).map_err(|e| {
+            if old && listed.is_none() {
+                return lacking();
+            }
             format!(
                 "disk limits are unavailable: enabling btrfs simple quotas on {} failed: {e}",
                 self.root.display()

@@ -13,9 +13,10 @@ pub(super) struct Feature {
     /// What happens on a kernel without it.
     pub without: &'static str,
     pub required: bool,
-    /// Asks the kernel itself, for a feature that distribution kernels carry back to
-    /// older versions (the daemon asks the same way); else the version decides.
-    pub probe: Option<fn() -> bool>,
+    /// Asks the running kernel itself (`forkd_sys::probe`): distribution kernels carry
+    /// features back to older versions. Where there is no probe, or it cannot tell (no
+    /// privilege, a module not loaded yet), the version decides.
+    pub probe: Option<fn() -> Option<bool>>,
 }
 
 pub(super) const FEATURES: &[Feature] = &[
@@ -25,7 +26,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "sandbox roots as detached mounts (fsopen, fsmount, open_tree, move_mount)",
         without: "no sandbox can start",
         required: true,
-        probe: None,
+        probe: Some(forkd_sys::probe::mount_api),
     },
     Feature {
         name: "pidfd-calls",
@@ -33,7 +34,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "watching and signalling every sandbox's init (pidfd_open, pidfd_send_signal)",
         without: "no sandbox can be watched",
         required: true,
-        probe: None,
+        probe: Some(forkd_sys::probe::pidfd),
     },
     Feature {
         name: "close_range",
@@ -41,13 +42,21 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "the exit watcher's descriptor table",
         without: "the exit watcher cannot start",
         required: true,
-        probe: None,
+        probe: Some(forkd_sys::probe::close_range),
     },
     Feature {
         name: "cloexec-range",
         since: (5, 11),
         used_for: "closing every descriptor before a sandbox's init runs, in one call (CLOSE_RANGE_CLOEXEC)",
         without: "descriptors are marked one at a time",
+        required: false,
+        probe: Some(forkd_sys::probe::cloexec_range),
+    },
+    Feature {
+        name: "rseq-dump",
+        since: (5, 13),
+        used_for: "live checkpoints of programs that register rseq areas (glibc 2.35+; PTRACE_GET_RSEQ_CONFIGURATION)",
+        without: "sandboxes run with glibc's rseq turned off (GLIBC_TUNABLES=glibc.pthread.rseq=0)",
         required: false,
         probe: None,
     },
@@ -57,7 +66,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "moving processes into cgroups without an RCU wait (cgroup2 favordynmods)",
         without: "each create and fork may wait 7-19 ms for RCU",
         required: false,
-        probe: None,
+        probe: Some(forkd_sys::probe::cgroup_favordynmods),
     },
     Feature {
         name: "bdi-max-bytes",
@@ -65,7 +74,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "bounding the volume's dirty data (FORKD_DIRTY_LIMIT)",
         without: "the volume is left untuned: a checkpoint after a large write waits for it",
         required: false,
-        probe: None,
+        probe: Some(forkd_sys::probe::bdi_max_bytes),
     },
     Feature {
         name: "memory-merge",
@@ -73,7 +82,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "memory shared between branches (KSM, PR_SET_MEMORY_MERGE)",
         without: "forks that ask share_memory are refused by name",
         required: false,
-        probe: Some(forkd_sys::memory_merge_available),
+        probe: Some(|| Some(forkd_sys::probe::memory_merge())),
     },
     Feature {
         name: "simple-quotas",
@@ -81,7 +90,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "disk limits of sandboxes, each charged what it writes (btrfs simple quotas)",
         without: "a sandbox with a disk limit is refused by name",
         required: false,
-        probe: None,
+        probe: Some(forkd_sys::probe::btrfs_simple_quotas),
     },
     Feature {
         name: "lowerdir+",
@@ -89,7 +98,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "overlay layer stacks of any depth (one fsconfig lowerdir+ per layer)",
         without: "layers are handed over as one-byte links, at most 128 a stack",
         required: false,
-        probe: None,
+        probe: Some(forkd_sys::mount::lowerdir_plus_works),
     },
 ];
 
@@ -103,11 +112,8 @@ pub(super) fn check_features(release: &str) -> Vec<Check> {
         .map(|f| {
             let needs = format!("Linux {}.{}+", f.since.0, f.since.1);
             // The kernel's own answer where there is a probe, else its version.
-            let has = match (f.probe.filter(|_| running), version) {
-                (Some(probe), _) => Some(probe()),
-                (None, Some(v)) => Some(v >= f.since),
-                (None, None) => None,
-            };
+            let asked = f.probe.filter(|_| running).and_then(|probe| probe());
+            let has = asked.or(version.map(|v| v >= f.since));
             match has {
                 Some(true) => {
                     let how = if version.is_some_and(|v| v < f.since) {

@@ -343,6 +343,8 @@ pub(super) fn check_cgroups() -> Check {
                 m.mount_point.display()
             ))
         }
+        // The kernel has no such option (see the favordynmods row below).
+        Some(_) if forkd_sys::probe::cgroup_favordynmods() == Some(false) => {}
         Some(m) => detail.push_str(&format!(
             "; favordynmods off on {} (the daemon sets it unless FORKD_CGROUP_FAVOR_DYNMODS=0)",
             m.mount_point.display()
@@ -460,7 +462,7 @@ pub(super) fn check_pidfd() -> Check {
 
 pub(super) fn check_random() -> Check {
     const NAME: &str = "random";
-    match forkd_sys::random_ready() {
+    match forkd_sys::probe::random_ready() {
         Ok(true) => Check::ok(NAME, false, "the kernel's random pool is ready"),
         Ok(false) => Check::new(
             NAME,

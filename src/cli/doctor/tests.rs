@@ -128,6 +128,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "pidfd-calls",
             "close_range",
             "cloexec-range",
+            "rseq-dump",
             "favordynmods",
             "bdi-max-bytes",
             "memory-merge",
@@ -211,6 +212,19 @@ fn kernel_features_say_what_each_kernel_lacks() {
     assert_eq!(bullseye["cloexec-range"].status, Status::Warn);
     assert_eq!(bullseye["favordynmods"].status, Status::Warn);
     assert_eq!(bullseye["close_range"].status, Status::Ok);
+    assert_eq!(bullseye["rseq-dump"].status, Status::Warn);
+    assert_eq!(bookworm["rseq-dump"].status, Status::Ok);
+    // The running kernel is asked, not its version read: these machines' (6.18) has
+    // every feature, and each probe that can ask must find it.
+    let release = forkd_sys::mount::kernel_release();
+    if forkd_sys::mount::kernel_version(&release).is_some_and(|v| v >= (6, 8)) {
+        let running = by_name(&release);
+        let missing: Vec<_> = running
+            .values()
+            .filter(|c| c.status != Status::Ok)
+            .collect();
+        assert!(missing.is_empty(), "{missing:?}");
+    }
     let old = by_name("4.19.0");
     assert_eq!(
         old["mount-api"].status,
