@@ -230,6 +230,16 @@ pub fn overlay_with(
 /// The overlay of [`LowerMode::Links`]: every path is a link in a private directory that
 /// is the thread's working directory while the superblock is made.
 fn overlay_linked(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result<OwnedFd> {
+    // A link to a missing layer fails only at the create, and overlayfs names it in the
+    // kernel log only: each is looked at first, so that the error names it.
+    for lower in lowers {
+        std::fs::metadata(lower).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("fsconfig lowerdir {}: {e}", lower.display()),
+            )
+        })?;
+    }
     let links = crate::lowerdir::LinkDir::new(lowers, upper)?;
     let _cwd = links.enter()?;
     let fs = FsContext::open(c"overlay").map_err(io::Error::from)?;
@@ -761,8 +771,12 @@ mod tests {
         )
         .unwrap_err();
         let text = chain(&e);
+        let option = match lower_mode() {
+            LowerMode::Append => "lowerdir+",
+            LowerMode::Links => "lowerdir",
+        };
         assert!(
-            text.starts_with(&format!("fsconfig lowerdir+ {}", missing.display())),
+            text.starts_with(&format!("fsconfig {option} {}", missing.display())),
             "{text}"
         );
         assert_eq!(e.kind(), io::ErrorKind::NotFound, "{text}");
