@@ -27,11 +27,14 @@ mod routes;
 mod sandboxes;
 mod sharing;
 mod spare_netns;
+mod startup;
 mod table;
 
 use forkd_cgroups::Hierarchy;
 use forkd_layers::{ImageStore, LayerId, LayerStore};
 use sandboxes::Sandbox;
+pub use startup::SANDBOXES_MEMORY_ENV;
+use startup::*;
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -115,73 +118,6 @@ pub struct Daemon {
     favor_dynmods: bool,
     /// Whether the last attempt to set it failed (so a failure is logged once).
     favor_dynmods_failed: std::sync::atomic::AtomicBool,
-}
-
-/// Environment variable with the memory all sandboxes together may use (`0`: no bound).
-pub const SANDBOXES_MEMORY_ENV: &str = "FORKD_SANDBOXES_MEMORY";
-
-/// Bounds every sandbox's memory together (the `forkd` cgroup, shared by every daemon
-/// on the host), by default to the machine's memory less a tenth (at least 1 GiB) for
-/// the daemon and the host: a memory bomb without a limit of its own meets the OOM killer
-/// in there, never the host's. A bad setting stops the daemon; a kernel that refuses
-/// the bound is said once.
-fn bound_sandboxes_memory(hierarchy: &forkd_cgroups::Hierarchy) -> anyhow::Result<()> {
-    let bytes = match std::env::var(SANDBOXES_MEMORY_ENV) {
-        Ok(v) if v.trim() == "0" => return Ok(()),
-        Ok(v) => crate::cli::parse_size(&v)
-            .map_err(|e| anyhow::anyhow!("{SANDBOXES_MEMORY_ENV}={v:?}: {e}"))?,
-        Err(_) => {
-            let total = std::fs::read_to_string("/proc/meminfo")
-                .ok()
-                .and_then(|m| {
-                    m.lines()
-                        .find_map(|l| l.strip_prefix("MemTotal:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                })
-                .map(|kib| kib << 10)
-                .unwrap_or(0);
-            if total == 0 {
-                return Ok(());
-            }
-            total - (total / 10).max(1 << 30).min(total / 2)
-        }
-    };
-    match forkd_cgroups::bound_memory(hierarchy, "forkd", bytes) {
-        Ok(path) => log::info(&format!(
-            "cgroup: all sandboxes together may use {} MiB of memory ({}; {SANDBOXES_MEMORY_ENV})",
-            bytes >> 20,
-            path.display()
-        )),
-        Err(e) => log::warn(&format!("cgroup: sandboxes' memory left unbounded: {e}")),
-    }
-    Ok(())
-}
-
-/// Says in plain words, at start, how far the volume can really grow: the most it may
-/// grow to against what the disk under it can give.
-fn check_volume_size(volume: &forkd_volume::Volume) {
-    let Ok(s) = volume.space() else { return };
-    if volume.loop_image().is_none() {
-        return;
-    }
-    let reachable = s.can_grow_to();
-    log::info(&format!(
-        "volume: {} MiB now, {} MiB free; may grow to {} MiB ({}), keeping {} MiB free on the disk under it",
-        s.fs_bytes >> 20,
-        s.fs_free >> 20,
-        s.max_bytes >> 20,
-        forkd_volume::SIZE_ENV,
-        s.host_reserve >> 20
-    ));
-    if reachable < s.max_bytes {
-        log::warn(&format!(
-            "volume: {} allows {} MiB but the disk under {} has room for {} MiB of it: past that, writes in sandboxes fail with ENOSPC (the volume itself stays writable)",
-            forkd_volume::SIZE_ENV,
-            s.max_bytes >> 20,
-            volume.loop_image().map(|p| p.display().to_string()).unwrap_or_default(),
-            reachable >> 20
-        ));
-    }
 }
 
 /// Locks that outlive a panicking holder. A handler that panics answers 500 and its
@@ -590,53 +526,6 @@ impl Daemon {
         Ok(daemon)
     }
 
-    /// Keeps `favordynmods` set on the cgroup2 mount, so that moving a process into a
-    /// cgroup does not wait for an RCU grace period (see
-    /// [`forkd_cgroups::favor_dynamic_changes`]). Called at start-up and then once a
-    /// second by a watcher thread: another program's mount of cgroup2 clears the flag.
-    pub(crate) fn keep_migrations_cheap(&self) {
-        if !self.favor_dynmods {
-            return;
-        }
-        // The kernel's list of cgroup2 features is asked; without it, the version.
-        let release = forkd_sys::mount::kernel_release();
-        let has = forkd_sys::probe::cgroup_favordynmods().unwrap_or_else(|| {
-            forkd_sys::mount::kernel_version(&release).is_none_or(|v| v >= (6, 0))
-        });
-        if !has {
-            if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
-                log::info(&format!(
-                    "cgroup: favordynmods needs Linux 6.0; this kernel is {release}: each \
-                     task migration may wait for RCU (7-19 ms)"
-                ));
-            }
-            return;
-        }
-        match forkd_cgroups::favor_dynamic_changes() {
-            Ok(Some((at, true))) => {
-                self.favor_dynmods_failed.store(false, Ordering::Relaxed);
-                log::info(&format!(
-                    "cgroup: set favordynmods on {} (task migrations do not wait for RCU; \
-                     FORKD_CGROUP_FAVOR_DYNMODS=0 leaves it alone)",
-                    at.display()
-                ));
-            }
-            Ok(_) => {}
-            Err(e) => {
-                if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
-                    let why = anyhow::Error::from(e)
-                        .chain()
-                        .map(|c| c.to_string())
-                        .collect::<Vec<_>>()
-                        .join(": ");
-                    log::warn(&format!(
-                        "cgroup: favordynmods not set, each migration may wait 7-19 ms: {why}"
-                    ));
-                }
-            }
-        }
-    }
-
     /// On shutdown, unmount CRIU's private `/run`, the sandboxes' sysfs and, with nothing
     /// running, the loop-mounted volume, so that no mount outlives the daemon; the next start
     /// mounts them again.
@@ -673,66 +562,6 @@ impl Daemon {
             forkd_sandbox::id::random_hex(2)
         )
     }
-}
-
-/// The program every sandbox runs as `/.forkd/init`: `FORKD_INIT`, or `forkd-init` beside
-/// this executable (where `cargo build` puts it).
-fn init_program(exe: &Path) -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("FORKD_INIT").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        anyhow::ensure!(p.is_file(), "FORKD_INIT={}: no such file", p.display());
-        return Ok(p);
-    }
-    let init = exe.with_file_name("forkd-init");
-    anyhow::ensure!(
-        init.is_file(),
-        "{} is missing: it is the program inside every sandbox, built with forkd (cargo build builds both); or set FORKD_INIT",
-        init.display()
-    );
-    Ok(init)
-}
-
-/// Makes sure the layer holding this build's init exists; returns its id. The layer is
-/// `/.forkd/init` (a copy of `forkd-init`) plus empty `/.forkd/run` and `/.forkd/logs`;
-/// its id is cached per executable digest.
-fn ensure_runtime_layer(root: &Path, layers: &LayerStore, exe: &Path) -> anyhow::Result<LayerId> {
-    use anyhow::Context;
-    use sha2::Digest;
-    let bytes = std::fs::read(exe).with_context(|| format!("read {}", exe.display()))?;
-    let digest: String = sha2::Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let cache = root.join("runtime").join(format!("{digest}.layer"));
-    if let Ok(text) = std::fs::read_to_string(&cache) {
-        if let Ok(id) = text.trim().parse::<LayerId>() {
-            if layers.exists(&id) {
-                return Ok(id);
-            }
-        }
-    }
-    let stage = root
-        .join("runtime")
-        .join(format!(".stage-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&stage);
-    let build = || -> anyhow::Result<LayerId> {
-        let dir = stage.join(".forkd");
-        for d in ["run", "logs"] {
-            std::fs::create_dir_all(dir.join(d))?;
-        }
-        std::fs::set_permissions(dir.join("run"), std::fs::Permissions::from_mode(0o700))?;
-        std::fs::write(dir.join("init"), &bytes)?;
-        std::fs::set_permissions(dir.join("init"), std::fs::Permissions::from_mode(0o755))?;
-        // Every sandbox's /dev (device nodes, pts/, shm/, the usual symlinks): above the
-        // image's layers, so a sandbox's set-up finds it ready and writes nothing.
-        forkd_sandbox::setup::populate_dev(&stage)?;
-        Ok(layers.import_dir(&stage, &mut |_| {})?)
-    };
-    let res = build();
-    let _ = std::fs::remove_dir_all(&stage);
-    let id = res.context("build the runtime layer")?;
-    std::fs::write(&cache, id.to_string()).with_context(|| format!("write {}", cache.display()))?;
-    Ok(id)
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -798,29 +627,4 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     // live on in the sandboxes.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result
-}
-
-/// Whether sandboxes without a memory limit share one memory cgroup (`FORKD_MEMCG`:
-/// `limited`, the default, gives one of its own only to a sandbox with a memory limit;
-/// `each` to every sandbox): `Some(asked)` to share, `asked` when the variable says so.
-/// Sharing needs cgroup v1 (docs/DESIGN.md, "Sharing the memory cgroup").
-fn share_memory_cgroups() -> anyhow::Result<Option<bool>> {
-    match std::env::var("FORKD_MEMCG").as_deref() {
-        Err(_) => Ok(Some(false)),
-        Ok("limited") => Ok(Some(true)),
-        Ok("each") => Ok(None),
-        Ok(v) => anyhow::bail!(
-            "FORKD_MEMCG={v:?} is not a choice: `each` (a memory cgroup for every sandbox) or `limited` (only for sandboxes with a memory limit)"
-        ),
-    }
-}
-
-/// How many free cgroups the daemon keeps for the next sandboxes (`FORKD_CGROUP_POOL`).
-fn cgroup_pool() -> anyhow::Result<usize> {
-    match std::env::var("FORKD_CGROUP_POOL") {
-        Err(_) => Ok(32),
-        Ok(v) => v.trim().parse().map_err(|_| {
-            anyhow::anyhow!("FORKD_CGROUP_POOL={v:?} is not a number of cgroups (0 keeps none)")
-        }),
-    }
 }
