@@ -112,11 +112,13 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
     );
     // Still full: the health endpoint says so, and a create is refused with the reason.
     let h = health(&d);
-    let pressure = h
-        .volume
-        .pressure
-        .clone()
-        .expect("pressure while the disk is full");
+    let pressure = h.volume.pressure.clone().unwrap_or_else(|| {
+        panic!(
+            "no pressure while the disk is full: {:?}\n{}",
+            h.volume,
+            d.log()
+        )
+    });
     assert!(
         pressure.contains("the volume is") && pressure.contains("cannot grow"),
         "{pressure}"

@@ -184,9 +184,13 @@ fn a_tight_fork_loop_checkpoints_and_goes_on() {
     }
 }
 
-/// Where the sandbox's `cat` sleeps in the kernel.
-const READER_WAIT: &str =
-    "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = cat ] && cat $p/wchan && echo; done; true";
+/// The system call the sandbox's `cat` is in and its state: "257 S" while it sleeps in
+/// `openat` (wchan would name the FIFO's wait, but Linux before 5.16 reads it as 0 with
+/// the ORC unwinder Debian's kernels use).
+const READER_WAIT: &str = "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = cat ] && echo \"$(cut -d' ' -f1 $p/syscall) $(cut -d' ' -f3 $p/stat)\"; done; true";
+
+/// What [`READER_WAIT`] prints for a reader asleep in `openat`.
+const IN_OPEN: &str = "257 S";
 
 /// A process blocked opening a FIFO no one writes: checkpointed mid-`open`, it is still
 /// waiting in every branch, and a writer in one branch wakes only that branch's reader.
@@ -203,9 +207,9 @@ fn a_process_blocked_opening_a_fifo_waits_on_in_every_branch() {
         serde_json::json!({ "shell": "cat /tmp/fifo > /tmp/got", "detach": true }),
     );
     r.expect("start the reader");
-    // Blocked in the open: in the kernel's wait for a FIFO's other end
-    // (`wait_for_partner`), with no descriptor of it yet.
-    d.wait_for(&sb.id, READER_WAIT, "wait_for_partner");
+    // Blocked in the open: asleep in `openat`, in the kernel's wait for a FIFO's other
+    // end, with no descriptor of it yet.
+    d.wait_for(&sb.id, READER_WAIT, IN_OPEN);
     let ck = live_checkpoint(&d, &sb.id).expect("live checkpoint with a reader in open");
     let fork = d.fork(&ck.id, 2, false);
     let (a, b) = (&fork.branches[0].id, &fork.branches[1].id);
@@ -218,7 +222,7 @@ fn a_process_blocked_opening_a_fifo_waits_on_in_every_branch() {
         (0, ""),
         "branch b's reader still waits"
     );
-    d.wait_for(b, READER_WAIT, "wait_for_partner");
+    d.wait_for(b, READER_WAIT, IN_OPEN);
     still_runs(&d, &sb.id);
 }
 

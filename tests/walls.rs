@@ -174,6 +174,9 @@ fn the_escape_battery_fails_in_busybox_and_debian_before_and_after_a_fork() {
     let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
         return;
     };
+    if !have_program(name, "cc") {
+        return;
+    }
     let probe = probe();
     let before = host_state();
     let d = TestDaemon::start("walls-battery");

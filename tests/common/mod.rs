@@ -314,6 +314,17 @@ pub fn require(name: &str, ok: bool, why: &str) -> bool {
     forkd_sys::testing::require(name, ok, why)
 }
 
+/// Whether `program` is on the PATH, or a SKIP (in CI a failure) naming it: a test that
+/// leans on a host tool (a C compiler, python3) must not pass for want of it.
+pub fn have_program(name: &str, program: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    require(name, found, &format!("{program} is not on the PATH"))
+}
+
 /// A fixture file of the cache (an image, a built suite), or a SKIP naming the set-up
 /// component that makes it.
 pub fn fixture(name: &str, rel: &str, component: &str) -> Option<PathBuf> {
