@@ -69,7 +69,8 @@ impl TestDaemon {
         let _ = std::fs::remove_dir_all(&base);
         let mut opts = Options::new(BIN, &base);
         opts.root = root.map(Path::to_path_buf);
-        opts.ready_within = Duration::from_secs(30);
+        // A bound, not a speed: under QEMU's TCG making the volume alone took 21 s.
+        opts.ready_within = Duration::from_secs(120);
         // Hermetic: a name that is not here is never looked for on Docker Hub.
         if !env.iter().any(|(k, _)| *k == "FORKD_REGISTRIES_CONF") {
             let conf = PathBuf::from(format!("{}.registries.conf", base.display()));
@@ -412,7 +413,8 @@ impl TestDaemon {
     }
 
     /// Runs `line` in sandbox `id` until it exits 0 with output containing `want`;
-    /// returns that output. Fails after 30 s.
+    /// returns that output. Fails after 120 s (a bound, not a speed: under QEMU's TCG a
+    /// sandbox's first 200 MB take most of a minute).
     pub fn wait_for(&self, id: &str, line: &str, want: &str) -> String {
         let t = Instant::now();
         loop {
@@ -421,7 +423,7 @@ impl TestDaemon {
                 return out;
             }
             assert!(
-                t.elapsed() < Duration::from_secs(30),
+                t.elapsed() < Duration::from_secs(120),
                 "{line:?} in {id}: exit {code}, {out:?} {err:?}"
             );
             std::thread::sleep(Duration::from_millis(100));

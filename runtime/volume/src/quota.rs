@@ -118,7 +118,7 @@ impl Volume {
     }
 
     /// `/sys/fs/btrfs/<uuid>` of this volume's filesystem.
-    fn sysfs_dir(&self) -> Option<PathBuf> {
+    pub(crate) fn sysfs_dir(&self) -> Option<PathBuf> {
         self.sysfs
             .get_or_init(|| crate::sysfs_dir_of(&self.root))
             .clone()
