@@ -113,8 +113,15 @@ fn a_full_disk_gives_the_writer_enospc_and_the_node_goes_on() {
     // Still full: the health endpoint says so, and a create is refused with the reason.
     let h = health(&d);
     let pressure = h.volume.pressure.clone().unwrap_or_else(|| {
+        let alloc = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("cd /sys/fs/btrfs && grep -r . */allocation/*/total_bytes */allocation/*/bytes_* */allocation/*/disk_* */allocation/global_rsv_* 2>&1; btrfs filesystem usage -b \"$0\" 2>&1")
+            .arg(d.data())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
         panic!(
-            "no pressure while the disk is full: {:?}\n{}",
+            "no pressure while the disk is full: {:?}\n{alloc}\n{}",
             h.volume,
             d.log()
         )

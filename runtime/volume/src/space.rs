@@ -47,11 +47,13 @@ const MIN_STEP: u64 = 64 << 20;
 pub struct Space {
     /// The filesystem's size.
     pub fs_bytes: u64,
-    /// What is free in it for new data: `statfs`'s `f_bavail`, less what btrfs has
-    /// promised to data written but not yet on the disk (its data `bytes_may_use`). A
-    /// writer is refused `ENOSPC` against the promise, while `statfs` counts only what is
-    /// on the disk: with dirty data unbounded (Linux before 6.2 has no bdi `max_bytes`),
-    /// a volume that refuses every write showed 148 MiB free of 1012 MiB.
+    /// What is free in it for new data: `statfs`'s `f_bavail`, less what btrfs's data
+    /// space has promised or set aside and not yet counted as used (`bytes_may_use` for
+    /// dirty data, `bytes_reserved` for extents being written, `bytes_pinned` for extents
+    /// freed in the running transaction). A writer is refused `ENOSPC` against all of it,
+    /// while `statfs` counts only the used bytes: with dirty data unbounded (Linux before
+    /// 6.2 has no bdi `max_bytes`), a volume refusing every write showed 148 to 389 MiB
+    /// free of 1012 MiB while its data in flight was written out.
     pub fs_free: u64,
     /// The most it may grow to (the image's length); equal to `fs_bytes` for a volume that
     /// is the host's own filesystem.
@@ -178,11 +180,15 @@ impl Volume {
     pub fn space(&self) -> Result<Space, VolumeError> {
         let vfs = statvfs(&self.root)?;
         let frsize = vfs.fragment_size();
-        let promised = self
-            .sysfs_dir()
-            .and_then(|d| std::fs::read_to_string(d.join("allocation/data/bytes_may_use")).ok())
-            .and_then(|t| t.trim().parse::<u64>().ok())
-            .unwrap_or(0);
+        let promised: u64 = self.sysfs_dir().map_or(0, |d| {
+            ["bytes_may_use", "bytes_reserved", "bytes_pinned"]
+                .iter()
+                .filter_map(|f| {
+                    let text = std::fs::read_to_string(d.join("allocation/data").join(f)).ok()?;
+                    text.trim().parse::<u64>().ok()
+                })
+                .sum()
+        });
         let fs_free = (vfs.blocks_available() * frsize).saturating_sub(promised);
         let dir = File::open(&self.root).map_err(VolumeError::io("open", &self.root))?;
         let fs_bytes = match forkd_sys::btrfs::device_size(dir.as_fd(), 1) {
