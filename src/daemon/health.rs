@@ -6,9 +6,10 @@
 //! are refused with that reason (503) rather than failing one by one half-way.
 //!
 //! Stopping a writer: once the volume is down to its reserve (`Space::reserve`, 5%, at
-//! least 256 MiB) and cannot grow, the sandbox whose writable layer holds the most is
-//! given a disk limit equal to what it holds (btrfs simple quotas, where the volume has
-//! them): its next write fails with `EDQUOT`, and the reserve stays for the daemon's
+//! least 256 MiB) and cannot grow, the sandbox whose writable layer grew most is given a
+//! disk limit equal to what it holds (btrfs simple quotas, where the volume has them;
+//! the charges made current first): its next write fails with `EDQUOT`, and the reserve
+//! stays for the daemon's
 //! records and the other sandboxes. One writer a look (five a second), and only one that
 //! grew by at least `GREW` since the volume came near its reserve: a sandbox rewriting a
 //! small file now and then is never taken for a filler. Once twice the reserve is free
