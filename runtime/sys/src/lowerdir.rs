@@ -224,7 +224,7 @@ mod tests {
         let b = tree(&fd_path(linked.as_fd()));
         // What lowerdir+ builds; on a kernel without it (before 6.8), the union the
         // overlay must show, made here: the layers bottom up, each over the ones below.
-        let a = if crate::mount::lowerdir_plus_works() == Some(true) {
+        let a = if crate::probe::lowerdir_plus() == Some(true) {
             let appended = overlay_with(&refs, None, LowerMode::Append).unwrap();
             tree(&fd_path(appended.as_fd()))
         } else {

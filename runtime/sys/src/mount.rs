@@ -154,26 +154,9 @@ pub fn lower_mode() -> LowerMode {
         _ if kernel_version(&kernel_release()).is_some_and(|v| v >= LOWERDIR_PLUS_KERNEL) => {
             LowerMode::Append
         }
-        _ if lowerdir_plus_works() == Some(true) => LowerMode::Append,
+        _ if crate::probe::lowerdir_plus() == Some(true) => LowerMode::Append,
         _ => LowerMode::Links,
     })
-}
-
-/// Whether overlayfs takes `lowerdir+` (Linux 6.8): a throw-away read-only overlay of two
-/// empty directories is built with it. `None` without the privilege to mount.
-pub fn lowerdir_plus_works() -> Option<bool> {
-    // SAFETY: geteuid only reads this process's credentials.
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    let dir = std::env::temp_dir().join(format!("forkd-lowerdir-probe-{}", std::process::id()));
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    let made = std::fs::create_dir_all(&a).and_then(|()| std::fs::create_dir_all(&b));
-    let works = made
-        .and_then(|()| overlay_with(&[&a, &b], None, LowerMode::Append))
-        .is_ok();
-    let _ = std::fs::remove_dir_all(&dir);
-    Some(works)
 }
 
 /// [`overlay`] with the lower layers handed over as `mode` says.

@@ -14,14 +14,14 @@ fn errno(ret: libc::c_long) -> Option<i32> {
     check(ret).err().and_then(|e| e.raw_os_error())
 }
 
-/// The new mount API (Linux 5.2): `fsopen("tmpfs")` gives a context.
-pub fn mount_api() -> Option<bool> {
-    // SAFETY: fsopen reads a NUL-terminated name and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), libc::O_CLOEXEC) };
-    match errno(fd) {
+/// The answer of a call that returns a new descriptor: it has the call if the descriptor
+/// came (closed at once), not if the call is unknown (`ENOSYS`); any other error (a
+/// privilege, a seccomp filter) tells nothing.
+fn new_fd_answer(ret: libc::c_long) -> Option<bool> {
+    match errno(ret) {
         None => {
             // SAFETY: the descriptor was just returned to us and is closed once.
-            unsafe { libc::close(fd as i32) };
+            unsafe { libc::close(ret as i32) };
             Some(true)
         }
         Some(libc::ENOSYS) => Some(false),
@@ -29,19 +29,16 @@ pub fn mount_api() -> Option<bool> {
     }
 }
 
+/// The new mount API (Linux 5.2): `fsopen("tmpfs")` gives a context.
+pub fn mount_api() -> Option<bool> {
+    // SAFETY: fsopen reads a NUL-terminated name and returns a new descriptor or -1.
+    new_fd_answer(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), libc::O_CLOEXEC) })
+}
+
 /// `pidfd_open` (Linux 5.3), on this process.
 pub fn pidfd() -> Option<bool> {
     // SAFETY: pidfd_open takes a pid and flags by value and returns a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-    match errno(fd) {
-        None => {
-            // SAFETY: as above, our own new descriptor, closed once.
-            unsafe { libc::close(fd as i32) };
-            Some(true)
-        }
-        Some(libc::ENOSYS) => Some(false),
-        Some(_) => None,
-    }
+    new_fd_answer(unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) })
 }
 
 /// `close_range` (Linux 5.9) with `flags`, on a range that holds no descriptor.
@@ -85,6 +82,24 @@ pub fn btrfs_simple_quotas() -> Option<bool> {
     features
         .is_dir()
         .then(|| features.join("simple_quota").exists())
+}
+
+/// Whether overlayfs takes `lowerdir+` (Linux 6.8): a throw-away read-only overlay of two
+/// empty directories is built with it. `None` without the privilege to mount.
+pub fn lowerdir_plus() -> Option<bool> {
+    use crate::mount::{overlay_with, LowerMode};
+    // SAFETY: geteuid only reads this process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("forkd-lowerdir-probe-{}", std::process::id()));
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let made = std::fs::create_dir_all(&a).and_then(|()| std::fs::create_dir_all(&b));
+    let works = made
+        .and_then(|()| overlay_with(&[&a, &b], None, LowerMode::Append))
+        .is_ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(works)
 }
 
 /// `PR_SET_MEMORY_MERGE` (Linux 6.4): `PR_GET_MEMORY_MERGE` answers rather than failing

@@ -98,7 +98,7 @@ pub(super) const FEATURES: &[Feature] = &[
         used_for: "overlay layer stacks of any depth (one fsconfig lowerdir+ per layer)",
         without: "layers are handed over as one-byte links, at most 128 a stack",
         required: false,
-        probe: Some(forkd_sys::mount::lowerdir_plus_works),
+        probe: Some(forkd_sys::probe::lowerdir_plus),
     },
 ];
 
