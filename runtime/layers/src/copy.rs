@@ -25,6 +25,9 @@ use crate::error::LayerError;
 use crate::fsx::{self, XattrOf};
 use crate::progress::Counter;
 
+/// overlayfs's mark of an opaque directory (value `y`).
+const OPAQUE: &[u8] = b"trusted.overlay.opaque";
+
 /// Nesting limit: beyond it a tree is more likely a loop or an attack.
 pub(crate) const MAX_DEPTH: usize = 1024;
 
@@ -53,6 +56,10 @@ struct Copier<'a, 'p> {
     exact: bool,
     /// Names left out at the top of the tree.
     skip_top: &'a [&'a str],
+    /// Applying a layer onto a merged tree ([`apply_layer`]): entries replace what the
+    /// tree holds at their names, whiteouts remove it, and overlay's attributes are
+    /// not copied.
+    apply: bool,
 }
 
 /// Copies the contents and the root metadata of `src` into the existing,
@@ -109,6 +116,24 @@ pub fn copy_upper_exactly(src: &Path, dst: &Path, small: Small) -> Result<bool, 
     }
 }
 
+/// Applies the overlay-form layer `layer` (whiteouts as 0:0 character devices, opaque
+/// directories marked `trusted.overlay.opaque`) onto the merged tree `tree`, as
+/// overlayfs would show the layer over it: a whiteout removes the name, an opaque
+/// directory replaces the directory below it, any other directory merges into it (its
+/// owner, mode, times and attributes from the layer), any other entry replaces what
+/// is at its name. File contents are shared where the filesystem can (`copy_file_range`
+/// reflinks on btrfs); the tree holds no whiteouts and no overlay attributes after.
+/// Device nodes, sockets and fifos are made as they are: a layer is either sealed in
+/// the store, which checked its nodes, or a sandbox's upper, which cannot make any.
+pub fn apply_layer(
+    layer: &Path,
+    tree: &Path,
+    progress: &mut dyn FnMut(crate::Progress),
+) -> Result<(), LayerError> {
+    let mut counter = Counter::new(progress);
+    copy_with(layer, tree, &mut counter, CopyMode::Apply, &[]).map(|_| ())
+}
+
 /// Is the tree under `dir` within `small`? Stops counting as soon as it is not.
 fn within(dir: BorrowedFd<'_>, path: &Path, small: Small) -> Result<bool, LayerError> {
     fn walk(
@@ -161,6 +186,8 @@ enum CopyMode {
     Upper,
     /// An upper directory as it is (see [`Copier::exact`]).
     Exact,
+    /// A layer applied onto a merged tree (see [`Copier::apply`]).
+    Apply,
 }
 
 fn copy_with(
@@ -182,13 +209,18 @@ fn copy_with(
         summary: Copied::default(),
         progress,
         upper: mode != CopyMode::Tree,
-        exact: mode == CopyMode::Exact,
+        exact: matches!(mode, CopyMode::Exact | CopyMode::Apply),
         skip_top,
+        apply: mode == CopyMode::Apply,
     };
     c.dir(src_fd.as_fd(), dst_fd.as_fd(), &mut Vec::new(), 0)?;
     let st =
         rfs::fstat(&src_fd).map_err(|e| LayerError::io("reading metadata of", src, e.into()))?;
-    c.meta_fd(src_fd.as_fd(), dst_fd.as_fd(), &st, b"")?;
+    if c.apply {
+        c.replace_meta(src_fd.as_fd(), dst_fd.as_fd(), &st, b"")?;
+    } else {
+        c.meta_fd(src_fd.as_fd(), dst_fd.as_fd(), &st, b"")?;
+    }
     c.progress.flush();
     Ok(c.summary)
 }
@@ -265,6 +297,9 @@ impl Copier<'_, '_> {
     ) -> Result<(), LayerError> {
         let st =
             fsx::lstat_at(src, name).map_err(|e| self.src_err("reading metadata of", rel, e))?;
+        if self.apply && self.applied_in_place(src, dst, name, &st, rel, depth)? {
+            return Ok(());
+        }
         match fsx::file_type(&st) {
             FileType::Directory => {
                 let s = fsx::open_dir_at(src, name)
@@ -387,6 +422,77 @@ impl Copier<'_, '_> {
         Ok(())
     }
 
+    /// What applying a layer does before an entry is made at `name`: a directory over a
+    /// directory (unless opaque) merges into it, here; anything else first removes what
+    /// the tree holds at that name, and a whiteout then stops. `true` when the entry is
+    /// done with.
+    fn applied_in_place(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        name: &CString,
+        st: &rfs::Stat,
+        rel: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<bool, LayerError> {
+        let kind = fsx::file_type(st);
+        let existing = match fsx::lstat_at(dst, name) {
+            Ok(e) => Some(fsx::file_type(&e)),
+            Err(Errno::NOENT) => None,
+            Err(e) => return Err(self.dst_err("reading metadata of", rel, e)),
+        };
+        if kind == FileType::Directory && existing == Some(FileType::Directory) {
+            let s =
+                fsx::open_dir_at(src, name).map_err(|e| self.src_err("opening directory", rel, e))?;
+            let opaque = fsx::read_xattrs(XattrOf::Fd(s.as_fd()), |n| n == OPAQUE)
+                .map_err(|e| self.src_err("reading extended attributes of", rel, e))?
+                .iter()
+                .any(|(_, v)| v.as_slice() == b"y");
+            if !opaque {
+                let d = fsx::open_dir_at(dst, name)
+                    .map_err(|e| self.dst_err("opening directory", rel, e))?;
+                self.dir(s.as_fd(), d.as_fd(), rel, depth + 1)?;
+                self.replace_meta(s.as_fd(), d.as_fd(), st, rel)?;
+                self.progress.entry(0);
+                return Ok(true);
+            }
+        }
+        if existing.is_some() {
+            fsx::remove_at(dst, name).map_err(|e| self.dst_err("removing", rel, e))?;
+        }
+        let whiteout = kind == FileType::CharacterDevice && st.st_rdev == 0;
+        if whiteout {
+            self.progress.entry(0);
+        }
+        Ok(whiteout)
+    }
+
+    /// [`Copier::meta_fd`] onto a directory that was already there: its extended
+    /// attributes become the layer's (overlayfs shows the topmost directory's).
+    fn replace_meta(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &rfs::Stat,
+        rel: &[u8],
+    ) -> Result<(), LayerError> {
+        let theirs = fsx::read_xattrs(XattrOf::Fd(src), |_| true)
+            .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
+        let ours = fsx::read_xattrs(XattrOf::Fd(dst), |_| true)
+            .map_err(|e| self.dst_err("reading extended attributes of", rel, e))?;
+        for (name, _) in ours {
+            if theirs.iter().any(|(n, _)| *n == name) && !name.starts_with(b"trusted.overlay.") {
+                continue;
+            }
+            let cname = fsx::cstr(&name).map_err(|e| self.dst_err("naming", rel, e))?;
+            match rfs::fremovexattr(dst, &cname) {
+                Ok(()) | Err(Errno::NODATA) => {}
+                Err(e) => return Err(self.dst_err("removing extended attribute of", rel, e)),
+            }
+        }
+        self.meta_fd(src, dst, st, rel)
+    }
+
     /// Owner, mode, xattrs and times from `st`/`src` onto the open `dst`.
     fn meta_fd(
         &mut self,
@@ -404,9 +510,12 @@ impl Copier<'_, '_> {
         .map_err(|e| self.dst_err("changing owner of", rel, e))?;
         rfs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777))
             .map_err(|e| self.dst_err("setting mode of", rel, e))?;
-        let (upper, exact) = (self.upper, self.exact);
+        let (upper, exact, apply) = (self.upper, self.exact, self.apply);
         let xattrs = fsx::read_xattrs(XattrOf::Fd(src), |n| {
-            exact || !upper || !n.starts_with(b"trusted.overlay.") || n == b"trusted.overlay.opaque"
+            if apply {
+                return !n.starts_with(b"trusted.overlay.");
+            }
+            exact || !upper || !n.starts_with(b"trusted.overlay.") || n == OPAQUE
         })
         .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
         for (name, value) in xattrs {

@@ -237,6 +237,32 @@ impl Volume {
     /// whatever `src` holds (btrfs first writes out `src`'s dirty data). Paths as for
     /// [`Volume::create_subvolume`].
     pub fn snapshot_readonly(&self, src: &Path, dst: &Path) -> Result<(), VolumeError> {
+        self.snapshot_as(src, dst, true)
+    }
+
+    /// Makes a writable snapshot of the subvolume `src` (read-only or not) at `dst`, as
+    /// [`Volume::snapshot_readonly`]. Its files keep their inode numbers, and files made
+    /// in it later get numbers above every number `src` holds: btrfs numbers each
+    /// subvolume's inodes on from the highest it holds.
+    pub fn snapshot(&self, src: &Path, dst: &Path) -> Result<(), VolumeError> {
+        self.snapshot_as(src, dst, false)
+    }
+
+    /// Marks the subvolume at `path` read-only.
+    pub fn set_readonly(&self, path: &Path) -> Result<(), VolumeError> {
+        let path = self.resolve(path)?;
+        let dir = open_dir(&path)?;
+        btrfs::set_readonly(dir.as_fd(), true).map_err(VolumeError::io("set read-only", path))
+    }
+
+    /// Whether `path` is the root of a subvolume.
+    pub fn is_subvolume(&self, path: &Path) -> bool {
+        self.resolve(path)
+            .ok()
+            .is_some_and(|p| btrfs::is_subvolume(&p).unwrap_or(false))
+    }
+
+    fn snapshot_as(&self, src: &Path, dst: &Path, readonly: bool) -> Result<(), VolumeError> {
         let src = self.resolve(src)?;
         let (dst, parent, name) = self.split(dst)?;
         if !btrfs::is_subvolume(&src).map_err(VolumeError::io("stat", &src))? {
@@ -244,7 +270,7 @@ impl Volume {
         }
         let src_dir = open_dir(&src)?;
         let parent_dir = open_dir(&parent)?;
-        btrfs::snapshot(src_dir.as_fd(), parent_dir.as_fd(), &name, true)
+        btrfs::snapshot(src_dir.as_fd(), parent_dir.as_fd(), &name, readonly)
             .map_err(VolumeError::io("snapshot", dst))
     }
 
