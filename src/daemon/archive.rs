@@ -338,6 +338,8 @@ impl Daemon {
         rec.id = id.clone();
         rec.parent = None;
         rec.lowers = lowers;
+        // Its branches here stand on the base of its whole stack, made on this node.
+        rec.base = None;
         rec.fs_hash = None;
         rec.tree_hash = Some(tree);
         rec.labels.insert(

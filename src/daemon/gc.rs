@@ -1,10 +1,13 @@
 //! Garbage collection of the layer store (`POST /v1/gc`): every layer that no image,
 //! sandbox or checkpoint uses (those on disk included, loaded or not) is removed, with
-//! the runtime-layer cache entries that pointed at them. Holds the store lock for
-//! writing, so no build, import or checkpoint adds a layer meanwhile.
+//! the runtime-layer cache entries that pointed at them, and every base (see
+//! [`super::bases`]) that no sandbox or checkpoint stands on and that is not an image's
+//! (its stack under this daemon's runtime layer). Holds the store lock for writing, so
+//! no build, import or checkpoint adds a layer meanwhile.
 
+use super::bases::BaseId;
 use super::checkpoints::Lower;
-use super::Daemon;
+use super::{log, Daemon};
 use super::{Lock as _, RwLockExt as _};
 use crate::api::{ApiError, GcResult};
 use forkd_layers::LayerId;
@@ -14,29 +17,43 @@ impl Daemon {
     pub fn gc(&self) -> Result<GcResult, ApiError> {
         let _store = self.store_lock.write_locked();
         let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
+        let mut bases: std::collections::HashSet<String> = std::collections::HashSet::new();
         used.insert(self.runtime_layer);
         for img in self
             .images
             .list()
             .map_err(|e| ApiError::from_chain("list images", &e))?
         {
+            let mut stack = vec![Lower::Layer(self.runtime_layer)];
+            stack.extend(img.layers.iter().rev().cloned().map(Lower::Layer));
+            bases.insert(BaseId::of(&stack).to_string());
             used.extend(img.layers);
         }
         for sb in self.sandboxes.locked().values() {
-            for l in &sb.record.locked().lowers {
+            let rec = sb.record.locked();
+            for l in &rec.lowers {
                 if let Lower::Layer(id) = l {
                     used.insert(*id);
                 }
             }
+            bases.extend(rec.base.as_ref().map(|b| b.to_string()));
         }
         for c in self.checkpoints.locked().values() {
-            for l in &c.record.locked().lowers {
+            let rec = c.record.locked();
+            for l in &rec.lowers {
                 if let Lower::Layer(id) = l {
                     used.insert(*id);
                 }
             }
+            bases.extend(rec.base.as_ref().map(|b| b.to_string()));
         }
-        self.layers_named_on_disk(&mut used)?;
+        self.layers_named_on_disk(&mut used, &mut bases)?;
+        for base in self.bases.list() {
+            if !bases.contains(base.as_str()) {
+                self.bases.remove(&self.volume, &base)?;
+                log::info(&format!("gc: removed base {base}"));
+            }
+        }
         let mut removed = Vec::new();
         let mut freed = 0u64;
         for info in self
@@ -82,6 +99,7 @@ impl Daemon {
     fn layers_named_on_disk(
         &self,
         used: &mut std::collections::HashSet<LayerId>,
+        bases: &mut std::collections::HashSet<String>,
     ) -> Result<(), ApiError> {
         let dir = self.data.join("checkpoints");
         let entries = std::fs::read_dir(&dir)
@@ -114,6 +132,12 @@ impl Daemon {
                     .collect();
                 if let Ok(id) = hex.parse::<LayerId>() {
                     used.insert(id);
+                }
+            }
+            // Any id-shaped word may name its base: keeping too many is safe.
+            for word in text.split(|c: char| !c.is_ascii_hexdigit()) {
+                if word.len() == 64 {
+                    bases.insert(word.to_string());
                 }
             }
         }

@@ -8,6 +8,7 @@
 //! its error body; every operation's latency is recorded in [`metrics`].
 
 mod archive;
+mod bases;
 mod build;
 mod checkpoints;
 mod exec;
@@ -73,6 +74,8 @@ pub struct Daemon {
     pub setup_exe: PathBuf,
     pub layers: LayerStore,
     pub images: ImageStore,
+    /// Layer stacks merged into one subvolume each: every sandbox's one lower layer.
+    pub bases: bases::Bases,
     /// The layer holding `/.forkd/init`, on top of every sandbox's stack.
     pub runtime_layer: LayerId,
     pub hierarchy: Hierarchy,
@@ -339,6 +342,8 @@ impl Daemon {
         }
         let layers = LayerStore::open(&data.join("layers")).context("open layer store")?;
         let images = ImageStore::open(&data.join("images")).context("open image store")?;
+        let bases = bases::Bases::open(data.join("bases"), &volume)
+            .map_err(|e| anyhow::anyhow!("open the bases: {e}"))?;
         let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
         let init = init_program(&exe)?;
         let runtime_layer = ensure_runtime_layer(&data, &layers, &init)?;
@@ -471,6 +476,7 @@ impl Daemon {
             setup_exe,
             layers,
             images,
+            bases,
             runtime_layer,
             cgroups,
             hierarchy,

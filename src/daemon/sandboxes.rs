@@ -16,6 +16,7 @@
 //! half-made sandbox and recovery removes it. Everything here blocks; callers run it on
 //! the blocking pool.
 
+use super::bases::BaseId;
 use super::checkpoints::Lower;
 use super::record::Record;
 use super::{Daemon, Lock};
@@ -47,8 +48,15 @@ pub struct SandboxRecord {
     pub version: u32,
     pub id: SandboxId,
     pub image: String,
-    /// The overlay's lower layers, topmost first.
+    /// The layers the sandbox stands on, topmost first: its image's (with the runtime
+    /// layer on top), or its checkpoint's. A checkpoint named here cannot be removed
+    /// while the sandbox exists.
     pub lowers: Vec<Lower>,
+    /// The base whose tree is the overlay's one lower layer (see [`super::bases`]): the
+    /// writable layer, a snapshot of it, holds what the sandbox changed over that stack.
+    /// A record without one was made before bases: its `lowers` are stacked as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseId>,
     /// The checkpoint this sandbox was forked from.
     #[serde(default)]
     pub parent: Option<CheckpointId>,
@@ -132,6 +140,19 @@ impl SandboxRecord {
     pub fn cgroup_in(&self, hierarchy: &forkd_cgroups::Hierarchy) -> Cgroup {
         Cgroup::new(hierarchy, &self.cgroup).sharing_memory(self.memory_cgroup.as_deref())
     }
+}
+
+/// What a new sandbox's writable layer is made from (always a snapshot: see
+/// [`super::bases`] for why never an empty subvolume).
+pub(super) enum LayerFrom {
+    /// Its record's base: it starts as the stack.
+    Base,
+    /// A checkpoint's snapshot of a layer made from the record's base: the branch starts
+    /// with the checkpointed files, each under the number it had.
+    Snapshot(PathBuf),
+    /// Its record's base, with this upper directory (a checkpoint's copy of a small
+    /// layer over the same base) copied in.
+    BaseAndUpper(PathBuf),
 }
 
 /// Below a sandbox's directory: where its root is attached, and its overlay's upper
@@ -381,11 +402,13 @@ impl Daemon {
         }
         let mut lowers = vec![Lower::Layer(self.runtime_layer)];
         lowers.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
+        let base = self.base_for(&lowers)?;
         let record = SandboxRecord {
             version: RECORD_VERSION,
             id: id.clone(),
             image: image.name.clone(),
             lowers,
+            base: Some(base),
             created: super::now_secs(),
             hostname,
             limits: req.limits.clone(),
@@ -403,7 +426,7 @@ impl Daemon {
             seccomp: req.seccomp,
         };
         let dir = self.sandbox_dir(&id);
-        let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
+        let sb = self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {
             d.start_init_in(dir, rec, policy.as_ref())
         })?;
         if let Some(mut cmd) = req.command {
@@ -445,10 +468,11 @@ impl Daemon {
         dir: &Path,
         mut record: SandboxRecord,
         started: Instant,
+        layer: &LayerFrom,
         start: impl FnOnce(&Daemon, &Path, &mut SandboxRecord) -> Result<(), ApiError>,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let res = self
-            .prepare_root(dir, &record)
+            .prepare_root(dir, &record, layer)
             .and_then(|()| start(self, dir, &mut record))
             .and_then(|()| {
                 record.create_us = started.elapsed().as_micros() as u64;
@@ -491,11 +515,22 @@ impl Daemon {
         None
     }
 
+    /// The base of `stack`, made now if it is new (see [`super::bases`]).
+    pub(super) fn base_for(&self, stack: &[Lower]) -> Result<BaseId, ApiError> {
+        self.bases
+            .ensure(&self.volume, stack, &|l| self.lower_path(l))
+    }
+
     /// Makes the sandbox directory, its writable layer (a btrfs subvolume, so that a
-    /// checkpoint can snapshot it in O(1)), the directory its root is attached at, and
-    /// the cgroup. The root itself is made by [`Daemon::root_mount`] when the sandbox's
-    /// processes start.
-    fn prepare_root(&self, dir: &Path, record: &SandboxRecord) -> Result<(), ApiError> {
+    /// checkpoint can snapshot it in O(1); made from its base as `layer` says), the
+    /// directory its root is attached at, and the cgroup. The root itself is made by
+    /// [`Daemon::root_mount`] when the sandbox's processes start.
+    fn prepare_root(
+        &self,
+        dir: &Path,
+        record: &SandboxRecord,
+        from: &LayerFrom,
+    ) -> Result<(), ApiError> {
         let id = &record.id;
         let ctx = |step: &str| format!("sandbox {id}: {step}");
         let rootfs = dir.join(ROOTFS);
@@ -506,8 +541,14 @@ impl Daemon {
             ))
         })?;
         let layer = dir.join("layer");
+        let (src, upper) = match (from, &record.base) {
+            (LayerFrom::Snapshot(fs), _) => (fs.clone(), None),
+            (LayerFrom::Base, Some(base)) => (self.bases.subvolume(base), None),
+            (LayerFrom::BaseAndUpper(up), Some(base)) => (self.bases.subvolume(base), Some(up)),
+            (_, None) => return Err(ApiError::internal(ctx("a new sandbox needs a base"))),
+        };
         self.volume
-            .create_subvolume(&layer)
+            .snapshot(&src, &layer)
             .map_err(|e| ApiError::from_chain(&ctx("create writable layer"), &e))?;
         if let Some(bytes) = record.limits.disk_bytes {
             self.volume
@@ -516,9 +557,28 @@ impl Daemon {
         }
         for sub in ["upper", "work"] {
             let d = layer.join(sub);
-            std::fs::create_dir(&d).map_err(|e| {
-                ApiError::internal(format!("{}: {e}", ctx(&format!("create {}", d.display()))))
-            })?;
+            if let Err(e) = std::fs::create_dir(&d) {
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    return Err(ApiError::internal(format!(
+                        "{}: {e}",
+                        ctx(&format!("create {}", d.display()))
+                    )));
+                }
+            }
+        }
+        if let Some(up) = upper {
+            let everything = forkd_layers::copy::Small {
+                entries: u64::MAX,
+                bytes: u64::MAX,
+            };
+            let copied = forkd_layers::copy::copy_upper_exactly(up, &layer.join("upper"), everything)
+                .map_err(|e| ApiError::from_chain(&ctx(&format!("copy {}", up.display())), &e))?;
+            if !copied {
+                return Err(ApiError::internal(ctx(&format!(
+                    "copy {}: it holds a file of a kind the copy cannot make",
+                    up.display()
+                ))));
+            }
         }
         self.cgroups
             .take(
@@ -541,7 +601,10 @@ impl Daemon {
         dir: &Path,
         record: &SandboxRecord,
     ) -> Result<std::os::fd::OwnedFd, ApiError> {
-        let lowers: Vec<PathBuf> = record.lowers.iter().map(|l| self.lower_path(l)).collect();
+        let lowers: Vec<PathBuf> = match &record.base {
+            Some(base) => vec![self.bases.tree(base)],
+            None => record.lowers.iter().map(|l| self.lower_path(l)).collect(),
+        };
         let lower_refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
         let layer = dir.join("layer");
         forkd_sys::mount::overlay(

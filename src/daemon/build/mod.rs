@@ -50,7 +50,7 @@ use forkd_sandbox::SandboxId;
 use sha2::{Digest, Sha256};
 
 use super::checkpoints::Lower;
-use super::sandboxes::SandboxRecord;
+use super::sandboxes::{LayerFrom, SandboxRecord};
 use super::{log, Daemon, Sandbox};
 use super::{Lock as _, RwLockExt as _};
 use crate::api::{ApiError, BuildRequest, BuildResult, BuildStatus, BuildStep};
@@ -407,11 +407,13 @@ impl Daemon {
         let id = SandboxId::random();
         let mut lowers = vec![Lower::Layer(self.runtime_layer)];
         lowers.extend(layers.iter().rev().cloned().map(Lower::Layer));
+        let base = self.base_for(&lowers)?;
         let record = SandboxRecord {
             version: 1,
             id: id.clone(),
             image: name.to_string(),
             lowers,
+            base: Some(base),
             parent: None,
             created: super::now_secs(),
             hostname: "build".into(),
@@ -429,7 +431,7 @@ impl Daemon {
             seccomp: forkd_sandbox::Seccomp::Default,
         };
         let dir = self.sandbox_dir(&id);
-        self.start_or_undo(&dir, record, started, |d, dir, rec| {
+        self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {
             d.start_init_in(dir, rec, policy.as_ref())
         })
     }

@@ -190,7 +190,18 @@ impl Daemon {
         total: Instant,
     ) -> Result<(PathBuf, CheckpointRecord), ApiError> {
         let mut lowers = vec![Lower::Checkpoint(id.clone())];
-        if rec.lowers.len() + 1 > max_stack() {
+        if let Some(base) = &rec.base {
+            // The layer holds everything the sandbox changed over its base's stack (for
+            // a branch, its checkpoint's files too): that stack is what it stands on, and
+            // its depth never grows.
+            match self.bases.stack(base) {
+                Ok(stack) => lowers.extend(stack),
+                Err(e) => {
+                    self.delete_checkpoint_dir(stage);
+                    return Err(e);
+                }
+            }
+        } else if rec.lowers.len() + 1 > max_stack() {
             // Deep chains: flatten everything below this checkpoint's own layer into one
             // layer, so branches stay within overlayfs's stack limit.
             let t = Instant::now();
@@ -215,6 +226,7 @@ impl Daemon {
             hostname: rec.hostname.clone(),
             limits: rec.limits.clone(),
             lowers,
+            base: rec.base.clone(),
             live: req.live,
             created: crate::daemon::now_secs(),
             labels: req.labels.clone(),

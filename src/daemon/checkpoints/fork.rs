@@ -1,9 +1,13 @@
 //! Forking a checkpoint (`POST /v1/checkpoints/{id}/fork`): N branch sandboxes, each a
-//! fresh upper over the checkpoint's stack and, for a live checkpoint, its process tree
+//! writable layer holding the checkpoint's files over the base they were made on (a
+//! snapshot of the checkpoint's snapshot, or the base with its small copied layer copied
+//! in; see `crate::daemon::bases`) and, for a live checkpoint, its process tree
 //! restored by CRIU into the branch's own namespaces and cgroup. All or nothing: a
 //! request that fails removes the branches it started.
 
-use super::{Checkpoint, CheckpointRecord};
+use super::{Checkpoint, CheckpointRecord, Lower};
+use crate::daemon::bases::BaseId;
+use crate::daemon::sandboxes::LayerFrom;
 use crate::api::FORK_PHASES as FORK;
 use crate::api::{
     self, record_phase, ApiError, BranchInfo, ForkRequest, ForkResult, SandboxStatus,
@@ -44,6 +48,9 @@ struct Plan<'a> {
     lazy: bool,
     /// Whether the restored trees are opened to KSM (`crate::daemon::sharing`).
     share_memory: bool,
+    /// The base every branch stands on, and what its layer is made from.
+    base: BaseId,
+    layer: LayerFrom,
 }
 
 impl Plan<'_> {
@@ -189,7 +196,10 @@ impl Daemon {
         };
         let mut labels = ck.labels.clone();
         labels.extend(req.labels.clone());
+        let (base, layer) = self.branch_layer(c, &ck)?;
         Ok(Plan {
+            base,
+            layer,
             c,
             record: ck,
             labels,
@@ -199,6 +209,32 @@ impl Daemon {
             lazy: req.lazy,
             share_memory,
         })
+    }
+
+    /// What a branch's layer is made from: the checkpoint's own layer over the
+    /// checkpointed sandbox's base, when it was made that way (its snapshot, whose files
+    /// keep their numbers; or that base with the layer's copy copied in); otherwise (a
+    /// checkpoint made before bases, or imported) the base of its whole stack, made at
+    /// its first fork.
+    fn branch_layer(
+        &self,
+        c: &Checkpoint,
+        ck: &CheckpointRecord,
+    ) -> Result<(BaseId, LayerFrom), ApiError> {
+        if let (Some(base), Some((Lower::Checkpoint(own), below))) =
+            (&ck.base, ck.lowers.split_first())
+        {
+            if *own == c.id && BaseId::of(below) == *base && self.bases.exists(base) {
+                let fs = c.dir.join("fs");
+                let from = if self.volume.is_subvolume(&fs) {
+                    LayerFrom::Snapshot(fs)
+                } else {
+                    LayerFrom::BaseAndUpper(c.fs())
+                };
+                return Ok((base.clone(), from));
+            }
+        }
+        Ok((self.base_for(&ck.lowers)?, LayerFrom::Base))
     }
 
     /// Starts one branch: its record, its root, and its processes (restored, or a fresh
@@ -212,6 +248,7 @@ impl Daemon {
             id: id.clone(),
             image: ck.image.clone(),
             lowers: ck.lowers.clone(),
+            base: Some(plan.base.clone()),
             parent: Some(plan.c.id.clone()),
             created: crate::daemon::now_secs(),
             hostname: ck.hostname.clone(),
@@ -233,7 +270,7 @@ impl Daemon {
         let dir = self.sandbox_dir(&id);
         let mut phases = BTreeMap::new();
         let mut prepared = None;
-        let sb = self.start_or_undo(&dir, record, started, |d, dir, rec| {
+        let sb = self.start_or_undo(&dir, record, started, &plan.layer, |d, dir, rec| {
             prepared = Some(started.elapsed());
             match plan.criu {
                 None => d.start_init_in(dir, rec, plan.policy.as_ref()),

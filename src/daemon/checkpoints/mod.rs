@@ -120,6 +120,11 @@ pub struct CheckpointRecord {
     pub limits: Limits,
     /// The checkpointed root's layers, topmost first; the first is this checkpoint's own.
     pub lowers: Vec<Lower>,
+    /// The checkpointed sandbox's base (see `super::bases`): the stack below this
+    /// checkpoint's own layer, which that layer was made over. None for a checkpoint made
+    /// before bases, or imported: its branches stand on the base of its whole stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<crate::daemon::bases::BaseId>,
     pub live: bool,
     pub created: u64,
     pub labels: BTreeMap<String, String>,
