@@ -51,15 +51,24 @@ fn a_debian_sandbox_and_its_live_branch_have_unique_file_identity() {
     );
     write_files(&d, &sb.id, "/root/w", 100, 3000);
     let out = check_identity(&d, &sb.id, "/root/w");
-    assert!(out.contains("os.path.samefile false for 200 of 200"), "{out}");
+    assert!(
+        out.contains("os.path.samefile false for 200 of 200"),
+        "{out}"
+    );
     // The files a sandbox wrote keep their numbers in a branch of its live checkpoint
     // (the branch's layer is a snapshot of the checkpoint's), and what the branch writes
     // after is numbered apart from all of them.
-    let (_, before, _) = d.sh(&sb.id, "stat -c '%i %n' /root/w/d7/f7 /etc/hostname /usr/bin/env");
+    let (_, before, _) = d.sh(
+        &sb.id,
+        "stat -c '%i %n' /root/w/d7/f7 /etc/hostname /usr/bin/env",
+    );
     let ck = d.checkpoint(&sb.id, true);
     let fork = d.fork(&ck.id, 1, false);
     let b = &fork.branches[0].id;
-    let (_, after, _) = d.sh(b, "stat -c '%i %n' /root/w/d7/f7 /etc/hostname /usr/bin/env");
+    let (_, after, _) = d.sh(
+        b,
+        "stat -c '%i %n' /root/w/d7/f7 /etc/hostname /usr/bin/env",
+    );
     assert_eq!(before, after, "inode numbers across the live checkpoint");
     write_files(&d, b, "/root/w2", 50, 1000);
     check_identity(&d, b, "/root/w2");
@@ -130,7 +139,10 @@ fn a_build_step_has_unique_file_identity() {
     let sb = d.create(serde_json::json!({ "image": "identity:1" }));
     let (code, report, _) = d.sh(&sb.id, "cat /identity.txt");
     assert_eq!(code, 0);
-    assert!(report.contains(" 0 (st_dev, st_ino) pairs shared"), "{report}");
+    assert!(
+        report.contains(" 0 (st_dev, st_ino) pairs shared"),
+        "{report}"
+    );
     assert!(report.contains("cp worked for 200 of 200"), "{report}");
     // And the image's sandbox, over the build's layers.
     write_files(&d, &sb.id, "/root/w", 30, 1500);
@@ -154,8 +166,17 @@ fn old_checkpoints_and_imported_archives_fork_with_unique_identity() {
     write_files(&d, &sb.id, "/root/w", 20, 800);
     let ck = d.checkpoint(&sb.id, true);
     let archive = d.data().join("old.forkd");
-    let out = d.cli(&["checkpoint", "export", &ck.id, &archive.display().to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = d.cli(&[
+        "checkpoint",
+        "export",
+        &ck.id,
+        &archive.display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The record as an older daemon wrote it.
     let meta = d.data().join("checkpoints").join(&ck.id).join("meta.json");
     let mut rec: serde_json::Value =
@@ -167,7 +188,11 @@ fn old_checkpoints_and_imported_archives_fork_with_unique_identity() {
     d.kill9();
     d.spawn();
     let out = d.cli(&["checkpoint", "import", &archive.display().to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let imported = String::from_utf8_lossy(&out.stdout).trim().to_string();
     for c in [ck.id.as_str(), imported.as_str()] {
         let fork = d.fork(c, 1, false);
@@ -240,7 +265,8 @@ echo "target $target placed $(stat -c %i /pkg/libs/libquad.so.0) after $i files"
 "#;
     let (code, out, err) = d.sh(&sb.id, place);
     assert_eq!(code, 0, "place the libraries: {out}{err}");
-    let load = "python3 -c 'import ctypes; print(ctypes.CDLL(\"/pkg/libs/libfort.so.5\").fort_answer())'";
+    let load =
+        "python3 -c 'import ctypes; print(ctypes.CDLL(\"/pkg/libs/libfort.so.5\").fort_answer())'";
     let (code, got, err) = d.sh(&sb.id, load);
     assert_eq!(code, 0, "{out}: load: {err}");
     assert_eq!(got.trim(), "43", "{out}");

@@ -154,6 +154,8 @@ fn check(suite: &str, release: &str, harbor: bool, lines: &[String]) {
         "fs-fork",
         "live-checkpoint",
         "live-fork",
+        "identity",
+        "identity-branch",
         "tcp-service",
         "build",
         "egress",

@@ -72,10 +72,15 @@ impl BaseId {
 impl TryFrom<String> for BaseId {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        if s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() == 64
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             Ok(BaseId(s))
         } else {
-            Err(format!("invalid base id {s:?}: want 64 lowercase hex digits"))
+            Err(format!(
+                "invalid base id {s:?}: want 64 lowercase hex digits"
+            ))
         }
     }
 }
@@ -117,7 +122,11 @@ impl Bases {
         let entries =
             std::fs::read_dir(&dir).map_err(|e| format!("read {}: {e}", dir.display()))?;
         for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(STAGE_PREFIX) {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(STAGE_PREFIX)
+            {
                 let path = entry.path();
                 log::info(&format!("removing half-made base {}", path.display()));
                 if let Err(e) = volume.delete_subvolume(&path) {
@@ -150,9 +159,8 @@ impl Bases {
         let path = self.subvolume(id).join(RECORD);
         let bytes = std::fs::read(&path)
             .map_err(|e| ApiError::internal(format!("base {id}: read {}: {e}", path.display())))?;
-        let rec: BaseRecord = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::internal(format!("base {id}: {}: {e}", path.display()))
-        })?;
+        let rec: BaseRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::internal(format!("base {id}: {}: {e}", path.display())))?;
         Ok(rec.stack)
     }
 
@@ -218,7 +226,10 @@ impl Bases {
                 if let forkd_layers::Progress::Files(n) = p {
                     entries = n;
                     if n > 0 && n % forkd_layers::REPORT_EVERY == 0 {
-                        log::info(&format!("base {}: applying {top}: {n} entries", &id.0[..12]));
+                        log::info(&format!(
+                            "base {}: applying {top}: {n} entries",
+                            &id.0[..12]
+                        ));
                     }
                 }
             };

@@ -571,8 +571,11 @@ impl Daemon {
                 entries: u64::MAX,
                 bytes: u64::MAX,
             };
-            let copied = forkd_layers::copy::copy_upper_exactly(up, &layer.join("upper"), everything)
-                .map_err(|e| ApiError::from_chain(&ctx(&format!("copy {}", up.display())), &e))?;
+            let copied =
+                forkd_layers::copy::copy_upper_exactly(up, &layer.join("upper"), everything)
+                    .map_err(|e| {
+                        ApiError::from_chain(&ctx(&format!("copy {}", up.display())), &e)
+                    })?;
             if !copied {
                 return Err(ApiError::internal(ctx(&format!(
                     "copy {}: it holds a file of a kind the copy cannot make",

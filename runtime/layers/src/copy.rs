@@ -442,8 +442,8 @@ impl Copier<'_, '_> {
             Err(e) => return Err(self.dst_err("reading metadata of", rel, e)),
         };
         if kind == FileType::Directory && existing == Some(FileType::Directory) {
-            let s =
-                fsx::open_dir_at(src, name).map_err(|e| self.src_err("opening directory", rel, e))?;
+            let s = fsx::open_dir_at(src, name)
+                .map_err(|e| self.src_err("opening directory", rel, e))?;
             let opaque = fsx::read_xattrs(XattrOf::Fd(s.as_fd()), |n| n == OPAQUE)
                 .map_err(|e| self.src_err("reading extended attributes of", rel, e))?
                 .iter()

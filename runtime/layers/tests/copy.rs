@@ -208,20 +208,37 @@ fn a_larger_upper_is_left_alone() {
 /// A lower tree for [`apply_layer`] to change: files, directories with attributes, a
 /// hard-linked pair, a symlink.
 fn sample_lower(root: &Path) {
-    for d in ["etc/opaque/deep", "etc/merged", "var/was-dir/sub", "usr/bin"] {
+    for d in [
+        "etc/opaque/deep",
+        "etc/merged",
+        "var/was-dir/sub",
+        "usr/bin",
+    ] {
         fs::create_dir_all(root.join(d)).unwrap();
     }
-    fs::write(root.join("etc/opaque/old"), b"hidden by the opaque directory").unwrap();
+    fs::write(
+        root.join("etc/opaque/old"),
+        b"hidden by the opaque directory",
+    )
+    .unwrap();
     fs::write(root.join("etc/opaque/deep/older"), b"also hidden").unwrap();
     fs::write(root.join("etc/merged/kept"), b"stays").unwrap();
     fs::write(root.join("etc/merged/replaced"), b"old contents").unwrap();
     fs::write(root.join("etc/removed"), b"whited out").unwrap();
-    fs::write(root.join("var/was-dir/sub/f"), b"under a directory a file replaces").unwrap();
+    fs::write(
+        root.join("var/was-dir/sub/f"),
+        b"under a directory a file replaces",
+    )
+    .unwrap();
     fs::write(root.join("usr/was-file"), b"a directory replaces this").unwrap();
     fs::write(root.join("usr/bin/tool"), vec![3u8; 70_000]).unwrap();
     fs::hard_link(root.join("usr/bin/tool"), root.join("usr/bin/tool-alias")).unwrap();
     symlink("tool", root.join("usr/bin/link")).unwrap();
-    lset(&root.join("etc/merged"), "user.lower-only", b"dropped by the layer's own");
+    lset(
+        &root.join("etc/merged"),
+        "user.lower-only",
+        b"dropped by the layer's own",
+    );
     chown(root.join("etc/merged"), Some(7), Some(7)).unwrap();
 }
 
@@ -229,18 +246,32 @@ fn sample_lower(root: &Path) {
 /// directory that merges (with new owner, mode and attributes), a file where a
 /// directory was and the reverse, a new hard-linked pair, a changed symlink.
 fn sample_layer(root: &Path) {
-    for d in ["etc/opaque", "etc/merged", "var", "usr/was-file/inside", "usr/bin"] {
+    for d in [
+        "etc/opaque",
+        "etc/merged",
+        "var",
+        "usr/was-file/inside",
+        "usr/bin",
+    ] {
         fs::create_dir_all(root.join(d)).unwrap();
     }
     lset(&root.join("etc/opaque"), "trusted.overlay.opaque", b"y");
     fs::write(root.join("etc/opaque/new"), b"the opaque directory's own").unwrap();
     fs::write(root.join("etc/merged/replaced"), b"new contents").unwrap();
     fs::write(root.join("etc/merged/added"), b"added").unwrap();
-    fs::hard_link(root.join("etc/merged/added"), root.join("etc/merged/added-too")).unwrap();
+    fs::hard_link(
+        root.join("etc/merged/added"),
+        root.join("etc/merged/added-too"),
+    )
+    .unwrap();
     fs::set_permissions(root.join("etc/merged"), fs::Permissions::from_mode(0o750)).unwrap();
     chown(root.join("etc/merged"), Some(1000), Some(1000)).unwrap();
     lset(&root.join("etc/merged"), "user.layer", b"the layer's");
-    lset(&root.join("etc/merged/added"), "trusted.overlay.origin", b"\x00\xfb");
+    lset(
+        &root.join("etc/merged/added"),
+        "trusted.overlay.origin",
+        b"\x00\xfb",
+    );
     mknodat(
         CWD,
         &root.join("etc/removed"),
@@ -295,9 +326,21 @@ fn a_layer_applied_onto_a_tree_reads_as_the_overlay_of_both() {
     // Nothing of overlay's own is left in the tree: no whiteout, no attribute.
     assert!(!tree.path().join("etc/removed").exists());
     assert!(fs::symlink_metadata(tree.path().join("etc/never-there")).is_err());
-    assert_eq!(lget(&tree.path().join("etc/opaque"), "trusted.overlay.opaque"), None);
-    assert_eq!(lget(&tree.path().join("etc/merged/added"), "trusted.overlay.origin"), None);
-    assert_eq!(lget(&tree.path().join("etc/merged"), "user.lower-only"), None);
+    assert_eq!(
+        lget(&tree.path().join("etc/opaque"), "trusted.overlay.opaque"),
+        None
+    );
+    assert_eq!(
+        lget(
+            &tree.path().join("etc/merged/added"),
+            "trusted.overlay.origin"
+        ),
+        None
+    );
+    assert_eq!(
+        lget(&tree.path().join("etc/merged"), "user.lower-only"),
+        None
+    );
     // The new pair is one file in the tree, as in the layer.
     let (a, b) = (
         fs::metadata(tree.path().join("etc/merged/added")).unwrap(),

@@ -205,10 +205,10 @@ pub(super) fn has_filesystem(text: &str, fs: &str) -> bool {
 }
 
 /// A fresh directory under /tmp, removed again on drop.
-pub(super) struct TempDir(PathBuf);
+pub(super) struct TempDir(pub(super) PathBuf);
 
 impl TempDir {
-    fn new(prefix: &str) -> anyhow::Result<Self> {
+    pub(super) fn new(prefix: &str) -> anyhow::Result<Self> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -15,6 +15,7 @@
 //! what each needs and what is lost without it; `kernel.rs` checks what the kernel and
 //! the machine offer (root and capabilities,
 //! namespaces, overlayfs, cgroups, btrfs, pidfd, userfaultfd, KVM, the release);
+//! `identity.rs` that files in a sandbox's root each have their own (st_dev, st_ino);
 //! `programs.rs` the programs forkd drives (CRIU, nft for egress, QEMU). Each probe is
 //! the runtime's own (`forkd_sys`, `forkd_cgroups`, `forkd_volume`, `forkd_criu`,
 //! `forkd_net`), so what the doctor checks is what the daemon will do.
@@ -120,6 +121,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_cgroups(),
         check_btrfs(),
         check_volume(),
+        identity::check_identity(),
         check_pidfd(),
         check_userfaultfd(),
         check_random(),
@@ -164,6 +166,7 @@ fn render_json(checks: &[Check]) -> anyhow::Result<String> {
 }
 
 mod features;
+mod identity;
 mod kernel;
 mod programs;
 #[cfg(test)]

@@ -6,12 +6,12 @@
 //! request that fails removes the branches it started.
 
 use super::{Checkpoint, CheckpointRecord, Lower};
-use crate::daemon::bases::BaseId;
-use crate::daemon::sandboxes::LayerFrom;
 use crate::api::FORK_PHASES as FORK;
 use crate::api::{
     self, record_phase, ApiError, BranchInfo, ForkRequest, ForkResult, SandboxStatus,
 };
+use crate::daemon::bases::BaseId;
+use crate::daemon::sandboxes::LayerFrom;
 use crate::daemon::sandboxes::{SandboxRecord, ROOTFS};
 use crate::daemon::{Daemon, Lock};
 use forkd_sandbox::{host, SandboxId};
