@@ -61,7 +61,7 @@ for r in $(seq 1 "$rounds"); do
         bin=$old; [ $n = new ] && bin=$new
         for img in busybox debian; do
             id=$(f $n $bin run -d $img -- sleep infinity)
-            us=$(f $n $bin inspect --json "$id" | python3 -c 'import json,sys; print(json.load(sys.stdin)["create_us"])')
+            us=$(f $n $bin inspect --json "$id" | python3 -c 'import json,sys; d = json.load(sys.stdin); d = d[0] if isinstance(d, list) else d; print(d["create_us"])')
             echo "$n $img create $us" >>"$scratch/samples"
             t0=$(now_us); f $n $bin exec "$id" -- true; t1=$(now_us)
             echo "$n $img exec $((t1 - t0))" >>"$scratch/samples"
