@@ -116,6 +116,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "cgroups",
             "btrfs",
             "volume",
+            "identity",
             "pidfd",
             "userfaultfd",
             "random",
