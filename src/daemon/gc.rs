@@ -50,6 +50,7 @@ impl Daemon {
         self.layers_named_on_disk(&mut used, &mut bases)?;
         for base in self.bases.list() {
             if !bases.contains(base.as_str()) {
+                self.spare_layers.forget(&self.bases.subvolume(&base));
                 self.bases.remove(&self.volume, &base)?;
                 log::info(&format!("gc: removed base {base}"));
             }

@@ -84,6 +84,7 @@ impl Daemon {
                 _ => ApiError::bad_request(chain.message),
             }
         })?;
+        self.make_image_base(&img);
         Ok(self.image_to_info(img))
     }
 

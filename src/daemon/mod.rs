@@ -27,6 +27,7 @@ mod record;
 mod routes;
 mod sandboxes;
 mod sharing;
+mod spare_layers;
 mod spare_netns;
 mod startup;
 mod table;
@@ -104,6 +105,8 @@ pub struct Daemon {
     pub sysfs: Option<PathBuf>,
     /// Network namespaces made ahead for the sandboxes and branches to come.
     pub spare_netns: Arc<spare_netns::SpareNetns>,
+    /// Writable layers (snapshots of bases and checkpoints) made ahead.
+    pub spare_layers: Arc<spare_layers::SpareLayers>,
     /// The network namespace of that sysfs, kept so that its loopback stays listed.
     _sysfs_netns: Option<std::os::fd::OwnedFd>,
     /// The mount namespace every new sandbox's is copied from: one empty read-only tmpfs
@@ -419,6 +422,10 @@ impl Daemon {
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
         let spare_netns =
             spare_netns::SpareNetns::start(spare_netns::SpareNetns::target_from_env()?)?;
+        let spare_layers = spare_layers::SpareLayers::start(
+            data.join("spare-layers"),
+            spare_layers::SpareLayers::target_from_env()?,
+        )?;
         // The table's name comes from the data directory, so that daemons on one host
         // (one per state root) never share rules.
         let tag = {
@@ -491,6 +498,7 @@ impl Daemon {
                 .context("start the watcher of init exits")?,
             sysfs,
             spare_netns,
+            spare_layers,
             _sysfs_netns: sysfs_netns,
             empty_mntns,
             _lock: lock,

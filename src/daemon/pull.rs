@@ -436,6 +436,7 @@ impl Daemon {
         self.images
             .put(&image)
             .map_err(|e| ApiError::from_chain(&format!("write image {name}"), &e))?;
+        self.make_image_base(&image);
         status.locked().phase = "done".into();
         Ok(image)
     }

@@ -515,6 +515,26 @@ impl Daemon {
         None
     }
 
+    /// The subvolume a layer made `from` is a snapshot of, over `base`.
+    pub(super) fn layer_source(&self, from: &LayerFrom, base: &BaseId) -> PathBuf {
+        match from {
+            LayerFrom::Snapshot(fs) => fs.clone(),
+            LayerFrom::Base | LayerFrom::BaseAndUpper(_) => self.bases.subvolume(base),
+        }
+    }
+
+    /// Makes the base an image's sandboxes stand on as soon as the image is recorded (an
+    /// import, a pull, a build), so that its first create need not, and has a snapshot of
+    /// it made ahead. A failure is only said: the first create makes it again.
+    pub(super) fn make_image_base(&self, image: &forkd_layers::Image) {
+        let mut stack = vec![Lower::Layer(self.runtime_layer)];
+        stack.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
+        match self.base_for(&stack) {
+            Ok(base) => self.spare_layers.want(&self.bases.subvolume(&base)),
+            Err(e) => log::warn(&format!("image {}: make its base: {}", image.name, e.message)),
+        }
+    }
+
     /// The base of `stack`, made now if it is new (see [`super::bases`]).
     pub(super) fn base_for(&self, stack: &[Lower]) -> Result<BaseId, ApiError> {
         self.bases
@@ -541,15 +561,28 @@ impl Daemon {
             ))
         })?;
         let layer = dir.join("layer");
-        let (src, upper) = match (from, &record.base) {
-            (LayerFrom::Snapshot(fs), _) => (fs.clone(), None),
-            (LayerFrom::Base, Some(base)) => (self.bases.subvolume(base), None),
-            (LayerFrom::BaseAndUpper(up), Some(base)) => (self.bases.subvolume(base), Some(up)),
-            (_, None) => return Err(ApiError::internal(ctx("a new sandbox needs a base"))),
+        let Some(base) = &record.base else {
+            return Err(ApiError::internal(ctx("a new sandbox needs a base")));
         };
-        self.volume
-            .snapshot(&src, &layer)
-            .map_err(|e| ApiError::from_chain(&ctx("create writable layer"), &e))?;
+        let src = self.layer_source(from, base);
+        let upper = match from {
+            LayerFrom::BaseAndUpper(up) => Some(up),
+            _ => None,
+        };
+        // A snapshot made ahead (see `spare_layers`), or one made now.
+        let spare = self.spare_layers.take(&src);
+        let renamed = spare.map(|s| match std::fs::rename(&s, &layer) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn(&format!("{}: {e}", ctx(&format!("rename {}", s.display()))));
+                false
+            }
+        });
+        if renamed != Some(true) {
+            self.volume
+                .snapshot(&src, &layer)
+                .map_err(|e| ApiError::from_chain(&ctx("create writable layer"), &e))?;
+        }
         if let Some(bytes) = record.limits.disk_bytes {
             self.volume
                 .set_disk_limit(&layer, Some(bytes))

@@ -333,6 +333,7 @@ impl Daemon {
                     self.images
                         .put(&image)
                         .map_err(|e| ApiError::from_chain("write image record", &e))?;
+                    self.make_image_base(&image);
                     for (key, layer) in &made.cache {
                         if let Err(e) = self.cache_put(key, layer.as_ref()) {
                             log::warn(&format!(

@@ -170,6 +170,16 @@ impl Daemon {
             held.pass_to(SandboxStatus::Stopping);
             let _ = self.stop_held(sb, held, Duration::from_secs(10));
         }
+        // Its branches' layers are snapshots of its own (or of the base, for a copied
+        // one): have one made ahead for the fork that usually follows.
+        if let Some(base) = &record.base {
+            let fs = dir.join("fs");
+            if self.volume.is_subvolume(&fs) {
+                self.spare_layers.want(&fs);
+            } else {
+                self.spare_layers.want(&self.bases.subvolume(base));
+            }
+        }
         let c = Arc::new(Checkpoint::new(dir, record));
         self.checkpoints.locked().insert(id, c.clone());
         self.hash_in_background(c.clone());

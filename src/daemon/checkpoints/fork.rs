@@ -106,6 +106,11 @@ impl Daemon {
         self.can_watch(count)?;
         let _in_use = c.use_for("fork")?;
         let plan = self.plan_fork(c, req)?;
+        if count > 1 {
+            // The branches' layers, made side by side: btrfs commits them together.
+            self.spare_layers
+                .prepare(&self.layer_source(&plan.layer, &plan.base), count);
+        }
         let results = on_workers(count, fork_parallelism(), || self.fork_branch(&plan));
         let mut branches = Vec::with_capacity(count);
         let mut first_error = None;

@@ -323,6 +323,7 @@ impl Daemon {
     }
 
     fn delete_checkpoint_dir(&self, dir: &Path) {
+        self.spare_layers.forget(&dir.join("fs"));
         if let Err(e) = self.volume.delete_subvolume(&dir.join("fs")) {
             log::warn(&format!("delete {}: {e}", dir.join("fs").display()));
         }

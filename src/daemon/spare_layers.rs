@@ -1,0 +1,280 @@
+//! Writable layers made ahead of the creates and forks that take them.
+//!
+//! A sandbox's writable layer is a snapshot of a base or of a checkpoint's layer (see
+//! [`super::bases`]), and a btrfs snapshot commits the volume's transaction: 2-4 ms on a
+//! quiet volume, more while other sandboxes write, and it waits out a commit already
+//! running. A thread of the daemon keeps snapshots of the sources recently snapshotted
+//! ready (`FORKD_SPARE_LAYERS` each, default [`DEFAULT_SPARE`]; the
+//! [`MAX_SOURCES`] most recent sources), so a create or a fork renames one into place
+//! instead of committing. A fork of several branches makes the snapshots it lacks at
+//! once, side by side, where btrfs puts them in one commit.
+//!
+//! A spare is a snapshot of an immutable subvolume (a base, a checkpoint's read-only
+//! snapshot), so one made ahead is the same as one made at the create. Each is handed
+//! out once, by rename; a source that goes (a checkpoint removed, a base collected)
+//! takes its spares with it, and a daemon that starts removes those an earlier one left.
+
+use super::log;
+use super::Lock as _;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Spares kept for each source unless `FORKD_SPARE_LAYERS` says otherwise: one covers a
+/// create or a single fork arriving at a time; batches make their own side by side.
+pub const DEFAULT_SPARE: usize = 1;
+/// Sources kept ready at most; the least recently used goes first.
+pub const MAX_SOURCES: usize = 16;
+/// Snapshots a batch makes at once.
+const BATCH_AT_ONCE: usize = 16;
+/// How long the thread waits after a take before it makes the next.
+const REFILL_AFTER: Duration = Duration::from_millis(20);
+
+/// The count `FORKD_SPARE_LAYERS` asks for.
+fn target(value: Option<&str>) -> anyhow::Result<usize> {
+    match value {
+        None | Some("") => Ok(DEFAULT_SPARE),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n <= 16 => Ok(n),
+            _ => anyhow::bail!("FORKD_SPARE_LAYERS={v:?}: expected a count from 0 to 16"),
+        },
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Ready spares of each source.
+    ready: HashMap<PathBuf, Vec<PathBuf>>,
+    /// The sources kept ready, most recently used last.
+    sources: VecDeque<PathBuf>,
+}
+
+impl State {
+    /// Marks `source` as just used; returns the spares of a source that fell out.
+    fn touch(&mut self, source: &Path) -> Vec<PathBuf> {
+        self.sources.retain(|s| s != source);
+        self.sources.push_back(source.to_path_buf());
+        let mut dropped = Vec::new();
+        while self.sources.len() > MAX_SOURCES {
+            if let Some(old) = self.sources.pop_front() {
+                dropped.extend(self.ready.remove(&old).unwrap_or_default());
+            }
+        }
+        dropped
+    }
+
+    fn lacking(&self, target: usize) -> Option<PathBuf> {
+        self.sources
+            .iter()
+            .rev()
+            .find(|s| self.ready.get(*s).map_or(0, Vec::len) < target)
+            .cloned()
+    }
+}
+
+pub struct SpareLayers {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Signalled when a source wants one more.
+    wanted: Condvar,
+    target: usize,
+    next: AtomicU64,
+}
+
+impl SpareLayers {
+    /// `FORKD_SPARE_LAYERS` (a count, 0 to turn it off) or [`DEFAULT_SPARE`].
+    pub fn target_from_env() -> anyhow::Result<usize> {
+        target(std::env::var("FORKD_SPARE_LAYERS").ok().as_deref())
+    }
+
+    /// Opens `dir` (emptied of what an earlier daemon left) and starts the thread that
+    /// keeps `target` spares of each recent source (none with 0).
+    pub fn start(dir: PathBuf, target: usize) -> anyhow::Result<Arc<Self>> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| anyhow::anyhow!("create {}: {e}", dir.display()))?;
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                remove(&e.path());
+            }
+        }
+        let spares = Arc::new(SpareLayers {
+            dir,
+            state: Mutex::new(State::default()),
+            wanted: Condvar::new(),
+            target,
+            next: AtomicU64::new(0),
+        });
+        if target > 0 {
+            let s = spares.clone();
+            std::thread::Builder::new()
+                .name("spare-layers".into())
+                .spawn(move || s.fill())
+                .map_err(|e| anyhow::anyhow!("start the spare layer thread: {e}"))?;
+        }
+        Ok(spares)
+    }
+
+    /// A ready snapshot of `source`, if there is one; the source is kept ready from now on.
+    pub fn take(&self, source: &Path) -> Option<PathBuf> {
+        let (spare, dropped) = {
+            let mut st = self.state.locked();
+            let spare = st.ready.get_mut(source).and_then(Vec::pop);
+            (spare, st.touch(source))
+        };
+        self.wanted.notify_one();
+        dropped.iter().for_each(|p| remove(p));
+        spare
+    }
+
+    /// Keeps `source` ready from now on (a checkpoint just made, which is forked next).
+    pub fn want(&self, source: &Path) {
+        let dropped = self.state.locked().touch(source);
+        self.wanted.notify_one();
+        dropped.iter().for_each(|p| remove(p));
+    }
+
+    /// Makes the snapshots of `source` that `count` takes will need beyond those ready,
+    /// side by side, so that btrfs commits them together.
+    pub fn prepare(&self, source: &Path, count: usize) {
+        let have = self.state.locked().ready.get(source).map_or(0, Vec::len);
+        let lacking = count.saturating_sub(have);
+        for chunk in (0..lacking).collect::<Vec<_>>().chunks(BATCH_AT_ONCE) {
+            let made: Vec<PathBuf> = std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|_| scope.spawn(|| self.make(source)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .filter_map(|h| h.join().ok().and_then(Result::ok))
+                    .collect()
+            });
+            self.state
+                .locked()
+                .ready
+                .entry(source.to_path_buf())
+                .or_default()
+                .extend(made);
+        }
+    }
+
+    /// Removes `source`'s spares and stops keeping it ready (it is being removed).
+    pub fn forget(&self, source: &Path) {
+        let dropped = {
+            let mut st = self.state.locked();
+            st.sources.retain(|s| s != source);
+            st.ready.remove(source).unwrap_or_default()
+        };
+        dropped.iter().for_each(|p| remove(p));
+    }
+
+    /// A new writable snapshot of `source` in the spare directory.
+    fn make(&self, source: &Path) -> std::io::Result<PathBuf> {
+        let name = format!("{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let src = File::open(source)?;
+        let parent = File::open(&self.dir)?;
+        let cname = CString::new(name.clone()).expect("digits");
+        forkd_sys::btrfs::snapshot(src.as_fd(), parent.as_fd(), &cname, false)?;
+        Ok(self.dir.join(name))
+    }
+
+    fn fill(&self) {
+        loop {
+            let source = {
+                let mut st = self.state.locked();
+                loop {
+                    if let Some(s) = st.lacking(self.target) {
+                        break s;
+                    }
+                    st = self
+                        .wanted
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            };
+            // After the operation that took one has had time to finish: on a machine of
+            // few CPUs, a snapshot beside it would slow it down.
+            std::thread::sleep(REFILL_AFTER);
+            match self.make(&source) {
+                Ok(spare) => {
+                    let mut st = self.state.locked();
+                    if st.sources.contains(&source) {
+                        st.ready.entry(source).or_default().push(spare);
+                    } else {
+                        // Forgotten meanwhile.
+                        drop(st);
+                        remove(&spare);
+                    }
+                }
+                Err(e) => {
+                    // The source went, or the volume refuses: stop keeping it; takes make
+                    // their own snapshot (and report the error if it is theirs too).
+                    log::warn(&format!(
+                        "spare layers: snapshot {}: {e}; no longer kept ready",
+                        source.display()
+                    ));
+                    let dropped = {
+                        let mut st = self.state.locked();
+                        st.sources.retain(|s| *s != source);
+                        st.ready.remove(&source).unwrap_or_default()
+                    };
+                    dropped.iter().for_each(|p| remove(p));
+                }
+            }
+        }
+    }
+}
+
+/// Deletes a spare (a subvolume) or whatever else is at `path`.
+fn remove(path: &Path) {
+    let res = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => File::open(parent).and_then(|p| {
+            let name = CString::new(name.as_encoded_bytes()).map_err(std::io::Error::other)?;
+            forkd_sys::btrfs::delete_subvolume(p.as_fd(), &name)
+        }),
+        _ => Ok(()),
+    };
+    if res.is_err() {
+        let _ = std::fs::remove_dir_all(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_count_is_checked() {
+        assert_eq!(target(None).unwrap(), DEFAULT_SPARE);
+        assert_eq!(target(Some("0")).unwrap(), 0);
+        assert_eq!(target(Some(" 4 ")).unwrap(), 4);
+        for bad in ["-1", "17", "two"] {
+            let e = target(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("FORKD_SPARE_LAYERS") && e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_least_recent_source_falls_out() {
+        let mut st = State::default();
+        for i in 0..MAX_SOURCES {
+            st.touch(Path::new(&format!("/s{i}")));
+        }
+        st.ready
+            .insert(PathBuf::from("/s0"), vec![PathBuf::from("/spare0")]);
+        // s0 used again: s1 is now the oldest.
+        assert!(st.touch(Path::new("/s0")).is_empty());
+        assert!(st.touch(Path::new("/new")).is_empty());
+        assert!(!st.sources.contains(&PathBuf::from("/s1")));
+        assert_eq!(st.lacking(1), Some(PathBuf::from("/new")));
+        for i in 2..MAX_SOURCES {
+            st.touch(Path::new(&format!("/t{i}")));
+        }
+        assert_eq!(st.touch(Path::new("/last")), vec![PathBuf::from("/spare0")]);
+    }
+}
