@@ -531,7 +531,10 @@ impl Daemon {
         stack.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
         match self.base_for(&stack) {
             Ok(base) => self.spare_layers.want(&self.bases.subvolume(&base)),
-            Err(e) => log::warn(&format!("image {}: make its base: {}", image.name, e.message)),
+            Err(e) => log::warn(&format!(
+                "image {}: make its base: {}",
+                image.name, e.message
+            )),
         }
     }
 

@@ -32,6 +32,9 @@ pub const DEFAULT_SPARE: usize = 1;
 pub const MAX_SOURCES: usize = 16;
 /// Snapshots a batch makes at once.
 const BATCH_AT_ONCE: usize = 16;
+/// Snapshots one batch makes ahead at most (the branches past them make their own, or
+/// take what the thread made meanwhile): what a failed fork leaves ready stays bounded.
+const BATCH_AHEAD: usize = 256;
 /// How long the thread waits after a take before it makes the next.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
 
@@ -142,7 +145,7 @@ impl SpareLayers {
     /// side by side, so that btrfs commits them together.
     pub fn prepare(&self, source: &Path, count: usize) {
         let have = self.state.locked().ready.get(source).map_or(0, Vec::len);
-        let lacking = count.saturating_sub(have);
+        let lacking = count.min(BATCH_AHEAD).saturating_sub(have);
         for chunk in (0..lacking).collect::<Vec<_>>().chunks(BATCH_AT_ONCE) {
             let made: Vec<PathBuf> = std::thread::scope(|scope| {
                 let handles: Vec<_> = chunk
