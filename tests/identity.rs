@@ -11,6 +11,7 @@
 mod common;
 
 use common::*;
+use std::path::Path;
 
 const CHECK: &str = include_str!("../fixtures/identity/check.sh");
 
@@ -270,4 +271,119 @@ echo "target $target placed $(stat -c %i /pkg/libs/libquad.so.0) after $i files"
     let (code, got, err) = d.sh(&sb.id, load);
     assert_eq!(code, 0, "{out}: load: {err}");
     assert_eq!(got.trim(), "43", "{out}");
+}
+
+/// Writes one task in Harbor's format under `suite`: Debian's image, a solution and a
+/// verifier (`tests/test.sh`, which writes the reward), with `files` under `tests/`.
+fn harbor_task(suite: &Path, name: &str, solve: &str, test: &str, files: &[(&str, &str)]) {
+    let dir = suite.join(name);
+    for sub in ["environment", "solution", "tests"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    std::fs::write(
+        dir.join("task.toml"),
+        "schema_version = \"1.4\"\n[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 300\n\
+         [environment]\nworkdir = \"/app\"\nallow_internet = false\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("instruction.md"), format!("Task {name}.\n")).unwrap();
+    std::fs::write(
+        dir.join("environment/Dockerfile"),
+        "FROM debian\nWORKDIR /app\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("solution/solve.sh"),
+        format!("#!/bin/bash\nset -e\n{solve}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tests/test.sh"),
+        format!(
+            "#!/bin/bash\nmkdir -p /logs/verifier\nif {{ {test}\n}} >&2; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+        ),
+    )
+    .unwrap();
+    for (f, text) in files {
+        std::fs::write(dir.join("tests").join(f), text).unwrap();
+    }
+}
+
+/// As a run of published tasks back to back found it: several tasks through the
+/// evaluator in one daemon, then a task whose verifier, in its grading sandbox, loads a
+/// library that needs a versioned symbol of another (after making files until the next
+/// would be numbered like a library the loader has loaded) and runs the identity checks.
+#[test]
+fn the_evaluator_grades_a_library_loading_verifier_after_other_tasks() {
+    let name = "the_evaluator_grades_a_library_loading_verifier_after_other_tasks";
+    if !can_run(name) {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let d = TestDaemon::start("identity-eval");
+    d.import(&debian, "debian");
+    let scratch = std::env::temp_dir().join(format!("forkd-identity-eval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let suite = scratch.join("suite");
+    for i in 0..3 {
+        harbor_task(
+            &suite,
+            &format!("fill-{i}"),
+            "for j in $(seq 1 1500); do mkdir -p /app/out/d$((j % 30)); echo $j > /app/out/d$((j % 30))/f$j; done",
+            "[ \"$(find /app/out -type f | wc -l)\" = 1500 ]",
+            &[],
+        );
+    }
+    let libs = r#"mkdir -p /src /app/libs && cd /src
+printf 'int quad_answer(void) { return 42; }\n' > quad.c
+printf 'QUADMATH_1.0 { global: quad_answer; local: *; };\n' > quad.map
+printf 'int quad_answer(void);\nint fort_answer(void) { return quad_answer() + 1; }\n' > fort.c
+gcc -shared -fPIC -o /app/libs/libquad.so.0 -Wl,-soname,libquad.so.0 -Wl,--version-script=quad.map quad.c
+gcc -shared -fPIC -o /app/libs/libfort.so.5 -Wl,-soname,libfort.so.5 -Wl,-rpath,'$ORIGIN' fort.c -L/app/libs -l:libquad.so.0"#;
+    let verify = r#"target=$(python3 -c 'import os
+for l in open("/proc/self/maps"):
+    p = l.split()[-1]
+    if ".so" in p:
+        print(os.stat(p).st_ino); break')
+mkdir -p /fill /pkg; for j in $(seq 1 300); do echo $j > /fill/w$j; done; i=0
+while [ "$(: > /fill/f$i; stat -c %i /fill/f$i)" -lt $((target - 1)) ] && [ $i -lt 200000 ]; do i=$((i + 1)); done
+cp /app/libs/libquad.so.0 /app/libs/libfort.so.5 /pkg/
+[ "$(python3 -c 'import ctypes; print(ctypes.CDLL("/pkg/libfort.so.5").fort_answer())')" = 43 ] \
+    && sh /tests/check.sh /fill 200"#;
+    harbor_task(&suite, "zz-libs", libs, verify, &[("check.sh", CHECK)]);
+    let run = scratch.join("run");
+    let out = d.cli(&[
+        "--socket",
+        d.socket.to_str().unwrap(),
+        "eval",
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        "oracle",
+        "--conditions",
+        "clean",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = results(&run);
+    assert_eq!(rows.len(), 4, "{rows:#?}");
+    for r in &rows {
+        let trial = run.join("trials").join(&r.trial_id);
+        let said = ["verifier.log", "infra_error.txt"]
+            .map(|f| std::fs::read_to_string(trial.join(f)).unwrap_or_default())
+            .join("\n");
+        assert!(
+            r.success(),
+            "task {} was not solved: {r:#?}\n{said}",
+            r.task
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }

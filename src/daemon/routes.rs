@@ -5,7 +5,6 @@
 
 use super::grants::Grant;
 use super::http::{self, Request, Response};
-use super::Lock as _;
 use super::{log, Daemon};
 use crate::api::{self, Answer, ApiError, ExecBody, Operation, VersionInfo, EXEC_UPGRADE};
 use std::collections::HashMap;
@@ -381,19 +380,7 @@ fn handle(
         }
         O::CheckpointDelta => {
             let c = d.checkpoint(&param("id"))?;
-            // The checkpoint's own layer: its snapshot, or (imported) its topmost store layer.
-            let top = c
-                .record
-                .locked()
-                .lowers
-                .first()
-                .map(|l| d.lower_path(l))
-                .unwrap_or_else(|| c.fs());
-            let mut tar = Vec::new();
-            forkd_layers::export_tar(&top, &mut tar).map_err(|e| {
-                ApiError::from_chain(&format!("checkpoint {}: export its layer", c.id), &e)
-            })?;
-            Ok(Reply::Bytes(tar))
+            Ok(Reply::Bytes(d.checkpoint_delta(&c)?))
         }
         O::GrantSandbox => {
             let sb = d.sandbox(&param("id"))?;

@@ -348,3 +348,80 @@ fn a_layer_applied_onto_a_tree_reads_as_the_overlay_of_both() {
     );
     assert_eq!(a.ino(), b.ino());
 }
+
+#[test]
+fn the_diff_of_two_uppers_over_the_old_reads_as_the_new() {
+    let name = "the_diff_of_two_uppers_over_the_old_reads_as_the_new";
+    if !root_or_skip(name) {
+        return;
+    }
+    let (lower, old, new, out) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    sample_lower(lower.path());
+    // The old upper: what a checkpointed sandbox changed; the new one starts as an exact
+    // copy of it (as a branch's layer does) and changes more.
+    sample_layer(old.path());
+    fs::create_dir_all(old.path().join("home/u")).unwrap();
+    fs::write(old.path().join("home/u/kept"), b"untouched").unwrap();
+    fs::write(old.path().join("home/u/edited"), b"before").unwrap();
+    fs::write(old.path().join("home/u/removed"), b"goes").unwrap();
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(old.path().join("."))
+        .arg(new.path())
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let n = new.path();
+    fs::write(n.join("home/u/edited"), b"after").unwrap();
+    fs::remove_file(n.join("home/u/removed")).unwrap();
+    fs::write(n.join("home/u/added"), b"new").unwrap();
+    fs::write(
+        n.join("etc/opaque/new"),
+        b"changed inside the opaque directory",
+    )
+    .unwrap();
+    fs::set_permissions(
+        n.join("etc/merged/added"),
+        fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    fs::remove_file(n.join("var/was-dir")).unwrap();
+    fs::create_dir(n.join("var/was-dir")).unwrap();
+    // As overlayfs makes a directory where a lower one was hidden: opaque.
+    lset(&n.join("var/was-dir"), "trusted.overlay.opaque", b"y");
+    fs::write(n.join("var/was-dir/again"), b"a directory again").unwrap();
+    mknodat(
+        CWD,
+        &n.join("usr/bin/tool"),
+        FileType::CharacterDevice,
+        Mode::empty(),
+        0,
+    )
+    .unwrap();
+    forkd_layers::copy::diff_uppers(old.path(), new.path(), out.path()).unwrap();
+    let want = {
+        let m = forkd_sys::mount::overlay(&[new.path(), lower.path()], None).unwrap();
+        describe(&forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&m)))
+    };
+    let got = {
+        let m = forkd_sys::mount::overlay(&[out.path(), old.path(), lower.path()], None).unwrap();
+        describe(&forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&m)))
+    };
+    for (name, what) in &want {
+        assert_eq!(got.get(name), Some(what), "{name}");
+    }
+    assert_eq!(want, got);
+    // Only the changes are in the diff.
+    assert!(!out.path().join("home/u/kept").exists());
+    assert!(out.path().join("home/u/added").exists());
+    assert!(!out.path().join("etc/opaque/deep").exists());
+    assert!(
+        !out.path().join("usr/was-file").exists(),
+        "an unchanged directory is left out"
+    );
+}

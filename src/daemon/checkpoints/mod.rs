@@ -18,7 +18,8 @@
 //! checkpoint's layer stack and, for a live checkpoint, the process tree restored by CRIU
 //! into new namespaces and its own cgroup (eagerly, or lazily through userfaultfd).
 //!
-//! One file per verb: `create.rs` (checkpoint a sandbox), `fork.rs`, `remove.rs`;
+//! One file per verb: `create.rs` (checkpoint a sandbox), `fork.rs`, `remove.rs`,
+//! `delta.rs` (what a checkpoint's sandbox changed);
 //! `tree.rs` reads what a process tree must not be doing when it is dumped; `hash.rs`
 //! computes a checkpoint's tree hash after it is made. This file holds the record, the
 //! table and what the verbs share (lookups, recovery at start-up, the squash).
@@ -41,6 +42,7 @@ const RECORD_VERSION: u32 = 1;
 const SYSFS_KEY: &str = "forkd-sysfs";
 
 mod create;
+mod delta;
 mod fork;
 mod hash;
 mod remove;
