@@ -1,5 +1,8 @@
 //! Copying a directory tree into a staging directory, preserving owner,
-//! mode, timestamps, extended attributes, symlinks and hard links.
+//! mode, timestamps, extended attributes, symlinks and hard links; and the two
+//! operations on overlay-form trees built on it: a layer applied onto a merged tree
+//! ([`apply_layer`], how a base is made) and what one upper directory changed over
+//! another ([`diff_uppers`], a branch's checkpoint's delta).
 //!
 //! Both trees are walked through directory descriptors opened with
 //! `O_NOFOLLOW`, so a symlink in the source is copied as a symlink and never
@@ -360,14 +363,14 @@ impl Copier<'_, '_> {
         self.src_root.join(fsx::os(rel))
     }
 
-    /// Copies the children of `src` into `dst`; `rel` is their relative path.
-    fn dir(
-        &mut self,
+    /// The names in the source directory `src` at `rel`, sorted; refused past
+    /// [`MAX_DEPTH`].
+    fn names_at(
+        &self,
         src: BorrowedFd<'_>,
-        dst: BorrowedFd<'_>,
-        rel: &mut Vec<u8>,
+        rel: &[u8],
         depth: usize,
-    ) -> Result<(), LayerError> {
+    ) -> Result<Vec<CString>, LayerError> {
         if depth > MAX_DEPTH {
             return Err(LayerError::TooDeep {
                 limit: MAX_DEPTH,
@@ -377,6 +380,18 @@ impl Copier<'_, '_> {
         let mut names =
             fsx::read_names(src).map_err(|e| self.src_err("reading directory", rel, e))?;
         names.sort();
+        Ok(names)
+    }
+
+    /// Copies the children of `src` into `dst`; `rel` is their relative path.
+    fn dir(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        rel: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), LayerError> {
+        let names = self.names_at(src, rel, depth)?;
         let base = rel.len();
         for name in names {
             if depth == 0
@@ -542,15 +557,7 @@ impl Copier<'_, '_> {
         rel: &mut Vec<u8>,
         depth: usize,
     ) -> Result<(), LayerError> {
-        if depth > MAX_DEPTH {
-            return Err(LayerError::TooDeep {
-                limit: MAX_DEPTH,
-                path: self.src_path(rel),
-            });
-        }
-        let mut names =
-            fsx::read_names(new).map_err(|e| self.src_err("reading directory", rel, e))?;
-        names.sort();
+        let names = self.names_at(new, rel, depth)?;
         let base = rel.len();
         for name in &names {
             if base > 0 {
