@@ -112,6 +112,28 @@ pub struct Bases {
     dir: PathBuf,
     /// Held while a base is made, so that two requests for one stack make it once.
     making: Mutex<()>,
+    /// Bases that requests in flight are making sandboxes on, before any record names
+    /// them: `gc` leaves them alone (see [`Pinned`]).
+    pins: Mutex<std::collections::HashMap<BaseId, usize>>,
+}
+
+/// A base a request stands on until its sandbox's record is in the table; while it is
+/// held, `gc` does not remove the base.
+pub struct Pinned<'a> {
+    bases: &'a Bases,
+    pub id: BaseId,
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        let mut pins = self.bases.pins.locked();
+        if let Some(n) = pins.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(&self.id);
+            }
+        }
+    }
 }
 
 impl Bases {
@@ -137,6 +159,7 @@ impl Bases {
         Ok(Bases {
             dir,
             making: Mutex::new(()),
+            pins: Mutex::new(Default::default()),
         })
     }
 
@@ -165,19 +188,28 @@ impl Bases {
     }
 
     /// The base of `stack`, made now if it does not exist yet (with the bases of the
-    /// stacks below it, each from the one below). `path_of` gives a layer's directory.
+    /// stacks below it, each from the one below), pinned for the caller. `path_of`
+    /// gives a layer's directory.
     pub fn ensure(
         &self,
         volume: &forkd_volume::Volume,
         stack: &[Lower],
         path_of: &dyn Fn(&Lower) -> PathBuf,
-    ) -> Result<BaseId, ApiError> {
-        let id = BaseId::of(stack);
-        if self.exists(&id) {
-            return Ok(id);
+    ) -> Result<Pinned<'_>, ApiError> {
+        // Pinned before it is looked for: `remove` checks the pins and deletes under one
+        // lock, so a base found here stays.
+        let pinned = self.pin(BaseId::of(stack));
+        if !self.exists(&pinned.id) {
+            let _making = self.making.locked();
+            self.make(volume, stack, path_of)?;
         }
-        let _making = self.making.locked();
-        self.make(volume, stack, path_of)
+        Ok(pinned)
+    }
+
+    /// Pins base `id` (which may not exist yet).
+    pub fn pin(&self, id: BaseId) -> Pinned<'_> {
+        *self.pins.locked().entry(id.clone()).or_default() += 1;
+        Pinned { bases: self, id }
     }
 
     /// Makes the base of `stack` unless it exists; `making` is held.
@@ -279,13 +311,26 @@ impl Bases {
             .collect()
     }
 
-    /// Removes base `id`. Sandboxes made from it keep their own snapshots, but its tree
-    /// is their lower layer: only a base no sandbox or checkpoint names may go.
-    pub fn remove(&self, volume: &forkd_volume::Volume, id: &BaseId) -> Result<(), ApiError> {
+    /// Removes base `id` unless a request in flight has it pinned or `named(id)` says a
+    /// record names it (`Ok(false)`). Both are asked under the lock a pin takes, so a
+    /// request that made its sandbox on the base since the caller last looked is seen
+    /// either way. Sandboxes made from a base keep their own snapshots, but its tree is
+    /// their lower layer: only a base nothing names may go.
+    pub fn remove(
+        &self,
+        volume: &forkd_volume::Volume,
+        id: &BaseId,
+        named: impl Fn(&BaseId) -> bool,
+    ) -> Result<bool, ApiError> {
         let _making = self.making.locked();
+        let pins = self.pins.locked();
+        if pins.contains_key(id) || named(id) {
+            return Ok(false);
+        }
         volume
             .delete_subvolume(&self.subvolume(id))
-            .map_err(|e| ApiError::from_chain(&format!("remove base {id}"), &e))
+            .map_err(|e| ApiError::from_chain(&format!("remove base {id}"), &e))?;
+        Ok(true)
     }
 
     /// Where base `id`'s subvolume would be: for paths in messages.

@@ -50,9 +50,28 @@ impl Daemon {
         self.layers_named_on_disk(&mut used, &mut bases)?;
         for base in self.bases.list() {
             if !bases.contains(base.as_str()) {
-                self.spare_layers.forget(&self.bases.subvolume(&base));
-                self.bases.remove(&self.volume, &base)?;
-                log::info(&format!("gc: removed base {base}"));
+                // A base pinned by a request in flight stays; one that cannot be removed
+                // is said, and the layers are still collected.
+                let named = |id: &BaseId| {
+                    let some = Some(id);
+                    self.sandboxes
+                        .locked()
+                        .values()
+                        .any(|sb| sb.record.locked().base.as_ref() == some)
+                        || self
+                            .checkpoints
+                            .locked()
+                            .values()
+                            .any(|c| c.record.locked().base.as_ref() == some)
+                };
+                match self.bases.remove(&self.volume, &base, named) {
+                    Ok(true) => {
+                        self.spare_layers.forget(&self.bases.subvolume(&base));
+                        log::info(&format!("gc: removed base {base}"));
+                    }
+                    Ok(false) => {}
+                    Err(e) => log::warn(&format!("gc: {}", e.message)),
+                }
             }
         }
         let mut removed = Vec::new();

@@ -561,6 +561,7 @@ impl Daemon {
         }
         // The roots of sandboxes that stopped a moment ago may still be held, each
         // unmounted (and the volume synced) on the exit watcher's releasing thread.
+        self.spare_layers.stop();
         if !self.exits.wait_released(std::time::Duration::from_secs(60)) {
             log::warn("sandbox roots still held after 60 s: the volume may stay mounted");
         }

@@ -408,7 +408,7 @@ impl Daemon {
             id: id.clone(),
             image: image.name.clone(),
             lowers,
-            base: Some(base),
+            base: Some(base.id.clone()),
             created: super::now_secs(),
             hostname,
             limits: req.limits.clone(),
@@ -530,7 +530,7 @@ impl Daemon {
         let mut stack = vec![Lower::Layer(self.runtime_layer)];
         stack.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
         match self.base_for(&stack) {
-            Ok(base) => self.spare_layers.want(&self.bases.subvolume(&base)),
+            Ok(base) => self.spare_layers.want(&self.bases.subvolume(&base.id)),
             Err(e) => log::warn(&format!(
                 "image {}: make its base: {}",
                 image.name, e.message
@@ -538,8 +538,9 @@ impl Daemon {
         }
     }
 
-    /// The base of `stack`, made now if it is new (see [`super::bases`]).
-    pub(super) fn base_for(&self, stack: &[Lower]) -> Result<BaseId, ApiError> {
+    /// The base of `stack`, made now if it is new (see [`super::bases`]), pinned until
+    /// the guard goes: hold it until the record that names the base is in the table.
+    pub(super) fn base_for(&self, stack: &[Lower]) -> Result<super::bases::Pinned<'_>, ApiError> {
         self.bases
             .ensure(&self.volume, stack, &|l| self.lower_path(l))
     }
@@ -578,6 +579,9 @@ impl Daemon {
             Ok(()) => true,
             Err(e) => {
                 log::warn(&format!("{}: {e}", ctx(&format!("rename {}", s.display()))));
+                if let Err(e) = self.volume.delete_subvolume(&s) {
+                    log::warn(&format!("remove {}: {e}", s.display()));
+                }
                 false
             }
         });

@@ -55,6 +55,8 @@ struct State {
     ready: HashMap<PathBuf, Vec<PathBuf>>,
     /// The sources kept ready, most recently used last.
     sources: VecDeque<PathBuf>,
+    /// Set by [`SpareLayers::stop`].
+    stopped: bool,
 }
 
 impl State {
@@ -87,6 +89,8 @@ pub struct SpareLayers {
     wanted: Condvar,
     target: usize,
     next: AtomicU64,
+    /// Held by the thread while it makes a snapshot.
+    making: Mutex<()>,
 }
 
 impl SpareLayers {
@@ -111,6 +115,7 @@ impl SpareLayers {
             wanted: Condvar::new(),
             target,
             next: AtomicU64::new(0),
+            making: Mutex::new(()),
         });
         if target > 0 {
             let s = spares.clone();
@@ -144,7 +149,11 @@ impl SpareLayers {
     /// Makes the snapshots of `source` that `count` takes will need beyond those ready,
     /// side by side, so that btrfs commits them together.
     pub fn prepare(&self, source: &Path, count: usize) {
-        let have = self.state.locked().ready.get(source).map_or(0, Vec::len);
+        let (have, dropped) = {
+            let mut st = self.state.locked();
+            (st.ready.get(source).map_or(0, Vec::len), st.touch(source))
+        };
+        dropped.iter().for_each(|p| remove(p));
         let lacking = count.min(BATCH_AHEAD).saturating_sub(have);
         for chunk in (0..lacking).collect::<Vec<_>>().chunks(BATCH_AT_ONCE) {
             let made: Vec<PathBuf> = std::thread::scope(|scope| {
@@ -157,13 +166,27 @@ impl SpareLayers {
                     .filter_map(|h| h.join().ok().and_then(Result::ok))
                     .collect()
             });
-            self.state
-                .locked()
-                .ready
-                .entry(source.to_path_buf())
-                .or_default()
-                .extend(made);
+            let mut st = self.state.locked();
+            if st.sources.iter().any(|s| s == source) {
+                st.ready
+                    .entry(source.to_path_buf())
+                    .or_default()
+                    .extend(made);
+            } else {
+                // Forgotten meanwhile (its checkpoint removed, its base collected).
+                drop(st);
+                made.iter().for_each(|p| remove(p));
+            }
         }
+    }
+
+    /// Stops the thread (a daemon about to release its volume): once this returns it
+    /// holds nothing open there and makes nothing more.
+    pub fn stop(&self) {
+        self.state.locked().stopped = true;
+        self.wanted.notify_all();
+        // Waits out a snapshot being made.
+        drop(self.making.locked());
     }
 
     /// Removes `source`'s spares and stops keeping it ready (it is being removed).
@@ -191,6 +214,9 @@ impl SpareLayers {
             let source = {
                 let mut st = self.state.locked();
                 loop {
+                    if st.stopped {
+                        return;
+                    }
                     if let Some(s) = st.lacking(self.target) {
                         break s;
                     }
@@ -203,7 +229,13 @@ impl SpareLayers {
             // After the operation that took one has had time to finish: on a machine of
             // few CPUs, a snapshot beside it would slow it down.
             std::thread::sleep(REFILL_AFTER);
-            match self.make(&source) {
+            let making = self.making.locked();
+            if self.state.locked().stopped {
+                return;
+            }
+            let made = self.make(&source);
+            drop(making);
+            match made {
                 Ok(spare) => {
                     let mut st = self.state.locked();
                     if st.sources.contains(&source) {

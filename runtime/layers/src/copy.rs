@@ -570,7 +570,7 @@ impl Copier<'_, '_> {
         }
         // Names only the old one has: gone since, so whited out.
         let olds = fsx::read_names(old).map_err(|e| self.src_err("reading directory", rel, e))?;
-        for name in olds.iter().filter(|n| !names.contains(n)) {
+        for name in olds.iter().filter(|n| names.binary_search(n).is_err()) {
             let st = fsx::lstat_at(old, name)
                 .map_err(|e| self.src_err("reading metadata of", rel, e))?;
             if fsx::file_type(&st) == FileType::CharacterDevice && st.st_rdev == 0 {
@@ -634,8 +634,15 @@ impl Copier<'_, '_> {
                     .map_err(|e| self.dst_err("reading directory", rel, e))?
                     .is_empty();
                 let a = a.expect("a directory on both sides");
+                let attrs = |fd: BorrowedFd<'_>| {
+                    fsx::read_xattrs(XattrOf::Fd(fd), |n| !n.starts_with(b"trusted.overlay."))
+                };
                 let kept = (a.st_mode, a.st_uid, a.st_gid) == (b.st_mode, b.st_uid, b.st_gid)
-                    && (a.st_mtime, a.st_mtime_nsec) == (b.st_mtime, b.st_mtime_nsec);
+                    && (a.st_mtime, a.st_mtime_nsec) == (b.st_mtime, b.st_mtime_nsec)
+                    && attrs(od.as_fd())
+                        .map_err(|e| self.src_err("reading extended attributes of", rel, e))?
+                        == attrs(nd.as_fd())
+                            .map_err(|e| self.src_err("reading extended attributes of", rel, e))?;
                 if empty && kept {
                     drop(o);
                     rfs::unlinkat(out, name, AtFlags::REMOVEDIR)

@@ -200,6 +200,7 @@ pub fn overlay_with(
     if let Some((upper, work)) = upper {
         fs.set_path("upperdir", upper)?;
         fs.set_path("workdir", work)?;
+        fs.plain_upper()?;
     }
     fs.create()?;
     let attrs = if upper.is_none() {
@@ -235,6 +236,7 @@ fn overlay_linked(lowers: &[&Path], upper: Option<(&Path, &Path)>) -> io::Result
     if upper.is_some() {
         fs.set_path("upperdir", Path::new(crate::lowerdir::UPPER_LINK))?;
         fs.set_path("workdir", Path::new(crate::lowerdir::WORK_LINK))?;
+        fs.plain_upper()?;
     }
     fs.create()?;
     let attrs = if upper.is_none() {
@@ -469,6 +471,16 @@ impl FsContext {
     fn set_path(&self, key: &str, path: &Path) -> io::Result<()> {
         let step = format!("fsconfig {key} {}", path.display());
         self.set_bytes(key, path.as_os_str().as_bytes(), &step)
+    }
+
+    /// An upper directory that holds only whiteouts, opaque marks and whole files, whatever
+    /// the kernel's defaults (`CONFIG_OVERLAY_FS_REDIRECT_DIR`, `_METACOPY`): what forkd
+    /// reads from uppers (checkpoints' deltas and archives, bases made from them) knows
+    /// no directory redirects and no metadata-only copies. Renaming a lower directory is
+    /// then `EXDEV`, which `mv` answers by copying.
+    fn plain_upper(&self) -> io::Result<()> {
+        self.set_bytes("redirect_dir", b"off", "fsconfig redirect_dir off")?;
+        self.set_bytes("metacopy", b"off", "fsconfig metacopy off")
     }
 
     /// `fsconfig(FSCONFIG_SET_STRING, key, value)`; `step` names it in errors.

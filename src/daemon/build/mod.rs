@@ -414,7 +414,7 @@ impl Daemon {
             id: id.clone(),
             image: name.to_string(),
             lowers,
-            base: Some(base),
+            base: Some(base.id.clone()),
             parent: None,
             created: super::now_secs(),
             hostname: "build".into(),

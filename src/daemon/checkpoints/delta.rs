@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 impl Daemon {
     /// The tar of checkpoint `c`'s delta.
     pub fn checkpoint_delta(&self, c: &Checkpoint) -> Result<Vec<u8>, ApiError> {
+        // Neither it nor its parent is removed while their layers are read.
+        let _in_use = c.use_for("delta")?;
         let rec = c.record.locked().clone();
         // Its own layer: its snapshot, or (imported) its topmost store layer.
         let own = rec
@@ -35,9 +37,13 @@ impl Daemon {
                 let prec = p.record.locked().clone();
                 let same_base = prec.base.as_ref() == Some(base)
                     && prec.lowers.first() == Some(&Lower::Checkpoint(p.id.clone()));
-                same_base.then(|| p.fs())
+                same_base.then_some(p)
             }
             _ => None,
+        };
+        let parent_in_use = match &started_from {
+            Some(p) => Some(p.use_for("delta")?),
+            None => None,
         };
         let mut tar = Vec::new();
         let export = |dir: &std::path::Path, tar: &mut Vec<u8>| {
@@ -45,9 +51,10 @@ impl Daemon {
                 ApiError::from_chain(&format!("checkpoint {}: export its delta", c.id), &e)
             })
         };
-        match started_from {
+        match &started_from {
             None => export(&own, &mut tar)?,
-            Some(old) => {
+            Some(parent) => {
+                let old = parent.fs();
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 let scratch = self.data.join("tmp").join(format!(
                     "delta-{}-{}",
@@ -71,6 +78,7 @@ impl Daemon {
                 res?;
             }
         }
+        drop(parent_in_use);
         Ok(tar)
     }
 }

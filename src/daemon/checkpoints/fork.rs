@@ -48,8 +48,9 @@ struct Plan<'a> {
     lazy: bool,
     /// Whether the restored trees are opened to KSM (`crate::daemon::sharing`).
     share_memory: bool,
-    /// The base every branch stands on, and what its layer is made from.
-    base: BaseId,
+    /// The base every branch stands on (pinned until the request ends), and what its
+    /// layer is made from.
+    base: crate::daemon::bases::Pinned<'a>,
     layer: LayerFrom,
 }
 
@@ -109,7 +110,7 @@ impl Daemon {
         if count > 1 {
             // The branches' layers, made side by side: btrfs commits them together.
             self.spare_layers
-                .prepare(&self.layer_source(&plan.layer, &plan.base), count);
+                .prepare(&self.layer_source(&plan.layer, &plan.base.id), count);
         }
         let results = on_workers(count, fork_parallelism(), || self.fork_branch(&plan));
         let mut branches = Vec::with_capacity(count);
@@ -225,10 +226,11 @@ impl Daemon {
         &self,
         c: &Checkpoint,
         ck: &CheckpointRecord,
-    ) -> Result<(BaseId, LayerFrom), ApiError> {
+    ) -> Result<(crate::daemon::bases::Pinned<'_>, LayerFrom), ApiError> {
         if let (Some(base), Some((Lower::Checkpoint(own), below))) =
             (&ck.base, ck.lowers.split_first())
         {
+            let pinned = self.bases.pin(base.clone());
             if *own == c.id && BaseId::of(below) == *base && self.bases.exists(base) {
                 let fs = c.dir.join("fs");
                 let from = if self.volume.is_subvolume(&fs) {
@@ -236,7 +238,7 @@ impl Daemon {
                 } else {
                     LayerFrom::BaseAndUpper(c.fs())
                 };
-                return Ok((base.clone(), from));
+                return Ok((pinned, from));
             }
         }
         Ok((self.base_for(&ck.lowers)?, LayerFrom::Base))
@@ -253,7 +255,7 @@ impl Daemon {
             id: id.clone(),
             image: ck.image.clone(),
             lowers: ck.lowers.clone(),
-            base: Some(plan.base.clone()),
+            base: Some(plan.base.id.clone()),
             parent: Some(plan.c.id.clone()),
             created: crate::daemon::now_secs(),
             hostname: ck.hostname.clone(),
