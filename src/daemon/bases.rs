@@ -37,7 +37,7 @@ use super::{log, Lock};
 use crate::api::ApiError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -331,11 +331,6 @@ impl Bases {
             .delete_subvolume(&self.subvolume(id))
             .map_err(|e| ApiError::from_chain(&format!("remove base {id}"), &e))?;
         Ok(true)
-    }
-
-    /// Where base `id`'s subvolume would be: for paths in messages.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 

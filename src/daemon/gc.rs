@@ -24,9 +24,7 @@ impl Daemon {
             .list()
             .map_err(|e| ApiError::from_chain("list images", &e))?
         {
-            let mut stack = vec![Lower::Layer(self.runtime_layer)];
-            stack.extend(img.layers.iter().rev().cloned().map(Lower::Layer));
-            bases.insert(BaseId::of(&stack).to_string());
+            bases.insert(BaseId::of(&self.image_stack(&img.layers)).to_string());
             used.extend(img.layers);
         }
         for sb in self.sandboxes.locked().values() {

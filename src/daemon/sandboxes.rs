@@ -1,5 +1,6 @@
 //! The sandbox table: create, inspect, exec, and recovery after a restart; how a
-//! sandbox ends (stop, remove, an init that exits) is in [`ending`].
+//! sandbox ends (stop, remove, an init that exits) is in [`ending`], and where its
+//! writable layer comes from (a snapshot of its base or of a checkpoint's) in [`layer`].
 //!
 //! Each sandbox lives in `<root>/sandboxes/<id>/` with `layer/{upper,work}` (its
 //! private overlay layer), `rootfs/` (where the merged root is attached inside the
@@ -38,6 +39,9 @@ use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant, SystemTime};
 
 mod ending;
+mod layer;
+
+pub(super) use layer::LayerFrom;
 
 /// The version of `state.json`; a record of another version is not loaded.
 pub(super) const RECORD_VERSION: u32 = 1;
@@ -140,19 +144,6 @@ impl SandboxRecord {
     pub fn cgroup_in(&self, hierarchy: &forkd_cgroups::Hierarchy) -> Cgroup {
         Cgroup::new(hierarchy, &self.cgroup).sharing_memory(self.memory_cgroup.as_deref())
     }
-}
-
-/// What a new sandbox's writable layer is made from (always a snapshot: see
-/// [`super::bases`] for why never an empty subvolume).
-pub(super) enum LayerFrom {
-    /// Its record's base: it starts as the stack.
-    Base,
-    /// A checkpoint's snapshot of a layer made from the record's base: the branch starts
-    /// with the checkpointed files, each under the number it had.
-    Snapshot(PathBuf),
-    /// Its record's base, with this upper directory (a checkpoint's copy of a small
-    /// layer over the same base) copied in.
-    BaseAndUpper(PathBuf),
 }
 
 /// Below a sandbox's directory: where its root is attached, and its overlay's upper
@@ -400,8 +391,7 @@ impl Daemon {
                 "invalid hostname {hostname:?}: use letters, digits and '-', at most 63"
             )));
         }
-        let mut lowers = vec![Lower::Layer(self.runtime_layer)];
-        lowers.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
+        let lowers = self.image_stack(&image.layers);
         let base = self.base_for(&lowers)?;
         let record = SandboxRecord {
             version: RECORD_VERSION,
@@ -515,36 +505,6 @@ impl Daemon {
         None
     }
 
-    /// The subvolume a layer made `from` is a snapshot of, over `base`.
-    pub(super) fn layer_source(&self, from: &LayerFrom, base: &BaseId) -> PathBuf {
-        match from {
-            LayerFrom::Snapshot(fs) => fs.clone(),
-            LayerFrom::Base | LayerFrom::BaseAndUpper(_) => self.bases.subvolume(base),
-        }
-    }
-
-    /// Makes the base an image's sandboxes stand on as soon as the image is recorded (an
-    /// import, a pull, a build), so that its first create need not, and has a snapshot of
-    /// it made ahead. A failure is only said: the first create makes it again.
-    pub(super) fn make_image_base(&self, image: &forkd_layers::Image) {
-        let mut stack = vec![Lower::Layer(self.runtime_layer)];
-        stack.extend(image.layers.iter().rev().cloned().map(Lower::Layer));
-        match self.base_for(&stack) {
-            Ok(base) => self.spare_layers.want(&self.bases.subvolume(&base.id)),
-            Err(e) => log::warn(&format!(
-                "image {}: make its base: {}",
-                image.name, e.message
-            )),
-        }
-    }
-
-    /// The base of `stack`, made now if it is new (see [`super::bases`]), pinned until
-    /// the guard goes: hold it until the record that names the base is in the table.
-    pub(super) fn base_for(&self, stack: &[Lower]) -> Result<super::bases::Pinned<'_>, ApiError> {
-        self.bases
-            .ensure(&self.volume, stack, &|l| self.lower_path(l))
-    }
-
     /// Makes the sandbox directory, its writable layer (a btrfs subvolume, so that a
     /// checkpoint can snapshot it in O(1); made from its base as `layer` says), the
     /// directory its root is attached at, and the cgroup. The root itself is made by
@@ -564,65 +524,7 @@ impl Daemon {
                 ctx(&format!("create {}", rootfs.display()))
             ))
         })?;
-        let layer = dir.join("layer");
-        let Some(base) = &record.base else {
-            return Err(ApiError::internal(ctx("a new sandbox needs a base")));
-        };
-        let src = self.layer_source(from, base);
-        let upper = match from {
-            LayerFrom::BaseAndUpper(up) => Some(up),
-            _ => None,
-        };
-        // A snapshot made ahead (see `spare_layers`), or one made now.
-        let spare = self.spare_layers.take(&src);
-        let renamed = spare.map(|s| match std::fs::rename(&s, &layer) {
-            Ok(()) => true,
-            Err(e) => {
-                log::warn(&format!("{}: {e}", ctx(&format!("rename {}", s.display()))));
-                if let Err(e) = self.volume.delete_subvolume(&s) {
-                    log::warn(&format!("remove {}: {e}", s.display()));
-                }
-                false
-            }
-        });
-        if renamed != Some(true) {
-            self.volume
-                .snapshot(&src, &layer)
-                .map_err(|e| ApiError::from_chain(&ctx("create writable layer"), &e))?;
-        }
-        if let Some(bytes) = record.limits.disk_bytes {
-            self.volume
-                .set_disk_limit(&layer, Some(bytes))
-                .map_err(|e| ApiError::from_chain(&ctx("set the disk limit"), &e))?;
-        }
-        for sub in ["upper", "work"] {
-            let d = layer.join(sub);
-            if let Err(e) = std::fs::create_dir(&d) {
-                if e.kind() != std::io::ErrorKind::AlreadyExists {
-                    return Err(ApiError::internal(format!(
-                        "{}: {e}",
-                        ctx(&format!("create {}", d.display()))
-                    )));
-                }
-            }
-        }
-        if let Some(up) = upper {
-            let everything = forkd_layers::copy::Small {
-                entries: u64::MAX,
-                bytes: u64::MAX,
-            };
-            let copied =
-                forkd_layers::copy::copy_upper_exactly(up, &layer.join("upper"), everything)
-                    .map_err(|e| {
-                        ApiError::from_chain(&ctx(&format!("copy {}", up.display())), &e)
-                    })?;
-            if !copied {
-                return Err(ApiError::internal(ctx(&format!(
-                    "copy {}: it holds a file of a kind the copy cannot make",
-                    up.display()
-                ))));
-            }
-        }
+        self.make_layer(&dir.join("layer"), record, from)?;
         self.cgroups
             .take(
                 &record.cgroup,

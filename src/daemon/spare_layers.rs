@@ -127,8 +127,27 @@ impl SpareLayers {
         Ok(spares)
     }
 
+    /// Puts a writable snapshot of `source` at `dst` (which must not exist): one made
+    /// ahead, renamed into place, or one made now. The source is kept ready from now on.
+    pub fn snapshot_to(&self, source: &Path, dst: &Path) -> std::io::Result<()> {
+        if let Some(spare) = self.take(source) {
+            match std::fs::rename(&spare, dst) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    log::warn(&format!(
+                        "spare layers: rename {} to {}: {e}; snapshotting instead",
+                        spare.display(),
+                        dst.display()
+                    ));
+                    remove(&spare);
+                }
+            }
+        }
+        snapshot(source, dst)
+    }
+
     /// A ready snapshot of `source`, if there is one; the source is kept ready from now on.
-    pub fn take(&self, source: &Path) -> Option<PathBuf> {
+    fn take(&self, source: &Path) -> Option<PathBuf> {
         let (spare, dropped) = {
             let mut st = self.state.locked();
             let spare = st.ready.get_mut(source).and_then(Vec::pop);
@@ -201,12 +220,11 @@ impl SpareLayers {
 
     /// A new writable snapshot of `source` in the spare directory.
     fn make(&self, source: &Path) -> std::io::Result<PathBuf> {
-        let name = format!("{}", self.next.fetch_add(1, Ordering::Relaxed));
-        let src = File::open(source)?;
-        let parent = File::open(&self.dir)?;
-        let cname = CString::new(name.clone()).expect("digits");
-        forkd_sys::btrfs::snapshot(src.as_fd(), parent.as_fd(), &cname, false)?;
-        Ok(self.dir.join(name))
+        let spare = self
+            .dir
+            .join(self.next.fetch_add(1, Ordering::Relaxed).to_string());
+        snapshot(source, &spare)?;
+        Ok(spare)
     }
 
     fn fill(&self) {
@@ -263,6 +281,17 @@ impl SpareLayers {
             }
         }
     }
+}
+
+/// A writable snapshot of the subvolume `source` at `dst`.
+fn snapshot(source: &Path, dst: &Path) -> std::io::Result<()> {
+    let (Some(parent), Some(name)) = (dst.parent(), dst.file_name()) else {
+        return Err(std::io::Error::other("no parent directory"));
+    };
+    let src = File::open(source)?;
+    let parent = File::open(parent)?;
+    let name = CString::new(name.as_encoded_bytes()).map_err(std::io::Error::other)?;
+    forkd_sys::btrfs::snapshot(src.as_fd(), parent.as_fd(), &name, false)
 }
 
 /// Deletes a spare (a subvolume) or whatever else is at `path`.

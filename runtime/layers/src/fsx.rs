@@ -29,6 +29,16 @@ pub(crate) const SIGNIFICANT_XATTRS: [&[u8]; 3] = [
     b"security.capability",
 ];
 
+/// overlayfs's mark of an opaque directory (value `y`).
+pub(crate) const OPAQUE: &[u8] = b"trusted.overlay.opaque";
+
+/// Whether the directory open as `dir` is marked opaque.
+pub(crate) fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(read_xattrs(XattrOf::Fd(dir), |n| n == OPAQUE)?
+        .iter()
+        .any(|(_, v)| v.as_slice() == b"y"))
+}
+
 pub(crate) fn is_significant_xattr(name: &[u8]) -> bool {
     SIGNIFICANT_XATTRS.contains(&name)
 }

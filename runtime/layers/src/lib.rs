@@ -20,6 +20,7 @@
 pub mod blobs;
 pub mod copy;
 pub mod devices;
+pub mod diff;
 pub mod error;
 pub mod export;
 pub mod extract;

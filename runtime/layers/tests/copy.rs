@@ -403,7 +403,7 @@ fn the_diff_of_two_uppers_over_the_old_reads_as_the_new() {
         0,
     )
     .unwrap();
-    forkd_layers::copy::diff_uppers(old.path(), new.path(), out.path()).unwrap();
+    forkd_layers::diff::diff_uppers(old.path(), new.path(), out.path()).unwrap();
     let want = {
         let m = forkd_sys::mount::overlay(&[new.path(), lower.path()], None).unwrap();
         describe(&forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&m)))

@@ -49,7 +49,6 @@ use forkd_sandbox::proto::ExecRequest;
 use forkd_sandbox::SandboxId;
 use sha2::{Digest, Sha256};
 
-use super::checkpoints::Lower;
 use super::sandboxes::{LayerFrom, SandboxRecord};
 use super::{log, Daemon, Sandbox};
 use super::{Lock as _, RwLockExt as _};
@@ -406,8 +405,7 @@ impl Daemon {
         };
         let policy = self.network_policy(&network)?;
         let id = SandboxId::random();
-        let mut lowers = vec![Lower::Layer(self.runtime_layer)];
-        lowers.extend(layers.iter().rev().cloned().map(Lower::Layer));
+        let lowers = self.image_stack(layers);
         let base = self.base_for(&lowers)?;
         let record = SandboxRecord {
             version: 1,

@@ -173,12 +173,8 @@ impl Daemon {
         // Its branches' layers are snapshots of its own (or of the base, for a copied
         // one): have one made ahead for the fork that usually follows.
         if let Some(base) = &record.base {
-            let fs = dir.join("fs");
-            if self.volume.is_subvolume(&fs) {
-                self.spare_layers.want(&fs);
-            } else {
-                self.spare_layers.want(&self.bases.subvolume(base));
-            }
+            let from = self.checkpoint_layer(&dir);
+            self.spare_layers.want(&self.layer_source(&from, base));
         }
         let c = Arc::new(Checkpoint::new(dir, record));
         self.checkpoints.locked().insert(id, c.clone());

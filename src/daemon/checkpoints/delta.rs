@@ -5,7 +5,7 @@
 //! `crate::daemon::bases`). For a sandbox made from an image, that is the delta. A
 //! branch's layer started as its checkpoint's, so a checkpoint of a branch holds its
 //! parent checkpoint's changes too: its delta is the difference of the two layers
-//! (`forkd_layers::copy::diff_uppers`), made in a scratch directory of the volume and
+//! (`forkd_layers::diff::diff_uppers`), made in a scratch directory of the volume and
 //! removed after. A checkpoint made before bases, or imported, has its own layer over
 //! the whole stack below it, as before.
 
@@ -64,7 +64,7 @@ impl Daemon {
                 std::fs::create_dir_all(&scratch).map_err(|e| {
                     ApiError::internal(format!("create {}: {e}", scratch.display()))
                 })?;
-                let res = forkd_layers::copy::diff_uppers(&old, &own, &scratch)
+                let res = forkd_layers::diff::diff_uppers(&old, &own, &scratch)
                     .map_err(|e| {
                         ApiError::from_chain(
                             &format!("checkpoint {}: its changes over its parent's", c.id),

@@ -232,13 +232,7 @@ impl Daemon {
         {
             let pinned = self.bases.pin(base.clone());
             if *own == c.id && BaseId::of(below) == *base && self.bases.exists(base) {
-                let fs = c.dir.join("fs");
-                let from = if self.volume.is_subvolume(&fs) {
-                    LayerFrom::Snapshot(fs)
-                } else {
-                    LayerFrom::BaseAndUpper(c.fs())
-                };
-                return Ok((pinned, from));
+                return Ok((pinned, self.checkpoint_layer(&c.dir)));
             }
         }
         Ok((self.base_for(&ck.lowers)?, LayerFrom::Base))
