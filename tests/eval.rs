@@ -594,3 +594,164 @@ $F exec "$FORKD_SANDBOX" --sh -- "cd $FORKD_WORKDIR && sed -i 's/\$1 - \$2/\$1 +
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Every `forkd eval` subcommand prints JSON under `--json` (the one answer on stdout;
+/// progress stays on stderr): validate, residualize, run, resume, decide, review,
+/// report, and a sharded run's plan, shards, merge and status (`eval note` is checked
+/// with its harness, tests/harness.rs).
+#[test]
+fn every_eval_subcommand_prints_json() {
+    if !can_run_criu("every_eval_subcommand_prints_json") {
+        return;
+    }
+    let d = TestDaemon::start("evaljson");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(&mini(), &suite);
+    let suite = suite.to_str().unwrap();
+    let json = |args: &[&str], code: i32| -> serde_json::Value {
+        let mut all = vec!["--json", "eval"];
+        all.extend_from_slice(args);
+        let out = d.cli(&all);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {text}"))
+    };
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+
+    let v = json(&["validate", suite], 0);
+    assert_eq!((&v["valid"], &v["invalid"]), (&2.into(), &0.into()), "{v}");
+    let names: Vec<&str> = v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["add", "counter"], "{v}");
+    // The terminal task is graded live, the SWE task on its files.
+    assert_eq!(
+        (&v["tasks"][0]["live"], &v["tasks"][1]["live"]),
+        (&false.into(), &true.into())
+    );
+
+    let states = work.join("states");
+    let v = json(&["residualize", suite, "--out", &path(&states)], 0);
+    assert_eq!(v["status"], "states", "{v}");
+    assert_eq!(v["states"].as_array().unwrap().len(), 3, "{v}");
+    assert!(v["clean"]["add"].is_string(), "{v}");
+
+    let run = work.join("run");
+    let v = json(
+        &[
+            "run",
+            suite,
+            "--out",
+            &path(&run),
+            "--agents",
+            "oracle,noop",
+            "--conditions",
+            "clean",
+        ],
+        0,
+    );
+    assert_eq!(
+        (&v["status"], &v["trials"]),
+        (&"done".into(), &4.into()),
+        "{v}"
+    );
+    let oracle = v["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["agent"] == "oracle")
+        .unwrap();
+    assert_eq!(
+        (&oracle["pass"], &oracle["success"]),
+        (&2.into(), &1.0.into()),
+        "{v}"
+    );
+    let v = json(&["resume", &path(&run)], 0);
+    assert_eq!(
+        (&v["status"], &v["trials"]),
+        (&"done".into(), &4.into()),
+        "{v}"
+    );
+    let v = json(&["decide", &path(&run), "--note", "checked"], 0);
+    assert_eq!(v["note"], "checked", "{v}");
+    let v = json(&["review", &path(&states)], 0);
+    assert_eq!(v["candidates"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["sheets"].as_array().unwrap().len(), 3, "{v}");
+    let report = work.join("report");
+    let v = json(
+        &[
+            "report",
+            &path(&run),
+            "--out",
+            &path(&report),
+            "--draws",
+            "100",
+        ],
+        0,
+    );
+    assert!(
+        v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().ends_with("report.html")),
+        "{v}"
+    );
+
+    // A sharded run: planned as a Kubernetes job, its shards run here by hand.
+    let sharded = work.join("sharded");
+    let job = work.join("job.json");
+    let v = json(
+        &[
+            "run",
+            suite,
+            "--out",
+            &path(&sharded),
+            "--agents",
+            "noop",
+            "--conditions",
+            "clean",
+            "--kube",
+            &path(&job),
+        ],
+        0,
+    );
+    assert_eq!(
+        (&v["status"], &v["shards"]),
+        (&"planned".into(), &2.into()),
+        "{v}"
+    );
+    let v = json(&["shard", &path(&sharded), "--index", "0"], 0);
+    assert_eq!(
+        (&v["status"], &v["shard"]),
+        (&"done".into(), &0.into()),
+        "{v}"
+    );
+    // One shard of two done: the merge says which is not, with its own exit status.
+    let v = json(&["merge", &path(&sharded)], 3);
+    assert_eq!(
+        (&v["status"], &v["unfinished_shards"]),
+        (&"unfinished".into(), &serde_json::json!([1])),
+        "{v}"
+    );
+    json(&["shard", &path(&sharded), "--index", "1"], 0);
+    let v = json(&["merge", &path(&sharded)], 0);
+    assert_eq!(
+        (&v["status"], &v["trials"]),
+        (&"done".into(), &2.into()),
+        "{v}"
+    );
+    let v = json(&["status", &path(&sharded)], 0);
+    let shards = v["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 2, "{v}");
+    assert!(shards.iter().all(|s| s["state"] == "done"), "{v}");
+}

@@ -223,7 +223,8 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
 }
 
 /// A service started by the image's ENTRYPOINT (a start-up script, then `exec "$@"`) is
-/// in the live checkpoint and answers in every trial; a two-stage Dockerfile builds.
+/// in the live checkpoint and answers in every trial; a two-stage Dockerfile builds; a
+/// server the solution starts is there for the verifier (serve-sum).
 #[test]
 fn harbor_builds_service_and_multi_stage_tasks() {
     let Some((d, py)) = harbor_setup(
@@ -234,7 +235,10 @@ fn harbor_builds_service_and_multi_stage_tasks() {
         return;
     };
     let jobs = d.root.parent().unwrap().join("jobs");
-    for (i, t) in ["service-status", "word-count"].iter().enumerate() {
+    for (i, t) in ["service-status", "word-count", "serve-sum"]
+        .iter()
+        .enumerate()
+    {
         let task = task_named(t);
         let r = harbor_run_task(
             &d,
@@ -488,9 +492,9 @@ fn forkd_eval_runs_harbor_task_directories() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows = results(&run);
-    // Three tasks (one built with a service in its ENTRYPOINT, one in two stages), two
-    // agents, three conditions.
-    assert_eq!(rows.len(), 18);
+    // Four tasks (one built with a service in its ENTRYPOINT, one in two stages, one
+    // whose solution starts a server), two agents, three conditions.
+    assert_eq!(rows.len(), 24);
     for r in &rows {
         let want = if r.agent == "oracle" {
             forkd_analysis::Outcome::Pass
@@ -559,6 +563,200 @@ fn failing_healthcheck_leaves_no_checkpoint() {
         "the golden sandbox was started"
     );
     assert_eq!(metric(&d, "checkpointSandbox"), 0, "and never checkpointed");
+    let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// `forkd eval` on a task in the shape of published Terminal-Bench tasks whose verifier
+/// queries a server the agent leaves running (serve-sum: no ENTRYPOINT, nothing runs at
+/// the start, the solution starts the server):
+/// - it validates, graded in a live fork of the trial's final state, as Harbor grades in
+///   the trial's machine; the same task declared files-only is invalid, its server gone;
+/// - oracle passes and noop fails from every start;
+/// - its residual state keeps the predecessor's server: a rescuer that only fixes the
+///   file passes from it, and fails from the clean state;
+/// - a final state CRIU cannot keep is an infrastructure failure naming the process,
+///   never graded on its files.
+#[test]
+fn forkd_eval_grades_with_the_services_the_agent_left_running() {
+    let name = "forkd_eval_grades_with_the_services_the_agent_left_running";
+    if !can_run_criu(name) {
+        return;
+    }
+    if fixture(name, "images/debian.tar.zst", "debian").is_none() {
+        return;
+    }
+    let d = TestDaemon::start("harbor-live");
+    let work = d.root.parent().unwrap().to_path_buf();
+    let suite = work.join("suite");
+    copy_dir(&task_named("serve-sum"), &suite.join("serve-sum"));
+    let json = |args: &[&str]| -> (bool, serde_json::Value) {
+        let mut all = vec!["--json", "eval"];
+        all.extend_from_slice(args);
+        let out = d.cli(&all);
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: not JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.success(), v)
+    };
+
+    // Valid, graded live.
+    let (ok, v) = json(&["validate", suite.to_str().unwrap()]);
+    assert!(ok, "{v}");
+    assert_eq!(v["tasks"][0]["task"], "serve-sum", "{v}");
+    assert_eq!(
+        (&v["tasks"][0]["live"], &v["tasks"][0]["valid"]),
+        (&true.into(), &true.into()),
+        "{v}"
+    );
+    // Declared files-only, the solution's server is not in the graded copy.
+    let files = work.join("files");
+    copy_dir(&task_named("serve-sum"), &files.join("serve-sum"));
+    std::fs::write(
+        files.join("serve-sum/forkd.toml"),
+        "[environment]\nlive = false\n",
+    )
+    .unwrap();
+    let (ok, v) = json(&["validate", files.to_str().unwrap()]);
+    assert!(!ok, "{v}");
+    assert_eq!(
+        (
+            &v["tasks"][0]["live"],
+            &v["tasks"][0]["solution"],
+            &v["invalid"]
+        ),
+        (&false.into(), &"fail".into(), &1.into()),
+        "{v}"
+    );
+
+    // The matrix, with a rescuer that fixes the file and starts nothing.
+    let fix = work.join("fix-sum.sh");
+    std::fs::write(
+        &fix,
+        "#!/bin/sh\nmkdir -p /app/public\nawk '{ s += $1 } END { print s }' /app/numbers.txt > /app/public/sum.txt\n",
+    )
+    .unwrap();
+    let run = work.join("run");
+    let agents = format!("oracle,noop,script:{}", fix.display());
+    let (ok, v) = json(&[
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--agents",
+        &agents,
+        "--conditions",
+        "clean,residual,rescue_notice",
+    ]);
+    assert!(ok, "{v}");
+    assert_eq!(
+        (&v["status"], &v["trials"]),
+        (&"done".into(), &9.into()),
+        "{v}"
+    );
+    let rows = results(&run);
+    assert_eq!(rows.len(), 9);
+    for r in &rows {
+        let want = match (r.agent.as_str(), r.condition) {
+            ("oracle", _) => forkd_analysis::Outcome::Pass,
+            ("noop", _) => forkd_analysis::Outcome::Fail,
+            // The server it needs is the predecessor's, alive in the residual state.
+            ("fix-sum", forkd_analysis::Condition::Clean) => forkd_analysis::Outcome::Fail,
+            ("fix-sum", _) => forkd_analysis::Outcome::Pass,
+            (a, _) => panic!("unexpected agent {a}"),
+        };
+        assert_eq!(r.outcome, want, "{r:?}");
+    }
+    // The residual state is live, and a branch of it has the predecessor's server
+    // answering its wrong sum, nothing started in it.
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(run.join("states/serve-sum.last-line-lost.json")).unwrap(),
+    )
+    .unwrap();
+    let ck = state["checkpoint"].as_str().unwrap();
+    let cks: Vec<forkd::api::CheckpointInfo> =
+        d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    assert!(cks.iter().any(|c| c.id == ck && c.live), "{cks:?}");
+    let b = d.fork(ck, 1, false);
+    let sb = &b.branches[0].id;
+    let (code, got, err) = d.sh(
+        sb,
+        "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8080/sum.txt\", timeout=5).read().decode().strip())'",
+    );
+    let (_, all, _) = d.sh(sb, "awk '{ s += $1 } END { print s }' /app/numbers.txt");
+    let (_, last, _) = d.sh(sb, "tail -n 1 /app/numbers.txt");
+    assert_eq!(code, 0, "{err}");
+    let (got, all, last): (i64, i64, i64) = (
+        got.trim().parse().unwrap(),
+        all.trim().parse().unwrap(),
+        last.trim().parse().unwrap(),
+    );
+    assert_eq!(got, all - last, "the predecessor's near miss, served");
+    d.remove(sb);
+
+    // A final state CRIU cannot keep (a connection the server has not accepted):
+    // an infrastructure failure naming the process, no grade on a copy of its files.
+    let stuck = work.join("stuck.sh");
+    std::fs::write(
+        &stuck,
+        "#!/bin/sh\nsetsid python3 -c 'import socket, time\n\
+         s = socket.socket(); s.bind((\"127.0.0.1\", 7000)); s.listen(5)\n\
+         c = socket.socket(); c.connect((\"127.0.0.1\", 7000)); time.sleep(100000)' \
+         </dev/null >/dev/null 2>&1 &\nsleep 1\n",
+    )
+    .unwrap();
+    let run2 = work.join("run-stuck");
+    let agents = format!("script:{}", stuck.display());
+    let (ok, v) = json(&[
+        "run",
+        suite.to_str().unwrap(),
+        "--out",
+        run2.to_str().unwrap(),
+        "--agents",
+        &agents,
+        "--conditions",
+        "clean",
+        "--retries",
+        "0",
+    ]);
+    assert!(ok, "{v}");
+    let rows = results(&run2);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].outcome,
+        forkd_analysis::Outcome::InfraError,
+        "{rows:?}"
+    );
+    let why = std::fs::read_to_string(
+        run2.join("trials")
+            .join(&rows[0].trial_id)
+            .join("infra_error.txt"),
+    )
+    .unwrap();
+    assert!(
+        why.contains("seal the final state")
+            && why.contains("live")
+            && why.contains("(python3: python3 -c")
+            && why.contains("In-flight connection"),
+        "{why}"
+    );
+    assert!(!run2
+        .join("trials")
+        .join(&rows[0].trial_id)
+        .join("verifier.log")
+        .exists());
+    // Nothing of the trial is left in the daemon.
+    let cks: Vec<forkd::api::CheckpointInfo> =
+        d.client.call("GET", "/v1/checkpoints", None).unwrap();
+    assert!(
+        !cks.iter()
+            .any(|c| c.labels.get("forkd.eval.trial") == Some(&rows[0].trial_id)),
+        "{cks:?}"
+    );
     let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
     assert!(left.is_empty(), "{left:?}");
 }

@@ -392,7 +392,13 @@ fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
         .join("agent/trajectory.json");
     let by_hand = work.join("note.md");
     let out = Command::new(BIN)
-        .args(["--socket", d.socket.to_str().unwrap(), "eval", "note"])
+        .args([
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--json",
+            "eval",
+            "note",
+        ])
         .arg(&pred_traj)
         .args(["--agent", &specs[0], "--out"])
         .arg(&by_hand)
@@ -409,5 +415,7 @@ fn harness_predecessor_leaves_a_handoff_note_for_rescue_note() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(std::fs::read_to_string(&by_hand).unwrap().trim(), note);
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["note"], by_hand.to_str().unwrap(), "{said}");
     drop(endpoints);
 }

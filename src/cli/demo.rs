@@ -143,8 +143,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_else(|| "suite".into());
         println!("\nsuite {name} ({}):", suite.display());
-        let code = crate::eval::validate(&socket, suite)?;
-        anyhow::ensure!(code == 0, "suite {} did not validate", suite.display());
+        let said = crate::eval::validate(&socket, suite)?;
+        print!("{}", said.text);
+        anyhow::ensure!(said.code == 0, "suite {} did not validate", suite.display());
         let run_dir = out.join(format!("{name}-{stamp}"));
         let opts = crate::eval::RunOptions {
             suite: suite.clone(),
@@ -164,7 +165,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             review: Default::default(),
             shard: None,
         };
-        crate::eval::execute(&socket, &opts, false)?;
+        print!("{}", crate::eval::execute(&socket, &opts, false)?.text);
         let ds = forkd_analysis::load_runs(std::slice::from_ref(&run_dir))?;
         let analysis = forkd_analysis::analyze(&ds, &forkd_analysis::Options::default());
         forkd_analysis::write_report(

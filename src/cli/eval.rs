@@ -211,7 +211,22 @@ pub enum ReportFormat {
     Json,
 }
 
-pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
+/// Runs an eval subcommand and prints what it says: JSON with `--json`, else its text.
+pub fn run(socket: &std::path::Path, cmd: EvalCmd, json: bool) -> anyhow::Result<i32> {
+    let said = said(socket, cmd)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&said.json).expect("json")
+        );
+    } else {
+        print!("{}", said.text);
+    }
+    Ok(said.code)
+}
+
+fn said(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<crate::eval::Said> {
+    use crate::eval::Said;
     match cmd {
         EvalCmd::Validate { suite } => crate::eval::validate(socket, &suite),
         EvalCmd::Residualize(m) => crate::eval::execute(socket, &m.options(true)?, false),
@@ -264,8 +279,10 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
                 trajectory.display()
             );
             h.write_note(socket, &trajectory, &out)?;
-            println!("{}", out.display());
-            Ok(0)
+            Ok(Said::new(
+                serde_json::json!({ "note": out, "trajectory": trajectory, "agent": h.name() }),
+                format!("{}\n", out.display()),
+            ))
         }
         EvalCmd::Review {
             run,
@@ -285,7 +302,10 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
                 run.display()
             );
             crate::eval::run::decision(&run, "protocol", serde_json::json!({ "note": note }))?;
-            Ok(0)
+            Ok(Said::new(
+                serde_json::json!({ "run": run, "decision": "protocol", "note": note }),
+                "",
+            ))
         }
         EvalCmd::Report {
             runs,
@@ -320,15 +340,17 @@ pub fn run(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<i32> {
                 files.len(),
                 t.elapsed().as_secs_f64()
             );
-            println!("{}", out.display());
-            Ok(0)
+            Ok(Said::new(
+                serde_json::json!({ "out": out, "files": files }),
+                format!("{}\n", out.display()),
+            ))
         }
     }
 }
 
 /// `forkd eval run --slurm|--kube`: plans the shards, then submits them (Slurm) or writes
 /// the Indexed Job manifest (Kubernetes).
-fn sharded_run(socket: &std::path::Path, m: &MatrixArgs) -> anyhow::Result<i32> {
+fn sharded_run(socket: &std::path::Path, m: &MatrixArgs) -> anyhow::Result<crate::eval::Said> {
     let c = &m.cluster;
     let opts = m.options(false)?;
     let scheduler = if c.slurm.is_some() { "slurm" } else { "kube" };
@@ -344,8 +366,11 @@ fn sharded_run(socket: &std::path::Path, m: &MatrixArgs) -> anyhow::Result<i32> 
             file.display(),
             opts.out.display()
         );
-        println!("{}", file.display());
-        return Ok(0);
+        return Ok(crate::eval::Said::new(
+            serde_json::json!({ "run": opts.out, "status": "planned", "kube_job": file,
+                "shards": plan.shards.len() }),
+            format!("{}\n", file.display()),
+        ));
     }
     let o = crate::eval::slurm::SlurmOptions {
         sbatch: c.slurm.clone().unwrap_or_default(),

@@ -164,7 +164,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             sandboxes,
         } => sandbox::stop(&ctx, grace_secs, &sandboxes),
         Command::Rm { force, sandboxes } => sandbox::rm(&ctx, force, &sandboxes),
-        Command::Eval(cmd) => eval::run(&socket, cmd),
+        Command::Eval(cmd) => eval::run(&socket, cmd, cli.json),
         Command::Checkpoint(args) => checkpoint::run(&ctx, args),
         Command::Gc => {
             let r: serde_json::Value =

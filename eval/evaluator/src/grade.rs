@@ -34,7 +34,7 @@ impl Grade {
 pub fn grade(s: &Session, task: &Task, state: &str) -> InfraResult<Grade> {
     let t = std::time::Instant::now();
     // Files-only tasks need no process of the graded state: a fresh init is enough.
-    let sb = s.fork(state, !task.config.environment.live)?;
+    let sb = s.fork(state, !task.config.live())?;
     let fork_ms = ms(t);
     let result = grade_in(s, task, &sb);
     let t = std::time::Instant::now();

@@ -228,9 +228,10 @@ pub fn to_task_toml(text: &str, dir: &Path) -> anyhow::Result<TaskToml> {
             if env.disk_mb.is_none() {
                 env.disk_mb = h.environment.storage_mb.filter(|&mb| mb > 0);
             }
-            // A start-up script's services are part of the state: keep them live.
-            if declares_entrypoint(&dockerfile) {
-                env.live = true;
+            // A start-up script's services are part of the state: keep them live, whatever
+            // the kind (terminal tasks are live anyway, TaskToml::live).
+            if env.live.is_none() && declares_entrypoint(&dockerfile) {
+                env.live = Some(true);
             }
             if let (None, Some(hc)) = (&env.ready, &h.environment.healthcheck) {
                 env.ready = Some(hc.command.clone());
@@ -287,6 +288,8 @@ mod tests {
         assert_eq!((t.agent.timeout_secs, t.verifier.timeout_secs), (121, 30));
         // storage_mb is every trial's disk limit.
         assert_eq!(t.environment.disk_mb, Some(2048));
+        // Graded as Harbor grades: in the trial's machine, its processes alive.
+        assert!(t.live());
         assert_eq!(t.verifier.reward_path.as_deref(), Some(REWARD_PATH));
         std::fs::write(
             dir.join("forkd.toml"),
@@ -295,7 +298,12 @@ mod tests {
         .unwrap();
         let t = to_task_toml(text, &dir).unwrap();
         assert_eq!(t.agent.max_steps, 7);
-        assert!(t.environment.live && t.residual.ignore == ["*.log"]);
+        assert!(t.live() && t.residual.ignore == ["*.log"]);
+        // A task may declare that its files alone are graded.
+        std::fs::write(dir.join("forkd.toml"), "[environment]\nlive = false\n").unwrap();
+        assert!(!to_task_toml(text, &dir).unwrap().live());
+        std::fs::write(dir.join("forkd.toml"), "[task]\nkind = \"swe\"\n").unwrap();
+        assert!(!to_task_toml(text, &dir).unwrap().live());
         std::fs::write(dir.join("forkd.toml"), "[agent]\nbudget = 1\n").unwrap();
         assert!(
             to_task_toml(text, &dir).is_err(),

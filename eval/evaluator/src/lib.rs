@@ -60,8 +60,50 @@ pub fn parse_condition(s: &str) -> anyhow::Result<Condition> {
     })
 }
 
+/// What a `forkd eval` command has to say when it ends: the value `--json` prints, the
+/// lines a person reads instead, and the exit status. Progress goes to stderr as it
+/// happens; this is the one answer on stdout.
+pub struct Said {
+    pub json: serde_json::Value,
+    pub text: String,
+    pub code: i32,
+}
+
+impl Said {
+    pub fn new(json: serde_json::Value, text: impl Into<String>) -> Said {
+        Said {
+            json,
+            text: text.into(),
+            code: 0,
+        }
+    }
+
+    pub fn with_code(mut self, code: i32) -> Said {
+        self.code = code;
+        self
+    }
+}
+
+/// One task's verdict in `forkd eval validate`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Validity {
+    pub task: String,
+    /// Graded with its processes (a live fork of the state), as terminal tasks are.
+    pub live: bool,
+    /// `fails`, `passes` or `error` (the unchanged start could not be graded).
+    pub start: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
+    /// The reference solution's outcome, as a trial's.
+    pub solution: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub solution_error: Option<String>,
+    /// The start fails and the solution passes.
+    pub valid: bool,
+}
+
 /// `forkd eval validate`: the reference solution passes and the unchanged start fails.
-pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
+pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<Said> {
     let tasks = task::load_suite(suite)?;
     let s = Session::new(socket);
     let images = run::ensure_images(&s, &tasks)?;
@@ -78,11 +120,7 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
         reconstruct: None,
         shard: None,
     };
-    let mut bad = 0;
-    println!(
-        "{:<32} {:<10} {:<10} {:<10}",
-        "TASK", "START", "SOLUTION", "VERDICT"
-    );
+    let mut verdicts = Vec::new();
     for (i, t) in tasks.iter().enumerate() {
         let clean = run::clean_state(&s, t, &images[&t.config.task.image])?;
         let start = grade::grade(&s, t, &clean);
@@ -97,31 +135,68 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<i32> {
             replicate: 0,
         };
         let (row, _) = run::run_trial(&ctx, &spec, false);
-        let start_fails = matches!(&start, Ok(g) if !g.passed);
-        let ok = start_fails && row.outcome == Outcome::Pass;
-        if !ok {
-            bad += 1;
-        }
-        let start_word = match &start {
-            Ok(g) if g.passed => "passes".to_string(),
-            Ok(_) => "fails".to_string(),
-            Err(e) => format!("error: {e}"),
+        let solution_error = (row.outcome == Outcome::InfraError)
+            .then(|| {
+                std::fs::read_to_string(dir.join("trials").join(&spec.id).join("infra_error.txt"))
+                    .ok()
+            })
+            .flatten();
+        let (start_word, start_error) = match &start {
+            Ok(g) if g.passed => ("passes", None),
+            Ok(_) => ("fails", None),
+            Err(e) => ("error", Some(e.0.clone())),
         };
-        println!(
-            "{:<32} {:<10} {:<10} {}",
-            t.name,
-            start_word,
-            format!("{:?}", row.outcome).to_lowercase(),
-            if ok {
+        verdicts.push(Validity {
+            task: t.name.clone(),
+            live: t.config.live(),
+            start: start_word.into(),
+            start_error,
+            solution: row.outcome,
+            solution_error,
+            valid: start_word == "fails" && row.outcome == Outcome::Pass,
+        });
+    }
+    session::drain();
+    let _ = std::fs::remove_dir_all(&dir);
+    let invalid = verdicts.iter().filter(|v| !v.valid).count();
+    let mut text = format!(
+        "{:<32} {:<6} {:<10} {:<12} VERDICT\n",
+        "TASK", "GRADED", "START", "SOLUTION"
+    );
+    for v in &verdicts {
+        let why = match (&v.start_error, &v.solution_error) {
+            (Some(e), _) => format!(" (start: {e})"),
+            (None, Some(e)) => format!(" (solution: {})", e.trim()),
+            _ => String::new(),
+        };
+        text.push_str(&format!(
+            "{:<32} {:<6} {:<10} {:<12} {}{why}\n",
+            v.task,
+            if v.live { "live" } else { "files" },
+            v.start,
+            outcome_word(v.solution),
+            if v.valid {
                 "valid"
             } else {
                 "INVALID (the start must fail and the solution pass)"
             }
-        );
+        ));
     }
-    session::drain();
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(if bad == 0 { 0 } else { 1 })
+    let json = serde_json::json!({
+        "suite": std::path::absolute(suite).unwrap_or_else(|_| suite.to_path_buf()),
+        "tasks": verdicts,
+        "valid": verdicts.len() - invalid,
+        "invalid": invalid,
+    });
+    Ok(Said::new(json, text).with_code(if invalid == 0 { 0 } else { 1 }))
+}
+
+/// An outcome as rows and JSON spell it (`infra_error`, `budget_exhausted`, ...).
+pub fn outcome_word(o: Outcome) -> String {
+    serde_json::to_value(o)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
 }
 
 pub fn load_results(path: &Path) -> Vec<TrialRow> {
@@ -296,7 +371,10 @@ pub fn begin(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<B
     })
 }
 
-pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<i32> {
+/// `forkd eval run`, `residualize` and `resume` (and a shard's run): the start states,
+/// then the trials; what it says names the run directory and, when the trials ran,
+/// their summary.
+pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<Said> {
     let Begun {
         tasks,
         images,
@@ -372,17 +450,27 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         Vec::new()
     };
     let states = match reviewed(&opts.out, opts.review, states, opts.states_only)? {
-        Some(s) => s,
-        None => {
+        Ok(s) => s,
+        Err(pending) => {
             session::drain();
-            return Ok(0);
+            let json = serde_json::json!({ "run": opts.out, "status": "awaiting_review",
+                "pending": pending });
+            return Ok(Said::new(json, format!("{}\n", opts.out.display())));
         }
     };
     eprintln!("[eval] {} residual start state(s)", states.len());
     if opts.states_only {
         session::drain();
-        println!("{}", opts.out.display());
-        return Ok(0);
+        let listed: Vec<serde_json::Value> = states
+            .iter()
+            .map(|st| {
+                serde_json::json!({ "state": st.state_id, "task": st.task,
+                    "predecessor": st.predecessor, "checkpoint": st.checkpoint })
+            })
+            .collect();
+        let json = serde_json::json!({ "run": opts.out, "status": "states",
+            "clean": clean, "states": listed });
+        return Ok(Said::new(json, format!("{}\n", opts.out.display())));
     }
 
     // 3. The trial matrix.
@@ -525,14 +613,18 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     }
     let rows = load_results(&results_path);
     write_csv(&opts.out.join("results.csv"), &rows)?;
-    print_summary(&rows);
     run::decision(
         &opts.out,
         "finish",
         serde_json::json!({ "trials": rows.len() }),
     )?;
-    println!("results: {}", opts.out.display());
-    Ok(0)
+    let (cells, table) = summary(&rows);
+    let json = serde_json::json!({ "run": opts.out, "status": "done", "trials": rows.len(),
+        "summary": cells });
+    Ok(Said::new(
+        json,
+        format!("{table}results: {}\n", opts.out.display()),
+    ))
 }
 
 pub use forkd_sys::clock::{now_ms, now_secs};
@@ -579,7 +671,9 @@ pub fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn print_summary(rows: &[TrialRow]) {
+/// Trials per condition and agent: passes, failures, infrastructure failures and the
+/// success rate among graded trials; as JSON cells and as a table.
+pub fn summary(rows: &[TrialRow]) -> (serde_json::Value, String) {
     let mut cells: BTreeMap<(String, String), (u32, u32, u32)> = BTreeMap::new();
     for r in rows {
         let cond = serde_json::to_value(r.condition)
@@ -593,34 +687,40 @@ pub fn print_summary(rows: &[TrialRow]) {
             _ => e.1 += 1,
         }
     }
-    println!(
-        "{:<18} {:<20} {:>6} {:>6} {:>6} {:>8}",
+    let mut text = format!(
+        "{:<18} {:<20} {:>6} {:>6} {:>6} {:>8}\n",
         "CONDITION", "AGENT", "PASS", "FAIL", "INFRA", "SUCCESS"
     );
+    let mut json = Vec::new();
     for ((cond, agent), (p, f, i)) in cells {
-        let rate = if p + f > 0 {
-            format!("{:.0}%", 100.0 * p as f64 / (p + f) as f64)
-        } else {
-            "-".into()
-        };
-        println!("{cond:<18} {agent:<20} {p:>6} {f:>6} {i:>6} {rate:>8}");
+        let rate = (p + f > 0).then(|| p as f64 / (p + f) as f64);
+        let shown = rate
+            .map(|r| format!("{:.0}%", 100.0 * r))
+            .unwrap_or_else(|| "-".into());
+        text.push_str(&format!(
+            "{cond:<18} {agent:<20} {p:>6} {f:>6} {i:>6} {shown:>8}\n"
+        ));
+        json.push(
+            serde_json::json!({ "condition": cond, "agent": agent, "pass": p,
+            "fail": f, "infra_error": i, "success": rate }),
+        );
     }
+    (serde_json::Value::Array(json), text)
 }
 
-/// Reconstructs the options of an existing run from its manifest (for `resume`).
-/// With review: the states whose candidates were accepted. Rejections are recorded as
-/// losses (stage `review`, once). While a candidate awaits a decision the run stops
-/// before its trials (`None`), saying what to do; when the trials start, the decisions
-/// are fingerprinted into the manifest, and a later resume whose decisions differ is
-/// refused.
+/// The residual states a run goes on with. With review: those whose candidates were
+/// accepted. Rejections are recorded as losses (stage `review`, once). While a candidate
+/// awaits a decision the run stops before its trials (`Err`: the candidates pending),
+/// saying what to do; when the trials start, the decisions are fingerprinted into the
+/// manifest, and a later resume whose decisions differ is refused.
 fn reviewed(
     run_dir: &Path,
     policy: review::Policy,
     states: Vec<run::StateRecord>,
     states_only: bool,
-) -> anyhow::Result<Option<Vec<run::StateRecord>>> {
+) -> anyhow::Result<Result<Vec<run::StateRecord>, Vec<String>>> {
     if policy.reviewers == 0 {
-        return Ok(Some(states));
+        return Ok(Ok(states));
     }
     let names: Vec<String> = states.iter().map(|s| s.state_id.clone()).collect();
     // Once trials have started from reviewed states, their decisions are fixed.
@@ -681,11 +781,10 @@ fn reviewed(
             run_dir.display(),
             run_dir.display()
         );
-        println!("{}", run_dir.display());
-        return Ok(None);
+        return Ok(Err(pending));
     }
     if states_only {
-        return Ok(Some(accepted));
+        return Ok(Ok(accepted));
     }
     // The trials start from these states: fix the decisions that chose them.
     if m.review_fingerprint.is_none() {
@@ -697,7 +796,7 @@ fn reviewed(
             serde_json::json!({ "fingerprint": fp, "states": accepted.len() }),
         )?;
     }
-    Ok(Some(accepted))
+    Ok(Ok(accepted))
 }
 
 /// `forkd eval review RUN [--candidate C --reviewer R --accept|--reject ...]`.
@@ -710,12 +809,13 @@ pub fn review_command(
     reject: bool,
     criteria: Vec<String>,
     reason: String,
-) -> anyhow::Result<i32> {
+) -> anyhow::Result<Said> {
     let m: Manifest = serde_json::from_slice(
         &std::fs::read(run_dir.join("manifest.json"))
             .map_err(|e| anyhow::anyhow!("{} is not a run directory: {e}", run_dir.display()))?,
     )?;
     let policy = m.config.review;
+    let mut json = serde_json::json!({ "run": run_dir });
     if let (Some(c), Some(r)) = (candidate, reviewer) {
         anyhow::ensure!(accept || reject, "say --accept or --reject");
         anyhow::ensure!(
@@ -723,18 +823,15 @@ pub fn review_command(
             "run {} was started without review (--reviewers): its candidates are not reviewed",
             run_dir.display()
         );
-        review::record(
-            run_dir,
-            policy,
-            m.review_fingerprint.is_some(),
-            &review::Decision {
-                candidate: c.clone(),
-                reviewer: r,
-                accept,
-                criteria,
-                reason,
-            },
-        )?;
+        let decision = review::Decision {
+            candidate: c.clone(),
+            reviewer: r,
+            accept,
+            criteria,
+            reason,
+        };
+        review::record(run_dir, policy, m.review_fingerprint.is_some(), &decision)?;
+        json["recorded"] = serde_json::to_value(&decision)?;
         eprintln!(
             "[eval] recorded; continue the run with `forkd eval resume {}`",
             run_dir.display()
@@ -750,6 +847,7 @@ pub fn review_command(
             .map(|t| (t.name.clone(), t.instruction.clone()))
             .collect();
         let sheets = review::write_sheets(run_dir, &instructions)?;
+        json["sheets"] = serde_json::to_value(&sheets)?;
         eprintln!(
             "[eval] {} review sheet(s) in {}",
             sheets.len(),
@@ -760,22 +858,33 @@ pub fn review_command(
         .into_iter()
         .map(|r| r.state_id)
         .collect();
-    println!("{:<48} VERDICT", "CANDIDATE");
+    let mut text = format!("{:<48} VERDICT\n", "CANDIDATE");
+    let mut listed = Vec::new();
     for (c, v) in review::verdicts(run_dir, policy, &names) {
-        let v = match v {
-            review::Verdict::Accepted => "accepted".to_string(),
-            review::Verdict::Rejected { criteria, .. } => {
-                format!("rejected ({})", criteria.join(", "))
-            }
-            review::Verdict::Pending { decided, needed } => {
-                format!("pending ({decided} of {needed})")
-            }
+        let (shown, entry) = match v {
+            review::Verdict::Accepted => (
+                "accepted".to_string(),
+                serde_json::json!({ "candidate": c, "verdict": "accepted" }),
+            ),
+            review::Verdict::Rejected { criteria, reasons } => (
+                format!("rejected ({})", criteria.join(", ")),
+                serde_json::json!({ "candidate": c, "verdict": "rejected",
+                    "criteria": criteria, "reasons": reasons }),
+            ),
+            review::Verdict::Pending { decided, needed } => (
+                format!("pending ({decided} of {needed})"),
+                serde_json::json!({ "candidate": c, "verdict": "pending",
+                    "decided": decided, "needed": needed }),
+            ),
         };
-        println!("{c:<48} {v}");
+        text.push_str(&format!("{c:<48} {shown}\n"));
+        listed.push(entry);
     }
-    Ok(0)
+    json["candidates"] = serde_json::Value::Array(listed);
+    Ok(Said::new(json, text))
 }
 
+/// Reconstructs the options of an existing run from its manifest (for `resume`).
 pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions> {
     let m: Manifest = serde_json::from_slice(
         &std::fs::read(run_dir.join("manifest.json"))

@@ -125,7 +125,7 @@ pub fn patch_on_base(
         return Ok(Err(Failure::Empty));
     }
     let wd = task.workdir();
-    let sb = s.fork(clean, !task.config.environment.live)?;
+    let sb = s.fork(clean, !task.config.live())?;
     let result = (|| -> InfraResult<Result<String, Failure>> {
         let apply = ExecRequest {
             argv: vec![
@@ -168,7 +168,7 @@ pub fn patch_on_base(
                 )));
             }
         }
-        let ck = s.checkpoint(&sb, task.config.environment.live, labels)?;
+        let ck = s.checkpoint(&sb, task.config.live(), labels)?;
         Ok(Ok(ck.id))
     })();
     s.remove(&sb);

@@ -368,12 +368,14 @@ pub fn ensure_images(s: &Session, tasks: &[Task]) -> anyhow::Result<BTreeMap<Str
 /// task's files and image.
 pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow::Result<String> {
     use sha2::Digest;
+    // Whether it is live is part of what the state is.
     let key: String = sha2::Sha256::digest(
         format!(
-            "{}|{}|{}",
+            "{}|{}|{}|live={}",
             task.checksum,
             task.config.task.image,
-            image_layers.join(",")
+            image_layers.join(","),
+            task.config.live()
         )
         .as_bytes(),
     )
@@ -460,11 +462,13 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
             // Give the processes a moment to reach their steady state.
             std::thread::sleep(Duration::from_millis(500));
         }
-        let c = s.checkpoint(
-            &sb,
-            env.live,
-            &[("forkd.eval.clean", &key), ("forkd.eval.task", &task.name)],
-        )?;
+        let c = s
+            .checkpoint(
+                &sb,
+                task.config.live(),
+                &[("forkd.eval.clean", &key), ("forkd.eval.task", &task.name)],
+            )
+            .map_err(|e| anyhow::anyhow!("task {}: the clean state: {}", task.name, e.0))?;
         Ok(c.id)
     })();
     s.remove(&sb);
@@ -513,7 +517,7 @@ fn attempt(
     let agent = &ctx.agents[spec.agent];
     let mut phases = BTreeMap::new();
     let t = Instant::now();
-    let sb = s.fork(&spec.start_checkpoint, !task.config.environment.live)?;
+    let sb = s.fork(&spec.start_checkpoint, !task.config.live())?;
     phases.insert("fork".to_string(), super::grade::ms(t));
     let result = (|| {
         let base = s.execs(&sb)?.len();
@@ -539,9 +543,23 @@ fn attempt(
         let t = Instant::now();
         // Terminal-style tasks are whole machines: their final state keeps its processes,
         // so the verifier sees the services as the agent left them. A kept state is
-        // always live.
-        let live = keep_final || task.config.environment.live;
-        let final_state = s.checkpoint(&sb, live, &[("forkd.eval.trial", &spec.id)])?;
+        // always live. A state that cannot be sealed so is an infrastructure failure
+        // naming the process CRIU could not keep, never graded on its files instead.
+        let live = keep_final || task.config.live();
+        let final_state = s
+            .checkpoint(&sb, live, &[("forkd.eval.trial", &spec.id)])
+            .map_err(|e| {
+                let how = if live {
+                    "live, with its processes"
+                } else {
+                    "(its files)"
+                };
+                Infra(format!(
+                    "seal the final state of trial {} {how}: {}",
+                    spec.id,
+                    e.0.trim_start_matches("checkpoint: ")
+                ))
+            })?;
         let seal_ms = super::grade::ms(t);
         Ok((run, wall_ms, execs, steps, final_state, seal_ms))
     })();

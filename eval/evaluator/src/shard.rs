@@ -476,7 +476,7 @@ pub struct Done {
 }
 
 /// `forkd eval shard RUN [--index K]`: runs shard K of the run at `top` on this node.
-pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
+pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<super::Said> {
     let plan = load_plan(top)?.ok_or_else(|| {
         anyhow::anyhow!(
             "{} is not a sharded run (no {})",
@@ -529,14 +529,14 @@ pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
         node: node.clone(),
     });
     let t = std::time::Instant::now();
-    let code = super::execute(&socket, &opts, true)?;
+    let mut said = super::execute(&socket, &opts, true)?;
     let run_ms = t.elapsed().as_millis() as u64;
     let trials = super::load_results(&dir.join("results.jsonl")).len();
     write_atomic(
         &dir.join("done.json"),
         &serde_json::to_vec_pretty(&Done {
             attempt,
-            node,
+            node: node.clone(),
             trials,
             finished: now_secs(),
             started_ms,
@@ -546,7 +546,9 @@ pub fn run_shard(top: &Path, index: Option<usize>) -> anyhow::Result<i32> {
             finished_ms: super::now_ms(),
         })?,
     )?;
-    Ok(code)
+    said.json["shard"] = index.into();
+    said.json["node"] = node.into();
+    Ok(said)
 }
 
 /// Where each shard stands, from its files.

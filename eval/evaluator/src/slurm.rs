@@ -316,7 +316,12 @@ fn to_run(top: &Path, plan: &Plan, in_queue: &[Queued]) -> Vec<usize> {
 
 /// Submits what must run, waits (unless `no_wait`), resubmits lost shards up to
 /// `retries` rounds, then merges. Used by `run --slurm` and by `resume` of such a run.
-pub fn drive(top: &Path, plan: &Plan, o: &SlurmOptions, reason: &str) -> anyhow::Result<i32> {
+pub fn drive(
+    top: &Path,
+    plan: &Plan,
+    o: &SlurmOptions,
+    reason: &str,
+) -> anyhow::Result<super::Said> {
     let known: Vec<String> = submissions(top).into_iter().map(|s| s.job).collect();
     let in_queue = queued(&known)?;
     let mut subs: Vec<Submission> = Vec::new();
@@ -354,8 +359,9 @@ pub fn drive(top: &Path, plan: &Plan, o: &SlurmOptions, reason: &str) -> anyhow:
         );
     }
     if o.no_wait {
-        println!("{}", top.display());
-        return Ok(0);
+        let json = serde_json::json!({ "run": top, "status": "submitted",
+            "jobs": subs.iter().map(|s| &s.job).collect::<Vec<_>>() });
+        return Ok(super::Said::new(json, format!("{}\n", top.display())));
     }
     let mut round = 0;
     loop {
@@ -374,14 +380,19 @@ pub fn drive(top: &Path, plan: &Plan, o: &SlurmOptions, reason: &str) -> anyhow:
 }
 
 /// Merges and reports; exit 0 when every shard finished, 3 when some did not.
-pub fn finish(top: &Path) -> anyhow::Result<i32> {
+pub fn finish(top: &Path) -> anyhow::Result<super::Said> {
     let (n, open) = shard::merge(top)?;
     let rows = super::load_results(&top.join("results.jsonl"));
-    super::print_summary(&rows);
+    let (cells, table) = super::summary(&rows);
+    let json = serde_json::json!({ "run": top,
+        "status": if open.is_empty() { "done" } else { "unfinished" },
+        "trials": n, "summary": cells, "unfinished_shards": open });
     if open.is_empty() {
         decision(top, "finish", serde_json::json!({ "trials": n }))?;
-        println!("results: {}", top.display());
-        Ok(0)
+        Ok(super::Said::new(
+            json,
+            format!("{table}results: {}\n", top.display()),
+        ))
     } else {
         decision(
             top,
@@ -397,12 +408,12 @@ pub fn finish(top: &Path) -> anyhow::Result<i32> {
                 .join(","),
             top.display()
         );
-        Ok(3)
+        Ok(super::Said::new(json, table).with_code(3))
     }
 }
 
 /// `forkd eval status RUN`: the shards' state from the queue and their files.
-pub fn status(top: &Path) -> anyhow::Result<i32> {
+pub fn status(top: &Path) -> anyhow::Result<super::Said> {
     let plan = shard::load_plan(top)?
         .ok_or_else(|| anyhow::anyhow!("{} is not a sharded run", top.display()))?;
     let subs = submissions(top);
@@ -411,10 +422,11 @@ pub fn status(top: &Path) -> anyhow::Result<i32> {
         eprintln!("[eval] squeue: {e}");
         Vec::new()
     });
-    println!(
-        "{:<6} {:<12} {:<14} {:<10} {:>7}  TASKS",
+    let mut text = format!(
+        "{:<6} {:<12} {:<14} {:<10} {:>7}  TASKS\n",
         "SHARD", "JOB", "STATE", "NODE", "TRIALS"
     );
+    let mut shards = Vec::new();
     for sp in &plan.shards {
         let files = shard::shard_files(top, sp.index);
         let job = subs
@@ -438,18 +450,24 @@ pub fn status(top: &Path) -> anyhow::Result<i32> {
             ShardFiles::Done { trials } | ShardFiles::DoneWithInfra { trials, .. } => trials,
             ShardFiles::Open { rows } => rows,
         };
-        println!(
-            "{:<6} {:<12} {:<14} {:<10} {:>7}  {}",
+        text.push_str(&format!(
+            "{:<6} {:<12} {:<14} {:<10} {:>7}  {}\n",
             sp.index,
             job,
             state,
             node,
             n,
             sp.tasks.join(",")
+        ));
+        shards.push(
+            serde_json::json!({ "shard": sp.index, "job": job, "state": state,
+            "node": node, "trials": n, "tasks": sp.tasks }),
         );
     }
-    println!("{}", progress_line(top, &plan, &q));
-    Ok(0)
+    let progress = progress_line(top, &plan, &q);
+    text.push_str(&format!("{progress}\n"));
+    let json = serde_json::json!({ "run": top, "shards": shards, "progress": progress });
+    Ok(super::Said::new(json, text))
 }
 
 /// The shards of a planned run as a Kubernetes Indexed Job (JSON, which `kubectl apply

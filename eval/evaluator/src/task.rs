@@ -14,7 +14,8 @@
 //! ```toml
 //! [task]        kind = "swe" | "terminal", image = "debian", workdir = "/testbed",
 //!               build = "dir", rebuild = false, pull = false
-//! [environment] setup = ["shell line", ...], background = ["shell line", ...], live = false
+//! [environment] setup = ["shell line", ...], background = ["shell line", ...],
+//!               live = true | false (default: true for terminal tasks)
 //! [verifier]    command = "...", tests_dir = "...", format = "pytest" | "junit" | "reward",
 //!               junit_path, reward_path, ctrf_path, timeout_secs, fail_to_pass = [...],
 //!               pass_to_pass = [...]
@@ -82,8 +83,10 @@ pub struct EnvSection {
     pub setup: Vec<String>,
     #[serde(default)]
     pub background: Vec<String>,
+    /// Whether the task's states are whole machines, their processes kept; unset, what
+    /// the kind implies ([`TaskToml::live`]).
     #[serde(default)]
-    pub live: bool,
+    pub live: Option<bool>,
     /// Start the image's ENTRYPOINT (with `sleep infinity` as its command, as Harbor's
     /// Docker backend does) when the clean state is made. On for Harbor tasks.
     #[serde(default)]
@@ -107,6 +110,20 @@ pub struct EnvSection {
     /// daemon cannot hold disk limits.
     #[serde(default)]
     pub disk_mb: Option<u64>,
+}
+
+impl TaskToml {
+    /// Whether the task's states are whole machines: the clean state, every trial's final
+    /// state and the fork it is graded in keep their processes, so the verifier meets the
+    /// services as the agent left them, as the task's own harness grades (Harbor runs the
+    /// verifier in the trial's machine). Terminal tasks are, unless they say
+    /// `live = false`; SWE tasks are graded on the files alone (a pristine copy with the
+    /// trial's change) unless they say `live = true`.
+    pub fn live(&self) -> bool {
+        self.environment
+            .live
+            .unwrap_or(self.task.kind == "terminal")
+    }
 }
 
 fn default_ready_timeout() -> u64 {
@@ -413,6 +430,9 @@ pub fn dir_checksum(dir: &Path) -> anyhow::Result<String> {
 
 /// Loads every task of a suite (each subdirectory with a task.toml), sorted by name.
 pub fn load_suite(dir: &Path) -> anyhow::Result<Vec<Task>> {
+    // Absolute, as the daemon takes build contexts and every path it is given.
+    let dir =
+        &std::path::absolute(dir).map_err(|e| anyhow::anyhow!("suite {}: {e}", dir.display()))?;
     let mut tasks = Vec::new();
     let rd =
         std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("read suite {}: {e}", dir.display()))?;
@@ -468,5 +488,25 @@ mod tests {
         let dir = task_dir("walls-zero", "disk_mb = 0");
         let e = Task::load(&dir).unwrap_err().to_string();
         assert!(e.contains("disk_mb must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn terminal_tasks_are_live_unless_they_say_otherwise() {
+        let load = |tag: &str, kind: &str, env: &str| {
+            let dir = task_dir(tag, env);
+            let toml = std::fs::read_to_string(dir.join("task.toml")).unwrap();
+            std::fs::write(
+                dir.join("task.toml"),
+                toml.replace("kind = \"swe\"", &format!("kind = \"{kind}\"")),
+            )
+            .unwrap();
+            let live = Task::load(&dir).unwrap().config.live();
+            std::fs::remove_dir_all(&dir).unwrap();
+            live
+        };
+        assert!(load("live-t", "terminal", ""));
+        assert!(!load("live-tf", "terminal", "live = false"));
+        assert!(!load("live-s", "swe", ""));
+        assert!(load("live-st", "swe", "live = true"));
     }
 }

@@ -35,6 +35,13 @@ pub(crate) fn check(
     if message.trim().is_empty() {
         message = "no reason given; see the log".into();
     }
+    // The process CRIU stopped at, named while it still runs (a failed dump resumes the
+    // tree), so that the caller knows which of its programs cannot be kept.
+    if action == "dump" {
+        if let Some(who) = culprit_pid(&errors).and_then(describe_process) {
+            message = format!("process {who}: {message}");
+        }
+    }
     if let Some(why) = explain(&errors) {
         message.push_str(": ");
         message.push_str(&why);
@@ -92,13 +99,11 @@ pub(crate) fn explain(errors: &[String]) -> Option<String> {
             })
             .and_then(|pid| {
                 let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                let field = |k: &str| {
-                    status
-                        .lines()
-                        .find_map(|l| l.strip_prefix(k))
-                        .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
-                };
-                Some(format!(" ({}, uid {})", field("Name:")?, field("Uid:")?))
+                Some(format!(
+                    " ({}, uid {})",
+                    status_field(&status, "Name:")?,
+                    status_field(&status, "Uid:")?
+                ))
             })
             .unwrap_or_default();
         return Some(format!(
@@ -110,6 +115,55 @@ pub(crate) fn explain(errors: &[String]) -> Option<String> {
         ));
     }
     None
+}
+
+/// The first process an error line names (`Dump files (pid: N) failed`, CRIU's form for
+/// every per-process step); a host pid.
+pub(crate) fn culprit_pid(errors: &[String]) -> Option<u32> {
+    errors.iter().find_map(|e| {
+        let rest = e.split("(pid: ").nth(1)?;
+        rest.split(')').next()?.trim().parse().ok()
+    })
+}
+
+/// A process as its owner knows it: its pid in its own namespace (the sandbox's), its
+/// name and command line, e.g. `5 (python3: python3 /root/serve.py)`. `None` once it
+/// has gone.
+pub(crate) fn describe_process(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let name = status_field(&status, "Name:")?;
+    // NSpid lists the pid in each namespace, the innermost last.
+    let inner = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last().map(String::from))
+        .unwrap_or_else(|| pid.to_string());
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut line = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.chars().count() > 160 {
+        line = line.chars().take(157).collect::<String>() + "...";
+    }
+    Some(if line.is_empty() {
+        format!("{inner} ({name})")
+    } else {
+        format!("{inner} ({name}: {line})")
+    })
+}
+
+fn status_field(status: &str, key: &str) -> Option<String> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
 }
 
 /// Error lines of a CRIU log without their timestamp and source location, harmless

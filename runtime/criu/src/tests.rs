@@ -21,6 +21,21 @@ fn known_failures_are_explained() {
 }
 
 #[test]
+fn the_process_a_dump_stopped_at_is_named() {
+    let e = vec![
+        "inet: In-flight connection (l) for 54d9e5".to_string(),
+        "Dump files (pid: 23359) failed with -1".to_string(),
+    ];
+    assert_eq!(culprit_pid(&e), Some(23359));
+    assert_eq!(culprit_pid(&["Dumping FAILED.".to_string()]), None);
+    // This very process, as /proc tells it.
+    let me = describe_process(std::process::id()).unwrap();
+    let argv0 = std::env::args().next().unwrap();
+    assert!(me.contains(&argv0[..argv0.len().min(100)]), "{me}");
+    assert!(describe_process(u32::MAX).is_none());
+}
+
+#[test]
 fn versions_parse() {
     assert_eq!(parse_version("Version: 4.1.1\n"), Some((4, 1)));
     assert_eq!(

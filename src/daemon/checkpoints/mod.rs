@@ -313,11 +313,17 @@ impl Daemon {
         kept_as: &str,
     ) -> ApiError {
         let dest = self.data.join("logs").join(kept_as);
-        let kept = match std::fs::copy(log, &dest) {
-            Ok(_) => format!(" (log kept at {})", dest.display()),
-            Err(_) => String::new(),
+        // The log is named where it is kept: the staging directory is gone by now.
+        let message = match std::fs::copy(log, &dest) {
+            Ok(_) => format!(
+                "{what}: {}",
+                e.to_string().replace(
+                    &format!("(log {})", log.display()),
+                    &format!("(log kept at {})", dest.display())
+                )
+            ),
+            Err(_) => format!("{what}: {e}"),
         };
-        let message = format!("{what}: {e}{kept}");
         match e {
             forkd_criu::CriuError::Failed { .. } => ApiError::bad_request(message),
             _ => ApiError::internal(message),
