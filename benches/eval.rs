@@ -7,7 +7,13 @@
 //! bundled suite is built, the real tasks (Debian), with the `noop` agent so that what is
 //! measured is the evaluator. Results: target/bench/eval.json and eval.md.
 //!
-//! Knobs: FORKD_BENCH_TRIALS (replicates per cell, default 20), FORKD_BENCH_PODMAN=0.
+//! Also the cost of grading as a terminal task's harness grades, against grading its files
+//! alone: the Harbor fixture suite (Debian) run as it is (live: each trial's final state
+//! sealed with its processes, graded in a live fork) and declared files-only (`live =
+//! false` in a forkd.toml beside each task), alternating, the same trials each way.
+//!
+//! Knobs: FORKD_BENCH_TRIALS (replicates per cell, default 20), FORKD_BENCH_PODMAN=0,
+//! FORKD_BENCH_ROUNDS (live/files alternations, default 3).
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +32,19 @@ fn cache() -> PathBuf {
     forkd::api::defaults::cache()
 }
 
+/// The phases of a trial that are the evaluator's, not the agent's or the verifier's.
+const OVERHEAD_PHASES: [&str; 9] = [
+    "fork",
+    "seal",
+    "remove",
+    "grade_fork",
+    "grade_processes",
+    "grade_diff",
+    "grade_copy_tests",
+    "grade_remove",
+    "remove_final",
+];
+
 /// Per-trial overhead (µs) from the attempts' phase timings, by task.
 fn overheads(run: &Path) -> Result<Vec<(String, u64, u64)>> {
     let mut out = Vec::new();
@@ -41,19 +60,7 @@ fn overheads(run: &Path) -> Result<Vec<(String, u64, u64)>> {
         let v: Value = serde_json::from_str(last)?;
         let p = &v["phases_ms"];
         let get = |k: &str| p[k].as_f64().unwrap_or(0.0);
-        let overhead = [
-            "fork",
-            "seal",
-            "remove",
-            "grade_fork",
-            "grade_diff",
-            "grade_copy_tests",
-            "grade_remove",
-            "remove_final",
-        ]
-        .iter()
-        .map(|k| get(k))
-        .sum::<f64>();
+        let overhead = OVERHEAD_PHASES.iter().map(|k| get(k)).sum::<f64>();
         let verifier = get("grade_verifier");
         out.push((
             name.split('.').next().unwrap_or("").to_string(),
@@ -70,6 +77,7 @@ fn run_suite(
     out: &Path,
     k: usize,
     parallel: usize,
+    conditions: &str,
 ) -> Result<(f64, usize)> {
     let t = Instant::now();
     let status = Command::new(BIN)
@@ -81,7 +89,7 @@ fn run_suite(
             "--agents",
             "noop",
             "--conditions",
-            "clean,residual",
+            conditions,
         ])
         .args(["-k", &k.to_string(), "--parallel", &parallel.to_string()])
         .stdout(std::process::Stdio::null())
@@ -96,6 +104,119 @@ fn run_suite(
         .lines()
         .count();
     Ok((t.elapsed().as_secs_f64(), rows))
+}
+
+/// The phases of every trial of a run (the last attempt's), milliseconds by name.
+fn trial_phases(run: &Path) -> Result<Vec<serde_json::Map<String, Value>>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(run.join("trials"))?.flatten() {
+        let text = std::fs::read_to_string(e.path().join("attempts.jsonl")).unwrap_or_default();
+        if let Some(last) = text.lines().last() {
+            let v: Value = serde_json::from_str(last)?;
+            if let Some(p) = v["phases_ms"].as_object() {
+                out.push(p.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Live grading against files-only grading on the Harbor fixture suite: per trial, the
+/// seal of the final state, the grading fork, the evaluator's whole overhead and the
+/// verifier, p50/p99 each way and their ratio. Rounds alternate the two ways.
+fn live_against_files(d: &DaemonGuard, work: &Path, k: usize) -> Result<(Value, String)> {
+    let rounds = common::env_usize("FORKD_BENCH_ROUNDS", 3)?;
+    let harbor = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/harbor/tasks");
+    let live = work.join("harbor-live");
+    let files = work.join("harbor-files");
+    std::fs::create_dir_all(&live)?;
+    std::fs::create_dir_all(&files)?;
+    for e in std::fs::read_dir(&harbor)?.flatten() {
+        let name = e.file_name();
+        for (dir, forkd_toml) in [
+            (&live, None),
+            (&files, Some("[environment]\nlive = false\n")),
+        ] {
+            let dest = dir.join(&name);
+            let s = Command::new("cp")
+                .arg("-a")
+                .arg(e.path())
+                .arg(&dest)
+                .status()?;
+            anyhow::ensure!(s.success(), "cp {}", e.path().display());
+            if let Some(t) = forkd_toml {
+                std::fs::write(dest.join("forkd.toml"), t)?;
+            }
+        }
+    }
+    // Images built and clean states made once each way, not measured.
+    for (mode, suite) in [("live", &live), ("files", &files)] {
+        run_suite(
+            d,
+            suite,
+            &work.join(format!("harbor-{mode}-warm")),
+            1,
+            1,
+            "clean",
+        )?;
+    }
+    let keys = ["seal", "grade_fork", "overhead", "grade_verifier"];
+    let mut samples: std::collections::BTreeMap<(&str, &str), Vec<u64>> = Default::default();
+    for r in 0..rounds {
+        for (mode, suite) in [("live", &live), ("files", &files)] {
+            eprintln!(
+                "[bench] harbor suite graded {mode}, round {}/{rounds}, {k} replicates",
+                r + 1
+            );
+            let out = work.join(format!("harbor-{mode}-{r}"));
+            run_suite(d, suite, &out, k, 1, "clean")?;
+            for p in trial_phases(&out)? {
+                let get = |k: &str| p.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+                let overhead: f64 = OVERHEAD_PHASES.iter().map(|k| get(k)).sum();
+                for key in keys {
+                    let ms = if key == "overhead" {
+                        overhead
+                    } else {
+                        get(key)
+                    };
+                    samples
+                        .entry((mode, key))
+                        .or_default()
+                        .push((ms * 1000.0) as u64);
+                }
+            }
+        }
+    }
+    let mut md = String::from(
+        "\n## Grading live against grading files, Harbor fixture suite (noop, 1 at a time)\n\n\
+         | per trial | live p50 ms | live p99 ms | files p50 ms | files p99 ms | live / files p50 |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
+    let mut json = serde_json::Map::new();
+    for key in keys {
+        let l = summarize(&samples[&("live", key)]);
+        let f = summarize(&samples[&("files", key)]);
+        let ratio = l.p50 as f64 / f.p50.max(1) as f64;
+        md.push_str(&format!(
+            "| {key} | {:.1} | {:.1} | {:.1} | {:.1} | {ratio:.2} |\n",
+            l.p50 as f64 / 1000.0,
+            l.p99 as f64 / 1000.0,
+            f.p50 as f64 / 1000.0,
+            f.p99 as f64 / 1000.0
+        ));
+        json.insert(
+            key.to_string(),
+            json!({ "live_us": samples[&("live", key)], "files_us": samples[&("files", key)],
+                "live_p50_ms": l.p50 as f64 / 1000.0, "files_p50_ms": f.p50 as f64 / 1000.0,
+                "ratio_p50": ratio }),
+        );
+    }
+    md.push_str(&format!(
+        "\n{} trials each way ({rounds} rounds alternating). overhead = fork of the start state, seal, \
+         removals, the grading fork, listing a live state's processes, diff and copying the tests in.\n",
+        samples[&("live", "seal")].len()
+    ));
+    Ok((Value::Object(json), md))
 }
 
 /// Bringing the clean state and a grading copy up with podman: a container of an image
@@ -170,7 +291,7 @@ fn main() -> Result<()> {
         for parallel in [1usize, 2] {
             eprintln!("[bench] suite {label}, {k} replicates, {parallel} at a time");
             let out = work.join(format!("{label}-p{parallel}"));
-            let (secs, trials) = run_suite(&d, suite, &out, k, parallel)
+            let (secs, trials) = run_suite(&d, suite, &out, k, parallel, "clean,residual")
                 .with_context(|| format!("suite {label}"))?;
             let per_minute = trials as f64 / secs * 60.0;
             let samples = overheads(&out)?;
@@ -195,6 +316,18 @@ fn main() -> Result<()> {
             }
             report[format!("{label}_p{parallel}")] = json!({ "trials": trials, "seconds": secs, "trials_per_minute": per_minute, "tasks": per_task });
         }
+    }
+
+    let mut live_md = String::new();
+    if cache().join("images/debian.tar.zst").exists() {
+        let (v, m) = live_against_files(&d, &work, k)?;
+        report["live_against_files"] = v;
+        live_md = m;
+    } else {
+        common::skip(
+            "live against files grading",
+            "no Debian image (fixtures/setup.sh debian)",
+        )?;
     }
 
     // The podman peer: the same busybox state (the mini `add` task's clean state) brought up
@@ -294,7 +427,7 @@ fn main() -> Result<()> {
         report["load_average"].as_str().unwrap_or(""),
         rows_md.join("\n"),
         podman_md
-    );
+    ) + &live_md;
     common::write_outputs("eval", &report, &md)?;
     anyhow::ensure!(
         cleanup.problems.is_empty(),

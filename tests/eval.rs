@@ -115,6 +115,18 @@ fn evaluator_runs_the_matrix_and_grades_on_pristine_forks() {
         let dir = run.join("trials").join(&r.trial_id);
         assert!(dir.join("attempts.jsonl").exists());
         assert!(dir.join("trajectory.jsonl").exists());
+        // The SWE task is graded on a pristine copy of its files, no process of its state
+        // there; the terminal task in a live fork of the final machine: the service runs
+        // where noop left it, and not where the oracle stopped it, as asked.
+        let ps = std::fs::read_to_string(dir.join("processes.txt"));
+        match (r.task.as_str(), r.agent.as_str()) {
+            ("add", _) => assert!(ps.is_err(), "{r:?}: {ps:?}"),
+            (_, agent) => {
+                let ps = ps.unwrap();
+                assert_eq!(ps.contains("while true"), agent == "noop", "{r:?}: {ps}");
+                assert!(!ps.contains("forkd-init"), "{ps}");
+            }
+        }
     }
     // The oracle's patch does not apply over the partial fix: inherited state hurts.
     let partial: Vec<&TrialRow> = rows

@@ -697,6 +697,22 @@ fn forkd_eval_grades_with_the_services_the_agent_left_running() {
     );
     assert_eq!(got, all - last, "the predecessor's near miss, served");
     d.remove(sb);
+    // What ran when each trial was graded is kept, and a review sheet shows the state's.
+    let oracle = rows.iter().find(|r| r.agent == "oracle").unwrap();
+    let ps = std::fs::read_to_string(
+        run.join("trials")
+            .join(&oracle.trial_id)
+            .join("processes.txt"),
+    )
+    .unwrap();
+    assert!(ps.contains("python3 -m http.server 8080"), "{ps}");
+    let (ok, v) = json(&["review", run.to_str().unwrap()]);
+    assert!(ok, "{v}");
+    let sheet = std::fs::read_to_string(run.join("review/serve-sum.last-line-lost.md")).unwrap();
+    assert!(
+        sheet.contains("## Processes running in the state") && sheet.contains("http.server"),
+        "{sheet}"
+    );
 
     // A final state CRIU cannot keep (a connection the server has not accepted):
     // an infrastructure failure naming the process, no grade on a copy of its files.

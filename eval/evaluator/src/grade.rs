@@ -1,5 +1,7 @@
 //! Grading: a state (a checkpoint) is forked afresh, the hidden tests are copied in, and
-//! the task's verifier runs there, never in the agent's sandbox. Its output becomes
+//! the task's verifier runs there, never in the agent's sandbox. A live task's fork
+//! restores the state's processes (the services the agent left running, as Harbor's
+//! verifier meets them in the trial's machine); a files-only task's has its files alone. Its output becomes
 //! per-test outcomes (pytest's `-rA` summary, a JUnit XML file, or a reward file).
 
 use super::session::{Infra, InfraResult, Session};
@@ -16,9 +18,20 @@ pub struct Grade {
     /// workdir is a git repository.
     pub patch: String,
     pub verifier_output: String,
-    /// Milliseconds per grading phase: `fork`, `diff`, `copy_tests`, `verifier`, `remove`.
+    /// The processes of a live state as the verifier met them (`PID COMMAND LINE`, one a
+    /// line, the sandbox's init left out); `None` when the files alone were graded.
+    pub processes: Option<String>,
+    /// Milliseconds per grading phase: `fork`, `processes`, `diff`, `copy_tests`,
+    /// `verifier`, `remove`.
     pub phases_ms: BTreeMap<String, f64>,
 }
+
+/// Lists a sandbox's processes with nothing but a POSIX shell and `tr`, so in any image:
+/// each pid and its command line; forkd's own (the init, pid 1, and the listing's exec
+/// relay, its shell's parent) and the listing's shell left out.
+const LIST_PROCESSES: &str = "for d in /proc/[0-9]*; do p=${d#/proc/}; \
+    if [ \"$p\" = 1 ] || [ \"$p\" = $$ ] || [ \"$p\" = \"$PPID\" ]; then continue; fi; \
+    c=$(tr '\\000' ' ' < \"$d/cmdline\" 2>/dev/null); [ -n \"$c\" ] && echo \"$p $c\"; done; true";
 
 impl Grade {
     pub fn failing(&self) -> Vec<String> {
@@ -55,6 +68,15 @@ fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
     let wd = task.workdir();
     let v = &task.config.verifier;
     let mut phases_ms = BTreeMap::new();
+    // What a live state runs, before anything of the grading does.
+    let processes = if task.config.live() {
+        let t = std::time::Instant::now();
+        let r = s.sh(sb, LIST_PROCESSES, "/", Some(30))?;
+        phases_ms.insert("processes".into(), ms(t));
+        Some(r.out())
+    } else {
+        None
+    };
     let t = std::time::Instant::now();
     // Against the base commit: the predecessor's own commits are part of what it did.
     let base = task.base_commit.get().map(String::as_str).unwrap_or("HEAD");
@@ -168,6 +190,7 @@ fn grade_in(s: &Session, task: &Task, sb: &str) -> InfraResult<Grade> {
         passed,
         patch,
         verifier_output: output,
+        processes,
         phases_ms,
     })
 }

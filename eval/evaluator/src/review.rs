@@ -301,6 +301,14 @@ pub fn write_sheets(
             .collect();
         let summary =
             std::fs::read_to_string(run_dir.join("states").join(format!("{c}.note.md"))).ok();
+        // A live state's processes, as its grading met them: part of what a rescuer inherits.
+        let processes = std::fs::read_to_string(
+            run_dir
+                .join("trials")
+                .join(format!("predecessor.{c}"))
+                .join("processes.txt"),
+        )
+        .ok();
         let mut md = String::new();
         md.push_str(&format!(
             "# Review: {c}\n\nTask `{}`, predecessor `{}`, reconstruction `{}`.\n\n",
@@ -330,6 +338,12 @@ pub fn write_sheets(
             "## Diff against the clean state\n\n```diff\n{}\n```\n\n",
             diff.trim_end()
         ));
+        if let Some(p) = &processes {
+            md.push_str(&format!(
+                "## Processes running in the state\n\nThe state is live: these run in every rescuer's start.\n\n```\n{}\n```\n\n",
+                if p.trim().is_empty() { "(none but the sandbox's init)" } else { p.trim_end() }
+            ));
+        }
         md.push_str(&format!("## Trajectory ({} commands)\n\n", steps.len()));
         for (i, s) in steps.iter().enumerate() {
             md.push_str(&format!("{}. `{}`\n", i + 1, s.replace('`', "'")));

@@ -499,8 +499,8 @@ pub struct Attempt {
     pub grade: Grade,
     pub note: String,
     pub final_checkpoint: Option<String>,
-    /// Milliseconds per phase: fork, agent, seal, remove, grade_* (fork, diff,
-    /// copy_tests, verifier, remove), remove_final.
+    /// Milliseconds per phase: fork, agent, seal, remove, grade_* (fork, processes,
+    /// diff, copy_tests, verifier, remove), remove_final.
     pub phases_ms: BTreeMap<String, f64>,
 }
 
@@ -653,6 +653,9 @@ pub fn run_trial(ctx: &Ctx, spec: &TrialSpec, keep_final: bool) -> (TrialRow, Op
                 let _ = std::fs::write(dir.join("trajectory.jsonl"), traj);
                 let _ = std::fs::write(dir.join("final.patch"), &a.grade.patch);
                 let _ = std::fs::write(dir.join("verifier.log"), &a.grade.verifier_output);
+                if let Some(p) = &a.grade.processes {
+                    let _ = std::fs::write(dir.join("processes.txt"), p);
+                }
                 let row = row(
                     ctx,
                     spec,
