@@ -31,6 +31,7 @@ mod spare_layers;
 mod spare_netns;
 mod startup;
 mod table;
+mod templates;
 
 use forkd_cgroups::Hierarchy;
 use forkd_layers::{ImageStore, LayerId, LayerStore};
@@ -107,6 +108,8 @@ pub struct Daemon {
     pub spare_netns: Arc<spare_netns::SpareNetns>,
     /// Writable layers (snapshots of bases and checkpoints) made ahead.
     pub spare_layers: Arc<spare_layers::SpareLayers>,
+    /// Restore templates of live checkpoints: branches share their memory.
+    pub templates: Arc<templates::Templates>,
     /// The network namespace of that sysfs, kept so that its loopback stays listed.
     _sysfs_netns: Option<std::os::fd::OwnedFd>,
     /// The mount namespace every new sandbox's is copied from: one empty read-only tmpfs
@@ -426,6 +429,7 @@ impl Daemon {
             data.join("spare-layers"),
             spare_layers::SpareLayers::target_from_env()?,
         )?;
+        let templates = Arc::new(templates::Templates::from_env()?);
         // The table's name comes from the data directory, so that daemons on one host
         // (one per state root) never share rules.
         let tag = {
@@ -499,6 +503,7 @@ impl Daemon {
             sysfs,
             spare_netns,
             spare_layers,
+            templates,
             _sysfs_netns: sysfs_netns,
             empty_mntns,
             _lock: lock,
@@ -562,6 +567,7 @@ impl Daemon {
         // The roots of sandboxes that stopped a moment ago may still be held, each
         // unmounted (and the volume synced) on the exit watcher's releasing thread.
         self.spare_layers.stop();
+        self.templates.stop();
         if !self.exits.wait_released(std::time::Duration::from_secs(60)) {
             log::warn("sandbox roots still held after 60 s: the volume may stay mounted");
         }

@@ -22,6 +22,7 @@ mod bundle;
 mod cgroups;
 mod diagnose;
 mod swrk;
+mod template;
 
 use bundle::*;
 use cgroups::*;
@@ -29,6 +30,7 @@ pub use diagnose::log_tail;
 use diagnose::*;
 pub use swrk::log_level;
 use swrk::*;
+pub use template::Template;
 #[cfg(test)]
 mod tests;
 
@@ -86,8 +88,9 @@ pub struct Criu {
     private_run: Option<PrivateRun>,
     /// The namespace a restore's CRIU runs on; see [`Criu::use_root_base`].
     root_base: Option<(std::sync::Arc<std::os::fd::OwnedFd>, u64)>,
-    /// How CRIU is started: a program and the arguments that precede CRIU's own.
-    launch: (PathBuf, Vec<std::ffi::OsString>),
+    /// How CRIU is started: a program, the arguments that precede CRIU's own, and
+    /// environment.
+    launch: Launch,
     /// How long one dump or restore may take before CRIU is killed
     /// (`FORKD_CRIU_TIMEOUT_SECS`, default [`DEFAULT_TIMEOUT`]): whatever the tree's
     /// processes do (a task in uninterruptible sleep, one CRIU waits on for ever), the
@@ -182,6 +185,9 @@ pub struct RestoreOpts {
     /// The network namespace the tree is restored into (one the caller has set up, e.g.
     /// with a veth); without one, a new namespace with only loopback up.
     pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// A template of these images ([`Criu::start_template`]): the restore is its worker,
+    /// and the tree shares the template's memory copy-on-write instead of reading it.
+    pub template: Option<std::sync::Arc<Template>>,
 }
 
 /// What the CRIU process of one exchange gets besides its request.
@@ -199,6 +205,8 @@ struct Child<'a> {
     mergeable: bool,
     /// Run on the root base, if the Criu has one (restores).
     on_base: bool,
+    /// Be a worker of this template rather than a CRIU of its own.
+    template: Option<&'a Template>,
 }
 
 /// The outcome of a dump.
@@ -265,7 +273,7 @@ impl Criu {
                 found: format!("{major}.{minor}"),
             });
         }
-        let launch = bundle_launch(&path).unwrap_or_else(|| (path.clone(), Vec::new()));
+        let launch = bundle_launch(&path).unwrap_or_else(|| Launch::plain(&path));
         Ok(Criu {
             path,
             version: format!("{major}.{minor}"),
@@ -367,8 +375,15 @@ impl Criu {
 
     /// CRIU's command; on the root base (when there is one) if `on_base`.
     fn command_on(&self, on_base: bool) -> Result<Command, CriuError> {
-        let mut cmd = Command::new(&self.launch.0);
-        cmd.args(&self.launch.1);
+        let mut cmd = Command::new(&self.launch.program);
+        cmd.args(&self.launch.args);
+        cmd.envs(self.launch.env.iter().map(|(k, v)| (k, v)));
+        self.place(cmd, on_base)
+    }
+
+    /// `cmd` made to run where a CRIU of this Criu runs: on the root base (when asked and
+    /// there is one) and with its private `/run`.
+    fn place(&self, mut cmd: Command, on_base: bool) -> Result<Command, CriuError> {
         if let (true, Some((base, dev))) = (on_base, &self.root_base) {
             use std::os::fd::AsFd;
             forkd_sys::on_namespace_base(&mut cmd, base.as_fd(), *dev)
@@ -508,6 +523,7 @@ impl Criu {
             root_mount: opts.root_mount.as_deref().map(|m| (m, opts.root.as_path())),
             mergeable: opts.mergeable,
             on_base: true,
+            template: opts.template.as_deref(),
         };
         let resp = self.call(rpc::Criu_req_type::RESTORE, &log, o, &child, &mut |_| true)?;
         let resp = check(resp, "restore", &log)?;

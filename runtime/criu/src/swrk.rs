@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use template::Process;
 
 impl Criu {
     /// One swrk exchange: request, notifications, response, within [`Criu::timeout`]
@@ -29,40 +30,39 @@ impl Criu {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| io("socketpair")(e.into()))?;
-        let mut cmd = self.command_on(child_setup.on_base)?;
-        cmd.arg("swrk")
-            .arg("3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        // The descriptors are placed first (hooks run in the order they are added), so
-        // that a fresh namespace made at its number next cannot land on a source.
-        let mut fds = vec![(theirs.as_raw_fd(), 3)];
-        if let (Some(fd), Some(ns)) = (child_setup.netns_fd, child_setup.netns) {
-            fds.push((ns.as_raw_fd(), fd));
-        }
-        forkd_sys::inherit_fds(&mut cmd, fds);
-        // A daemon killed mid-dump must not leave CRIU holding the tree seized.
-        forkd_sys::die_with_parent(&mut cmd);
-        if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
-            forkd_sys::fresh_netns_fd(&mut cmd, fd);
-        }
-        if child_setup.mergeable {
-            forkd_sys::memory_merge_in_child(&mut cmd);
-        }
-        if let Some((mnt, at)) = child_setup.root_mount {
-            // After the hook that gives CRIU its own namespace, when there is one.
-            let own_namespace = self.private_run.is_none();
-            forkd_sys::attach_in_child(&mut cmd, mnt.as_fd(), at, own_namespace)
-                .map_err(io("attach the restored tree's root"))?;
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
+        let mut child =
+            match child_setup.template {
+                None => {
+                    let mut cmd = self.command_on(child_setup.on_base)?;
+                    cmd.arg("swrk")
+                        .arg("3")
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::piped());
+                    // The descriptors are placed first (hooks run in the order they are
+                    // added), so that a fresh namespace made at its number next cannot land
+                    // on a source.
+                    let mut fds = vec![(theirs.as_raw_fd(), 3)];
+                    if let (Some(fd), Some(ns)) = (child_setup.netns_fd, child_setup.netns) {
+                        fds.push((ns.as_raw_fd(), fd));
+                    }
+                    forkd_sys::inherit_fds(&mut cmd, fds);
+                    // A daemon killed mid-dump must not leave CRIU holding the tree seized.
+                    forkd_sys::die_with_parent(&mut cmd);
+                    self.prepare(&mut cmd, child_setup)?;
+                    Process::Spawned(cmd.spawn().map_err(|e| {
+                        CriuError::NotFound(format!("{}: {e}", self.path.display()))
+                    })?)
+                }
+                Some(t) => Process::Worker(self.worker_of(t, theirs.as_fd(), child_setup)?),
+            };
         drop(theirs);
         for procs in child_setup.join_cgroup_procs {
-            std::fs::write(procs, child.id().to_string())
-                .map_err(io("move criu into the branch cgroup"))?;
+            if let Err(e) = std::fs::write(procs, child.id().to_string()) {
+                child.kill();
+                child.wait();
+                return Err(io("move criu into the branch cgroup")(e));
+            }
         }
         let mut sock = std::fs::File::from(mine);
         let mut req = rpc::Criu_req::new();
@@ -92,7 +92,7 @@ impl Criu {
                     });
                 }
                 Ok(false) => match child.try_wait() {
-                    Ok(Some(status)) if !wait_readable(&sock, Instant::now()).unwrap_or(false) => {
+                    Some(status) if !wait_readable(&sock, Instant::now()).unwrap_or(false) => {
                         break Err(CriuError::Rpc(format!(
                             "criu {action} ended ({status}) without answering"
                         )));
@@ -140,15 +140,12 @@ impl Criu {
             // The processes a restore forked hold CRIU's socket and stderr and outlive a
             // CRIU that died half-way; once it is gone they are the caller's children
             // (a subreaper's, as the daemon is), and go too.
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
+            child.wait();
             kill_orphaned_helpers();
         }
-        let mut stderr = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
-        let _ = child.wait();
+        let stderr = child.stderr();
+        child.wait();
         if std::env::var_os("FORKD_CRIU_DEBUG").is_some() {
             eprintln!("criu stderr: {stderr}");
         }
@@ -158,6 +155,79 @@ impl Criu {
             }
             other => other,
         })
+    }
+}
+
+impl Criu {
+    /// What a restore's CRIU needs besides its descriptors: the root base, its own
+    /// `/run`, a fresh network namespace, the restored root attached, memory merging.
+    fn prepare(&self, cmd: &mut Command, child_setup: &Child<'_>) -> Result<(), CriuError> {
+        if let (Some(fd), None) = (child_setup.netns_fd, child_setup.netns) {
+            forkd_sys::fresh_netns_fd(cmd, fd);
+        }
+        if child_setup.mergeable {
+            forkd_sys::memory_merge_in_child(cmd);
+        }
+        if let Some((mnt, at)) = child_setup.root_mount {
+            // After the hook that gives CRIU its own namespace, when there is one.
+            let own_namespace = self.private_run.is_none();
+            forkd_sys::attach_in_child(cmd, mnt.as_fd(), at, own_namespace)
+                .map_err(io("attach the restored tree's root"))?;
+        }
+        Ok(())
+    }
+
+    /// A worker of template `t` for one exchange on `sock`, set up as a CRIU of its own
+    /// would be. The set-up is made once, as it is for such a CRIU, in a short-lived
+    /// holder (`sleep`, its hooks run): the worker takes the holder's mount namespace,
+    /// root, environment and network namespace, and the holder is done.
+    fn worker_of(
+        &self,
+        t: &Template,
+        sock: std::os::fd::BorrowedFd<'_>,
+        child_setup: &Child<'_>,
+    ) -> Result<i32, CriuError> {
+        let mut holder = Command::new("/bin/sleep");
+        holder
+            .arg("600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut holder = self.place(holder, child_setup.on_base)?;
+        // What the placing set (the root base's device, for CRIU's root shim).
+        let envs: Vec<(std::ffi::OsString, std::ffi::OsString)> = holder
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string())))
+            .collect();
+        forkd_sys::die_with_parent(&mut holder);
+        self.prepare(&mut holder, child_setup)?;
+        let mut h = holder
+            .spawn()
+            .map_err(|e| io("start a template worker's holder")(e))?;
+        let result = (|| {
+            let mnt = template::open_proc(h.id(), "ns/mnt")?;
+            let root = template::open_proc(h.id(), "root")?;
+            let fresh_netns = match (child_setup.netns_fd, child_setup.netns) {
+                (Some(fd), None) => Some(template::open_proc(h.id(), &format!("fd/{fd}"))?),
+                _ => None,
+            };
+            let mut fds = vec![(sock, 3)];
+            match (child_setup.netns_fd, child_setup.netns, &fresh_netns) {
+                (Some(fd), Some(ns), _) => fds.push((ns.as_fd(), fd)),
+                (Some(fd), None, Some(ns)) => fds.push((ns.as_fd(), fd)),
+                _ => {}
+            }
+            t.start_worker(&template::WorkerSetup {
+                fds,
+                rpc_fd: 3,
+                ns: Some((mnt.as_fd(), root.as_fd())),
+                env: envs,
+                mergeable: child_setup.mergeable,
+            })
+        })();
+        let _ = h.kill();
+        let _ = h.wait();
+        result
     }
 }
 

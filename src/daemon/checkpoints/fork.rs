@@ -48,6 +48,8 @@ struct Plan<'a> {
     lazy: bool,
     /// Whether the restored trees are opened to KSM (`crate::daemon::sharing`).
     share_memory: bool,
+    /// The checkpoint's restore template, whose memory eager branches share.
+    template: Option<Arc<forkd_criu::Template>>,
     /// The base every branch stands on (pinned until the request ends), and what its
     /// layer is made from.
     base: crate::daemon::bases::Pinned<'a>,
@@ -203,6 +205,14 @@ impl Daemon {
         let mut labels = ck.labels.clone();
         labels.extend(req.labels.clone());
         let (base, layer) = self.branch_layer(c, &ck)?;
+        // Eager branches of a live checkpoint share its memory through its template.
+        let template = match (criu, req.lazy) {
+            (Some(criu), false) => {
+                self.templates
+                    .get(criu, c.id.as_str(), &c.images(), &self.data.join("logs"))
+            }
+            _ => None,
+        };
         Ok(Plan {
             base,
             layer,
@@ -214,6 +224,7 @@ impl Daemon {
             criu,
             lazy: req.lazy,
             share_memory,
+            template,
         })
     }
 
@@ -354,6 +365,7 @@ impl Daemon {
                 .collect(),
             cgroup_roots: cg.roots(),
             netns: Some(Arc::new(netns)),
+            template: plan.template.clone(),
         });
         let restored = match restored {
             Ok(r) => r,

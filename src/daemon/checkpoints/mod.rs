@@ -331,6 +331,9 @@ impl Daemon {
     }
 
     fn delete_checkpoint_dir(&self, dir: &Path) {
+        if let Some(id) = dir.file_name().and_then(|n| n.to_str()) {
+            self.templates.forget(id);
+        }
         self.spare_layers.forget(&dir.join("fs"));
         if let Err(e) = self.volume.delete_subvolume(&dir.join("fs")) {
             log::warn(&format!("delete {}: {e}", dir.join("fs").display()));
