@@ -82,8 +82,15 @@ impl Templates {
         // Branches of one checkpoint wait for its one start; other checkpoints do not.
         let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = held.as_mut() {
-            e.used = Instant::now();
-            return Some(e.template.clone());
+            if e.template.alive() {
+                e.used = Instant::now();
+                return Some(e.template.clone());
+            }
+            log::warn(&format!(
+                "the template of checkpoint {id} (pid {}) has ended: starting another",
+                e.template.pid()
+            ));
+            held.take();
         }
         let want = pages_bytes(images);
         self.make_room(want, id);

@@ -179,6 +179,17 @@ impl Template {
         self.child.lock().unwrap_or_else(|e| e.into_inner()).id()
     }
 
+    /// Whether it still runs (one killed, or ended, starts no more workers).
+    pub fn alive(&self) -> bool {
+        matches!(
+            self.child
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .try_wait(),
+            Ok(None)
+        )
+    }
+
     /// Starts a worker; returns its pid (a child of this process).
     pub(crate) fn start_worker(&self, setup: &WorkerSetup<'_>) -> Result<i32, CriuError> {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
