@@ -451,10 +451,11 @@ fn kill_9_during_an_archive_import() {
     assert_eq!(d.sh(b, "sha256sum /big | cut -d' ' -f1").1, sum);
 }
 
-/// CRIU is killed (SIGKILL, every CRIU the daemon starts while the request runs) in the
-/// middle of the restores of a fork of 8 branches of a sandbox holding 200 MB. The fork
-/// fails as a whole: no branch is listed, none left a directory, a cgroup, a mount or a
-/// process; the source runs on and the checkpoint forks again.
+/// CRIU is killed (SIGKILL, every CRIU the daemon starts while the request runs: the
+/// checkpoint's restore template and its restoring workers) in the middle of the
+/// restores of a fork of 8 branches of a sandbox holding 200 MB. The fork fails as a
+/// whole: no branch is listed, none left a directory, a cgroup, a mount or a process;
+/// the source runs on and the checkpoint forks again (from a new template).
 #[test]
 fn criu_killed_during_a_fork_of_8_leaves_nothing() {
     let name = "criu_killed_during_a_fork_of_8_leaves_nothing";
@@ -478,7 +479,10 @@ fn criu_killed_during_a_fork_of_8_leaves_nothing() {
     let mut killed = 0;
     while !forker.is_finished() {
         seen.extend(dirs(&d, "sandboxes"));
-        for pid in children_with(daemon_pid, "swrk") {
+        let criu = children_with(daemon_pid, "swrk")
+            .into_iter()
+            .chain(children_with(daemon_pid, "template"));
+        for pid in criu {
             if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL)
                 .is_ok()
             {
