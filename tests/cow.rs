@@ -173,13 +173,16 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     };
     let d = TestDaemon::start("cow");
     d.import(&debian, "debian");
-    let src = d.create(serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }));
+    let src = d.create(
+        serde_json::json!({ "image": "debian", "command": { "argv": ["sleep", "infinity"] } }),
+    );
     d.put_file(&src.id, "/root/holder.py", HOLDER.as_bytes());
-    let _ = d.exec(
-        &src.id,
-        serde_json::json!({ "argv": ["python3", "/root/holder.py"], "detach": true }),
-    )
-    .expect("start the holder");
+    let _ = d
+        .exec(
+            &src.id,
+            serde_json::json!({ "argv": ["python3", "/root/holder.py"], "detach": true }),
+        )
+        .expect("start the holder");
     d.wait_for(&src.id, "cat /run/mem.ready", "ok");
     let original = ask(&d, &src.id, "digest");
     let c1 = d.checkpoint(&src.id, true);
@@ -198,13 +201,21 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     );
     let mut digests = std::collections::BTreeSet::new();
     for (i, b) in branches.iter().enumerate() {
-        assert_eq!(ask(&d, b, "digest"), original, "branch {i} starts as the checkpoint");
+        assert_eq!(
+            ask(&d, b, "digest"),
+            original,
+            "branch {i} starts as the checkpoint"
+        );
         assert_eq!(ask(&d, b, &format!("write {}", 100 * (i + 1))), "ok");
         digests.insert(ask(&d, b, "digest"));
     }
     assert_eq!(digests.len(), 8, "each branch's writes are its own");
     assert!(!digests.contains(&original));
-    assert_eq!(ask(&d, &src.id, "digest"), original, "the source is untouched");
+    assert_eq!(
+        ask(&d, &src.id, "digest"),
+        original,
+        "the source is untouched"
+    );
     for (i, b) in branches.iter().enumerate() {
         assert!(
             !ask(&d, b, "digest").is_empty() && digests.contains(&ask(&d, b, "digest")),
@@ -229,7 +240,12 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
         let want = ask(&d, &level, "digest");
         let c = d.checkpoint(&level, true);
         let next = d.fork(&c.id, 1, false).branches[0].id.clone();
-        assert_eq!(ask(&d, &next, "digest"), want, "level {n} starts as level {}", n - 1);
+        assert_eq!(
+            ask(&d, &next, "digest"),
+            want,
+            "level {n} starts as level {}",
+            n - 1
+        );
         assert_eq!(ask(&d, &next, "write 1000"), "ok");
         assert_eq!(ask(&d, &next, &format!("dontneed {}", 2000 + n)), "zeros");
         level = next;
@@ -239,7 +255,11 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     let c3 = d.checkpoint(&level, true);
     let archive = d.root.parent().unwrap().join("level3.forkd");
     let out = d.cli(&["checkpoint", "export", &c3.id, archive.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     drop(last);
 
     // The level-3 archive is whole: another daemon imports and forks it.
@@ -257,5 +277,9 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
         assert_eq!(ask(&d2, &b.id, "digest"), want, "the imported level 3");
     }
     assert_eq!(ask(&d2, &b2[0].id, "write 3000"), "ok");
-    assert_eq!(ask(&d2, &b2[1].id, "digest"), want, "its branches are apart too");
+    assert_eq!(
+        ask(&d2, &b2[1].id, "digest"),
+        want,
+        "its branches are apart too"
+    );
 }

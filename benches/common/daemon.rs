@@ -30,8 +30,16 @@ pub use forkd::private_daemon::Cleanup;
 impl DaemonGuard {
     /// Starts `bin daemon` and waits until it answers `GET /v1/version`.
     pub fn start(bin: &Path) -> Result<DaemonGuard> {
+        Self::start_with_env(bin, &[])
+    }
+
+    /// [`DaemonGuard::start`] with extra environment for the daemon.
+    pub fn start_with_env(bin: &Path, env: &[(&str, &str)]) -> Result<DaemonGuard> {
         let dir = unique_temp_dir("forkd-bench")?;
         let mut opts = Options::new(bin, &dir);
+        for (k, v) in env {
+            opts = opts.env(k, v);
+        }
         // Its own process group: a Ctrl-C at the terminal must reach the benchmark
         // only, so that the daemon is still there to remove the sandboxes.
         opts.own_process_group = true;

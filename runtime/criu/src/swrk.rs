@@ -145,7 +145,14 @@ impl Criu {
             kill_orphaned_helpers();
         }
         let stderr = child.stderr();
-        child.wait();
+        match child {
+            // A worker that answered exits by itself, tearing down its copy of the
+            // template's mappings: reaped off the request's path.
+            Process::Worker(pid) if result.is_ok() => {
+                std::thread::spawn(move || Process::Worker(pid).wait());
+            }
+            mut other => other.wait(),
+        }
         if std::env::var_os("FORKD_CRIU_DEBUG").is_some() {
             eprintln!("criu stderr: {stderr}");
         }
