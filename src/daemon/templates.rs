@@ -97,18 +97,23 @@ impl Templates {
         let log_path = logs.join(format!("template-{id}.log"));
         match criu.start_template(images, &log_path, &[]) {
             Ok(t) => {
-                log::info(&format!(
-                    "template of checkpoint {id}: {} MiB in {} areas, read in {} ms (pid {})",
-                    t.bytes >> 20,
-                    t.areas,
-                    t.load.as_millis(),
-                    t.pid()
-                ));
                 let t = Arc::new(t);
                 *held = Some(Entry {
                     template: t.clone(),
                     used: Instant::now(),
                 });
+                drop(held);
+                let (n, bytes) = self.held();
+                log::info(&format!(
+                    "template of checkpoint {id}: {} MiB in {} areas, read in {} ms (pid {}); \
+                     {n} template(s) hold {} MiB of {} (FORKD_TEMPLATE_MIB)",
+                    t.bytes >> 20,
+                    t.areas,
+                    t.load.as_millis(),
+                    t.pid(),
+                    bytes >> 20,
+                    self.budget >> 20
+                ));
                 Some(t)
             }
             Err(e) => {
@@ -179,7 +184,7 @@ impl Templates {
         }
     }
 
-    /// (templates held, bytes they hold), for health and metrics.
+    /// (templates held, bytes they hold).
     pub fn held(&self) -> (usize, u64) {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let mut n = 0;

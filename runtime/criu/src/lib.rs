@@ -88,8 +88,7 @@ pub struct Criu {
     private_run: Option<PrivateRun>,
     /// The namespace a restore's CRIU runs on; see [`Criu::use_root_base`].
     root_base: Option<(std::sync::Arc<std::os::fd::OwnedFd>, u64)>,
-    /// How CRIU is started: a program, the arguments that precede CRIU's own, and
-    /// environment.
+    /// How CRIU is started: a program and the arguments that precede CRIU's own.
     launch: Launch,
     /// How long one dump or restore may take before CRIU is killed
     /// (`FORKD_CRIU_TIMEOUT_SECS`, default [`DEFAULT_TIMEOUT`]): whatever the tree's
@@ -377,7 +376,6 @@ impl Criu {
     fn command_on(&self, on_base: bool) -> Result<Command, CriuError> {
         let mut cmd = Command::new(&self.launch.program);
         cmd.args(&self.launch.args);
-        cmd.envs(self.launch.env.iter().map(|(k, v)| (k, v)));
         self.place(cmd, on_base)
     }
 

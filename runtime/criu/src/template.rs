@@ -71,7 +71,6 @@ impl Criu {
         .map_err(|e| io("socketpair")(e.into()))?;
         let mut cmd = Command::new(&self.launch.program);
         cmd.args(&self.launch.args)
-            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .arg(format!("-v{}", log_level()))
             .arg("template")
             .arg("3")
@@ -162,7 +161,6 @@ impl Criu {
     pub fn has_templates(&self) -> bool {
         let mut cmd = Command::new(&self.launch.program);
         cmd.args(&self.launch.args)
-            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .arg("template")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
