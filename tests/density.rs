@@ -679,15 +679,22 @@ fn a_removed_sandboxs_cgroup_serves_the_next_sandbox() {
         .call("GET", &format!("/v1/sandboxes/{}", b.id), None)
         .unwrap();
     assert_eq!(info.oom_kills, Some(0));
-    // Removed in turn, its cgroup is kept again, under a name of the pool's.
+    // Removed in turn, its cgroup is kept again, under a name of the pool's (once its
+    // last process is gone, which the exit watcher's release thread sees a moment later).
     let ino = std::fs::metadata(&dir).unwrap().ino();
     d.remove(&b.id);
-    let kept: Vec<String> = std::fs::read_dir("/sys/fs/cgroup/memory/forkd")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.metadata().is_ok_and(|m| m.ino() == ino))
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .collect();
+    let kept_now = || -> Vec<String> {
+        std::fs::read_dir("/sys/fs/cgroup/memory/forkd")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.metadata().is_ok_and(|m| m.ino() == ino))
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect()
+    };
+    wait_until(Duration::from_secs(10), || {
+        kept_now().iter().any(|k| k.starts_with("free-"))
+    });
+    let kept = kept_now();
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert!(kept[0].starts_with("free-"), "{kept:?}");
 }

@@ -748,7 +748,24 @@ fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
         free_kib()
     );
     let live = d.checkpoint(&sb.id, true);
-    let b = d.fork(&live.id, 1, false).branches[0].id.clone();
+    // btrfs gives back what was removed in the background: until the volume's watcher
+    // sees the space (within a fifth of a second of the filesystem), a fork is refused
+    // as the volume is full, by name; then it goes.
+    let mut refused = Vec::new();
+    let b = loop {
+        match d.client.call::<forkd::api::ForkResult>(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", live.id),
+            Some(&serde_json::json!({ "count": 1 })),
+        ) {
+            Ok(r) => break r.branches[0].id.clone(),
+            Err(e) if e.to_string().contains("the volume is full") && refused.len() < 100 => {
+                refused.push(e.to_string());
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("fork once space came back: {e} (refused before: {refused:?})"),
+        }
+    };
     assert_eq!(d.sh(&b, "cat /tmp/ready").1.trim(), "100000000");
     let back: CheckpointInfo = d
         .client

@@ -17,10 +17,17 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-struct Entry {
-    template: Arc<Template>,
-    used: Instant,
+enum Entry {
+    Held {
+        template: Arc<Template>,
+        used: Instant,
+    },
+    /// It could not start: not tried again for a while (its branches read their pages).
+    Failed { at: Instant },
 }
+
+/// How long a checkpoint whose template could not start goes without one.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
 
 pub struct Templates {
     enabled: bool,
@@ -81,24 +88,38 @@ impl Templates {
         };
         // Branches of one checkpoint wait for its one start; other checkpoints do not.
         let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = held.as_mut() {
-            if e.template.alive() {
-                e.used = Instant::now();
-                return Some(e.template.clone());
+        match held.as_mut() {
+            Some(Entry::Held { template, used }) if template.alive() => {
+                *used = Instant::now();
+                return Some(template.clone());
             }
-            log::warn(&format!(
-                "the template of checkpoint {id} (pid {}) has ended: starting another",
-                e.template.pid()
-            ));
-            held.take();
+            Some(Entry::Held { template, .. }) => {
+                log::warn(&format!(
+                    "the template of checkpoint {id} (pid {}) has ended: starting another",
+                    template.pid()
+                ));
+                held.take();
+            }
+            Some(Entry::Failed { at }) if at.elapsed() < RETRY_AFTER => return None,
+            Some(Entry::Failed { .. }) | None => {}
         }
         let want = pages_bytes(images);
+        if want > self.budget {
+            log::info(&format!(
+                "checkpoint {id}: no restore template: its {} MiB of pages are more than \
+                 templates may hold ({} MiB, FORKD_TEMPLATE_MIB)",
+                want >> 20,
+                self.budget >> 20
+            ));
+            *held = Some(Entry::Failed { at: Instant::now() });
+            return None;
+        }
         self.make_room(want, id);
         let log_path = logs.join(format!("template-{id}.log"));
         match criu.start_template(images, &log_path, &[]) {
             Ok(t) => {
                 let t = Arc::new(t);
-                *held = Some(Entry {
+                *held = Some(Entry::Held {
                     template: t.clone(),
                     used: Instant::now(),
                 });
@@ -118,8 +139,11 @@ impl Templates {
             }
             Err(e) => {
                 log::warn(&format!(
-                    "checkpoint {id}: no restore template ({e}); its branches read their pages"
+                    "checkpoint {id}: no restore template ({e}); its branches read their pages, \
+                     and it is tried again in {} s",
+                    RETRY_AFTER.as_secs()
                 ));
+                *held = Some(Entry::Failed { at: Instant::now() });
                 None
             }
         }
@@ -138,10 +162,9 @@ impl Templates {
             .collect();
         let mut held: Vec<(Instant, u64, String)> = slots
             .iter()
-            .filter_map(|(k, v)| {
-                let g = v.try_lock().ok()?;
-                let e = g.as_ref()?;
-                Some((e.used, e.template.bytes, k.clone()))
+            .filter_map(|(k, v)| match v.try_lock().ok()?.as_ref()? {
+                Entry::Held { template, used } => Some((*used, template.bytes, k.clone())),
+                Entry::Failed { .. } => None,
             })
             .collect();
         let mut total: u64 = held.iter().map(|h| h.1).sum();
@@ -191,9 +214,9 @@ impl Templates {
         let mut bytes = 0;
         for slot in slots.values() {
             if let Ok(g) = slot.try_lock() {
-                if let Some(e) = g.as_ref() {
+                if let Some(Entry::Held { template, .. }) = g.as_ref() {
                     n += 1;
-                    bytes += e.template.bytes;
+                    bytes += template.bytes;
                 }
             }
         }

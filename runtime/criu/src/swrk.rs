@@ -30,8 +30,10 @@ impl Criu {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| io("socketpair")(e.into()))?;
+        // A template that has ended starts no worker: a CRIU of its own does the restore.
+        let template = child_setup.template.filter(|t| t.alive());
         let mut child =
-            match child_setup.template {
+            match template {
                 None => {
                     let mut cmd = self.command_on(child_setup.on_base)?;
                     cmd.arg("swrk")
@@ -54,7 +56,10 @@ impl Criu {
                         CriuError::NotFound(format!("{}: {e}", self.path.display()))
                     })?)
                 }
-                Some(t) => Process::Worker(self.worker_of(t, theirs.as_fd(), child_setup)?),
+                Some(t) => Process::Worker {
+                    pid: self.worker_of(t, theirs.as_fd(), child_setup)?,
+                    reaped: false,
+                },
             };
         drop(theirs);
         for procs in child_setup.join_cgroup_procs {
@@ -148,8 +153,8 @@ impl Criu {
         match child {
             // A worker that answered exits by itself, tearing down its copy of the
             // template's mappings: reaped off the request's path.
-            Process::Worker(pid) if result.is_ok() => {
-                std::thread::spawn(move || Process::Worker(pid).wait());
+            Process::Worker { pid, reaped: false } if result.is_ok() => {
+                std::thread::spawn(move || Process::Worker { pid, reaped: false }.wait());
             }
             mut other => other.wait(),
         }

@@ -33,7 +33,7 @@ pub struct Template {
     child: Mutex<std::process::Child>,
     /// The images it holds the memory of.
     pub images_dir: PathBuf,
-    /// Bytes of pages it holds, in how many areas, read in how long.
+    /// Bytes it holds (resident), in how many areas, loaded in how long.
     pub bytes: u64,
     pub areas: u32,
     pub load: Duration,
@@ -80,7 +80,7 @@ impl Criu {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         forkd_sys::inherit_fds(&mut cmd, vec![(theirs.as_raw_fd(), 3)]);
-        // Stopped until it is in its cgroups, so that every page it reads is charged there.
+        // Moved into its cgroups at once: it reads pages only after its set-up.
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
@@ -143,12 +143,23 @@ impl Criu {
                 tail: log_tail(log),
             });
         }
+        // What it holds: its resident memory (huge pages included), at least the pages it
+        // read.
+        let rss = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Rss:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            })
+            .map(|kib| kib << 10)
+            .unwrap_or(0);
         let t = Template {
             ctl: Mutex::new(ctl),
             child: Mutex::new(child),
             images_dir: images_dir.to_path_buf(),
             areas: word(4),
-            bytes: quad(8),
+            bytes: quad(8).max(rss),
             load: start.elapsed(),
         };
         Ok(t)
@@ -268,15 +279,19 @@ impl Drop for Template {
 /// A worker's or a spawned CRIU's process, as one exchange sees it.
 pub(crate) enum Process {
     Spawned(std::process::Child),
-    /// A template's worker: our child by `CLONE_PARENT`, reaped here by pid.
-    Worker(i32),
+    /// A template's worker: our child by `CLONE_PARENT`, reaped here by pid, once (its
+    /// pid may be another child's after that).
+    Worker {
+        pid: i32,
+        reaped: bool,
+    },
 }
 
 impl Process {
     pub fn id(&self) -> u32 {
         match self {
             Process::Spawned(c) => c.id(),
-            Process::Worker(pid) => *pid as u32,
+            Process::Worker { pid, .. } => *pid as u32,
         }
     }
 
@@ -284,12 +299,19 @@ impl Process {
     pub fn try_wait(&mut self) -> Option<String> {
         match self {
             Process::Spawned(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
-            Process::Worker(pid) => {
+            Process::Worker { reaped: true, .. } => Some("reaped".into()),
+            Process::Worker { pid, reaped } => {
                 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
                 match waitpid(nix::unistd::Pid::from_raw(*pid), Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::StillAlive) => None,
-                    Ok(s) => Some(format!("{s:?}")),
-                    Err(e) => Some(format!("gone ({e})")),
+                    Ok(s) => {
+                        *reaped = true;
+                        Some(format!("{s:?}"))
+                    }
+                    Err(e) => {
+                        *reaped = true;
+                        Some(format!("gone ({e})"))
+                    }
                 }
             }
         }
@@ -300,7 +322,8 @@ impl Process {
             Process::Spawned(c) => {
                 let _ = c.kill();
             }
-            Process::Worker(pid) => {
+            Process::Worker { reaped: true, .. } => {}
+            Process::Worker { pid, .. } => {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(*pid),
                     nix::sys::signal::Signal::SIGKILL,
@@ -314,8 +337,10 @@ impl Process {
             Process::Spawned(c) => {
                 let _ = c.wait();
             }
-            Process::Worker(pid) => {
+            Process::Worker { reaped: true, .. } => {}
+            Process::Worker { pid, reaped } => {
                 let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(*pid), None);
+                *reaped = true;
             }
         }
     }
