@@ -283,7 +283,8 @@ fn qemu_guest_resumes_in_every_branch() {
         return;
     }
     let t0 = Instant::now();
-    let d = TestDaemon::start("qemu");
+    // A memory cgroup for every branch: what each is charged is what it wrote.
+    let d = TestDaemon::start_with_env("qemu", &[("FORKD_MEMCG", "each")]);
     println!("{NAME}: daemon logs in {:?}", d.root.parent().unwrap());
     let imported = d.import_debian();
     let src = d.debian();
@@ -296,10 +297,12 @@ fn qemu_guest_resumes_in_every_branch() {
         ms(copied)
     );
 
-    // The same guest as the benches (one argument a line).
-    let qemu_argv: Vec<&str> = include_str!("../fixtures/qemu/sandbox-argv")
+    // The guest of the benches (one argument a line), with 512 MiB.
+    let mut qemu_argv: Vec<&str> = include_str!("../fixtures/qemu/sandbox-argv")
         .lines()
         .collect();
+    let m = qemu_argv.iter().position(|a| *a == "-m").unwrap() + 1;
+    qemu_argv[m] = "512";
     let booted = Instant::now();
     let qemu_pid = d.detach(&src.id, &qemu_argv, &[], "qemu");
     // Boot under TCG takes a few seconds; wait for a handful of counter lines.
@@ -327,8 +330,35 @@ fn qemu_guest_resumes_in_every_branch() {
     let (after, _) = d.serial(&src.id);
     let at_most = after.last();
 
-    let (branches, fork_took) = d.fork_timed(&c.id, 4);
+    let available = || -> u64 {
+        std::fs::read_to_string("/proc/meminfo")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    let before_fork = available();
+    let (branches, fork_took) = d.fork_timed(&c.id, 8);
     print_branches(NAME, &branches, fork_took);
+    // Eight branches of the guest share its memory: together they are charged less than
+    // one copy of the checkpoint's pages (each would be charged all of it, were its pages
+    // read into it).
+    std::thread::sleep(Duration::from_secs(1));
+    let charged: Vec<u64> = branches.iter().map(|b| memory_charge(&b.id)).collect();
+    let total: u64 = charged.iter().sum();
+    println!(
+        "{NAME}: 8 branches of a {} MiB state: charged {:?} MiB ({} MiB in all); the host's MemAvailable {} MiB lower",
+        c.images_bytes >> 20,
+        charged.iter().map(|c| c >> 20).collect::<Vec<_>>(),
+        total >> 20,
+        (before_fork as i64 - available() as i64) / 1024
+    );
+    assert!(
+        total < c.images_bytes,
+        "8 branches charged {total} bytes, one copy of the state is {}",
+        c.images_bytes
+    );
 
     // Every branch: the same guest (one boot, the boot-time secret) counting on from
     // the checkpointed value. Waits until each has written past the checkpoint (or 60 s,
@@ -403,6 +433,18 @@ fn qemu_guest_resumes_in_every_branch() {
     }
     assert!(d.serial(&src.id).0.last() > at_most, "the source stopped");
     println!("{NAME}: passed in {}", ms(t0.elapsed()));
+}
+
+/// The memory charge of sandbox `id`'s own memory cgroup (v1 or v2).
+fn memory_charge(id: &str) -> u64 {
+    let v1 = format!("/sys/fs/cgroup/memory/forkd/{id}/memory.usage_in_bytes");
+    let v2 = format!("/sys/fs/cgroup/forkd/{id}/memory.current");
+    std::fs::read_to_string(&v1)
+        .or_else(|_| std::fs::read_to_string(&v2))
+        .unwrap_or_else(|e| panic!("no memory cgroup of {id} ({v1}, {v2}): {e}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 // ---- tmux ---------------------------------------------------------------------------
