@@ -4,7 +4,8 @@
 //! 64 MiB of patterned private memory and answers commands on a Unix socket; every check
 //! runs in branches of its live checkpoint:
 //! - a fresh branch maps the checkpoint's pages shared, and its writes are its own
-//!   (8 branches and the source);
+//!   (8 branches and the source); gc, and the end of the checkpoint's template, leave
+//!   every branch's memory as it was, and the next fork shares through a new template;
 //! - after MADV_DONTNEED, after MADV_FREE of a page it wrote (once reclaimed), after
 //!   munmap and mmap again, the memory reads as zeros (MADV_FREE of a page still shared
 //!   succeeds and leaves its own bytes, as after any fork()); glibc's calloc in a
@@ -151,6 +152,27 @@ while True:
     c.close()
 "#;
 
+/// The daemon's restore templates: its children running `criu ... template`.
+fn templates_of(daemon: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(daemon) && cmdline.split(|b| *b == 0).any(|w| w == b"template") {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 /// Asks the holder in sandbox `id`.
 fn ask(d: &TestDaemon, id: &str, cmd: &str) -> String {
     let line = format!(
@@ -200,6 +222,7 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
         "a fresh branch shares the checkpoint's 64 MiB: {shared} kB shared"
     );
     let mut digests = std::collections::BTreeSet::new();
+    let mut own = Vec::new();
     for (i, b) in branches.iter().enumerate() {
         assert_eq!(
             ask(&d, b, "digest"),
@@ -207,7 +230,8 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
             "branch {i} starts as the checkpoint"
         );
         assert_eq!(ask(&d, b, &format!("write {}", 100 * (i + 1))), "ok");
-        digests.insert(ask(&d, b, "digest"));
+        own.push(ask(&d, b, "digest"));
+        digests.insert(own[i].clone());
     }
     assert_eq!(digests.len(), 8, "each branch's writes are its own");
     assert!(!digests.contains(&original));
@@ -222,6 +246,42 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
             "branch {i} kept its own writes"
         );
     }
+
+    // gc with the branches alive, then their template ended (killed): their memory is
+    // theirs, and the next fork starts another template.
+    let _: serde_json::Value = d
+        .client
+        .call("POST", "/v1/gc", Some(&serde_json::json!({})))
+        .expect("gc");
+    let templates = templates_of(d.pid().unwrap());
+    assert_eq!(
+        templates.len(),
+        1,
+        "one template for the checkpoint: {templates:?}"
+    );
+    for pid in &templates {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    }
+    for (i, b) in branches.iter().enumerate() {
+        assert_eq!(
+            ask(&d, b, "digest"),
+            own[i],
+            "branch {i} after gc and its template's end"
+        );
+    }
+    let again = d.fork(&c1.id, 1, false).branches[0].id.clone();
+    assert_eq!(ask(&d, &again, "digest"), original);
+    let shared: u64 = ask(&d, &again, "shared").parse().unwrap();
+    assert!(
+        shared >= 60 << 10,
+        "a new template shares again: {shared} kB"
+    );
+    assert_eq!(templates_of(d.pid().unwrap()).len(), 1);
+    d.remove(&again);
 
     // Discards read back as zeros, not as the checkpoint's bytes.
     let b = &branches[1];
