@@ -23,15 +23,7 @@ pub(super) fn bound_sandboxes_memory(hierarchy: &forkd_cgroups::Hierarchy) -> an
         Ok(v) => crate::cli::parse_size(&v)
             .map_err(|e| anyhow::anyhow!("{SANDBOXES_MEMORY_ENV}={v:?}: {e}"))?,
         Err(_) => {
-            let total = std::fs::read_to_string("/proc/meminfo")
-                .ok()
-                .and_then(|m| {
-                    m.lines()
-                        .find_map(|l| l.strip_prefix("MemTotal:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                })
-                .map(|kib| kib << 10)
-                .unwrap_or(0);
+            let total = forkd_sys::proc_kib_field("/proc/meminfo", "MemTotal:").unwrap_or(0);
             if total == 0 {
                 return Ok(());
             }

@@ -238,13 +238,5 @@ fn pages_bytes(images: &Path) -> u64 {
 }
 
 fn host_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map(|kib| kib << 10)
-        .unwrap_or(4 << 30)
+    forkd_sys::proc_kib_field("/proc/meminfo", "MemTotal:").unwrap_or(4 << 30)
 }

@@ -22,14 +22,7 @@ impl Criu {
         child_setup: &Child<'_>,
         notify: &mut dyn FnMut(&str) -> bool,
     ) -> Result<rpc::Criu_resp, CriuError> {
-        // CRIU expects SOCK_SEQPACKET: one message per read.
-        let (mine, theirs) = nix::sys::socket::socketpair(
-            nix::sys::socket::AddressFamily::Unix,
-            nix::sys::socket::SockType::SeqPacket,
-            None,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| io("socketpair")(e.into()))?;
+        let (mine, theirs) = seqpacket_pair()?;
         // A template that has ended starts no worker: a CRIU of its own does the restore.
         let template = child_setup.template.filter(|t| t.alive());
         let mut child =
@@ -241,6 +234,18 @@ impl Criu {
         let _ = h.wait();
         result
     }
+}
+
+/// A socket pair as CRIU's RPC (and a template's requests) want it: SOCK_SEQPACKET, one
+/// message per read.
+pub(crate) fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), CriuError> {
+    nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| io("socketpair")(e.into()))
 }
 
 /// Kills the children of this process that a CRIU left behind when it died: their

@@ -62,13 +62,7 @@ impl Criu {
         join_cgroup_procs: &[PathBuf],
     ) -> Result<Template, CriuError> {
         let start = Instant::now();
-        let (mine, theirs) = nix::sys::socket::socketpair(
-            nix::sys::socket::AddressFamily::Unix,
-            nix::sys::socket::SockType::SeqPacket,
-            None,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| io("socketpair")(e.into()))?;
+        let (mine, theirs) = seqpacket_pair()?;
         let mut cmd = Command::new(&self.launch.program);
         cmd.args(&self.launch.args)
             .arg(format!("-v{}", log_level()))
@@ -145,14 +139,7 @@ impl Criu {
         }
         // What it holds: its resident memory (huge pages included), at least the pages it
         // read.
-        let rss = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Rss:"))
-                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            })
-            .map(|kib| kib << 10)
+        let rss = forkd_sys::proc_kib_field(&format!("/proc/{}/smaps_rollup", child.id()), "Rss:")
             .unwrap_or(0);
         let t = Template {
             ctl: Mutex::new(ctl),

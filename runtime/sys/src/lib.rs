@@ -293,6 +293,17 @@ pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<(
     Ok(())
 }
 
+/// A `Key: N kB` line of a /proc file (`/proc/meminfo`, `/proc/PID/smaps_rollup`,
+/// `/proc/PID/status`), in bytes; `key` with its colon, e.g. `"MemTotal:"`.
+pub fn proc_kib_field(path: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| kib << 10)
+}
+
 /// The start time of process `pid` in clock ticks since boot (field 22 of
 /// `/proc/<pid>/stat`), which together with the pid identifies a process for good.
 pub fn process_start_time(pid: libc::pid_t) -> Option<u64> {
