@@ -262,28 +262,6 @@ fn infrastructure_failures_are_kept_apart_and_retried() {
     assert!(attempts.contains("could not run"), "{attempts}");
 }
 
-/// `forkd eval run SUITE --out RUN --agents AGENTS --conditions clean`, which must succeed.
-fn run_clean(d: &TestDaemon, suite: &Path, run: &Path, agents: &str) {
-    let out = d.cli(&[
-        "--socket",
-        d.socket.to_str().unwrap(),
-        "eval",
-        "run",
-        suite.to_str().unwrap(),
-        "--out",
-        run.to_str().unwrap(),
-        "--agents",
-        agents,
-        "--conditions",
-        "clean",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn external_and_replay_agents_act_through_forkd_within_budgets() {
     if !can_run_criu("external_and_replay_agents_act_through_forkd_within_budgets") {
@@ -333,7 +311,7 @@ fn external_and_replay_agents_act_through_forkd_within_budgets() {
         replay.display()
     );
     let run = work.join("run");
-    run_clean(&d, &suite, &run, &agents);
+    d.eval_run_clean(&suite, &run, &agents);
     let rows = results(&run);
     let by = |a: &str| {
         rows.iter()
@@ -485,7 +463,7 @@ $F exec "$FORKD_SANDBOX" --sh -- "cd $FORKD_WORKDIR && sed -i 's/\$1 - \$2/\$1 +
         hostile.display(),
         greedy.display()
     );
-    run_clean(&d, &suite, &run, &agents);
+    d.eval_run_clean(&suite, &run, &agents);
     let rows = results(&run);
     let by = |a: &str| {
         rows.iter()

@@ -354,24 +354,7 @@ cp /app/libs/libquad.so.0 /app/libs/libfort.so.5 /pkg/
     && sh /tests/check.sh /fill 200"#;
     harbor_task(&suite, "zz-libs", libs, verify, &[("check.sh", CHECK)]);
     let run = scratch.join("run");
-    let out = d.cli(&[
-        "--socket",
-        d.socket.to_str().unwrap(),
-        "eval",
-        "run",
-        suite.to_str().unwrap(),
-        "--out",
-        run.to_str().unwrap(),
-        "--agents",
-        "oracle",
-        "--conditions",
-        "clean",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    d.eval_run_clean(&suite, &run, "oracle");
     let rows = results(&run);
     assert_eq!(rows.len(), 4, "{rows:#?}");
     for r in &rows {

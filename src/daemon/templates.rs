@@ -116,7 +116,7 @@ impl Templates {
         }
         self.make_room(want, id);
         let log_path = logs.join(format!("template-{id}.log"));
-        match criu.start_template(images, &log_path, &[]) {
+        match criu.start_template(images, &log_path) {
             Ok(t) => {
                 let t = Arc::new(t);
                 *held = Some(Entry::Held {

@@ -378,6 +378,29 @@ pub fn results(run: &Path) -> Vec<forkd_analysis::TrialRow> {
 }
 
 impl TestDaemon {
+    /// `forkd eval run SUITE --out RUN --agents AGENTS --conditions clean`, which must
+    /// succeed.
+    pub fn eval_run_clean(&self, suite: &Path, run: &Path, agents: &str) {
+        let out = self.cli(&[
+            "--socket",
+            self.socket.to_str().unwrap(),
+            "eval",
+            "run",
+            suite.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "--agents",
+            agents,
+            "--conditions",
+            "clean",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Writes `contents` at `path` in sandbox `id` (through the API's file copy).
     pub fn put_file(&self, id: &str, path: &str, contents: &[u8]) {
         let name = std::path::Path::new(path)

@@ -557,7 +557,7 @@ fn attempt(
                 Infra(format!(
                     "seal the final state of trial {} {how}: {}",
                     spec.id,
-                    e.0.trim_start_matches("checkpoint: ")
+                    e.0
                 ))
             })?;
         let seal_ms = super::grade::ms(t);

@@ -12,23 +12,27 @@
 //! Debian 12, fails on current kernels).
 //!
 //! This file: the options, the reports and the verbs (locate, dump, restore, lazy
-//! pages); `swrk.rs`: one RPC exchange with `criu swrk`; `diagnose.rs`: a failure read
-//! from the log and explained; `cgroups.rs`: the host's hierarchies as CRIU names
-//! them; `bundle.rs`: a relocatable CRIU bundle started without its shell wrapper.
+//! pages); `swrk.rs`: one RPC exchange with `criu swrk` (or a template's worker);
+//! `channel.rs`: the socket pair it runs over; `template.rs`: restore templates;
+//! `diagnose.rs`: a failure read from the log and explained; `cgroups.rs`: the host's
+//! hierarchies as CRIU names them; `bundle.rs`: a relocatable CRIU bundle started
+//! without its shell wrapper.
 
 #![forbid(unsafe_code)]
 
 mod bundle;
 mod cgroups;
+mod channel;
 mod diagnose;
 mod swrk;
 mod template;
 
 use bundle::*;
 use cgroups::*;
+pub use channel::log_level;
+use channel::*;
 pub use diagnose::log_tail;
 use diagnose::*;
-pub use swrk::log_level;
 use swrk::*;
 pub use template::Template;
 #[cfg(test)]

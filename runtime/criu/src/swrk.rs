@@ -236,18 +236,6 @@ impl Criu {
     }
 }
 
-/// A socket pair as CRIU's RPC (and a template's requests) want it: SOCK_SEQPACKET, one
-/// message per read.
-pub(crate) fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), CriuError> {
-    nix::sys::socket::socketpair(
-        nix::sys::socket::AddressFamily::Unix,
-        nix::sys::socket::SockType::SeqPacket,
-        None,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| io("socketpair")(e.into()))
-}
-
 /// Kills the children of this process that a CRIU left behind when it died: their
 /// command line carries CRIU's title (`criu: restore ...`, see [`is_criu_helper`]), and
 /// their parent is now this process. A live CRIU's helpers are its own children, never
@@ -289,24 +277,6 @@ pub(crate) fn is_criu_helper(cmdline: &[u8]) -> bool {
         .any(|field| field.starts_with(b"criu: "))
 }
 
-/// Waits until `f` can be read or `deadline` passes; whether it can.
-pub(crate) fn wait_readable(f: &std::fs::File, deadline: Instant) -> std::io::Result<bool> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    loop {
-        // A deadline already past still looks once (a poll that does not wait).
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(ms)) {
-            Ok(0) if left.is_zero() => return Ok(false),
-            Ok(0) => continue,
-            Ok(_) => return Ok(true),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// Options common to every request. CRIU reaches the directories through the caller's
 /// own descriptors (`/proc/<caller>/fd/N`), so they stay open, close-on-exec, here.
 pub(crate) fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
@@ -321,17 +291,6 @@ pub(crate) fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
     // and restored with TCP repair, in-flight data included; both ends are in the tree.
     o.set_tcp_established(true);
     o
-}
-
-/// CRIU's log level: `FORKD_CRIU_LOG_LEVEL` (0 to 4), default 2: errors and warnings,
-/// which is what a failure report needs. Level 4 (debug) logs every step and costs
-/// some 7 ms of a 35 ms restore.
-pub fn log_level() -> i32 {
-    std::env::var("FORKD_CRIU_LOG_LEVEL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|l| (0..=4).contains(l))
-        .unwrap_or(2)
 }
 
 pub(crate) fn open_dir(path: &Path) -> Result<OwnedFd, CriuError> {

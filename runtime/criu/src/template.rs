@@ -31,8 +31,6 @@ const REQUEST_LEN: usize = 4 * 3 + 4 * MAX_FDS + 4 + 4 + ENV_MAX;
 pub struct Template {
     ctl: Mutex<std::fs::File>,
     child: Mutex<std::process::Child>,
-    /// The images it holds the memory of.
-    pub images_dir: PathBuf,
     /// Bytes it holds (resident), in how many areas, loaded in how long.
     pub bytes: u64,
     pub areas: u32,
@@ -52,15 +50,9 @@ pub(crate) struct WorkerSetup<'a> {
 }
 
 impl Criu {
-    /// Starts a template over `images_dir`, logging to `log`, moved into the cgroups
-    /// whose `cgroup.procs` files are given before it reads anything (its memory is
-    /// charged there), and waits until it holds the memory.
-    pub fn start_template(
-        &self,
-        images_dir: &Path,
-        log: &Path,
-        join_cgroup_procs: &[PathBuf],
-    ) -> Result<Template, CriuError> {
+    /// Starts a template over `images_dir`, logging to `log`, and waits until it holds
+    /// the memory (charged to the caller's cgroup).
+    pub fn start_template(&self, images_dir: &Path, log: &Path) -> Result<Template, CriuError> {
         let start = Instant::now();
         let (mine, theirs) = seqpacket_pair()?;
         let mut cmd = Command::new(&self.launch.program);
@@ -74,18 +66,10 @@ impl Criu {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         forkd_sys::inherit_fds(&mut cmd, vec![(theirs.as_raw_fd(), 3)]);
-        // Moved into its cgroups at once: it reads pages only after its set-up.
         let mut child = cmd
             .spawn()
             .map_err(|e| CriuError::NotFound(format!("{}: {e}", self.path.display())))?;
         drop(theirs);
-        for procs in join_cgroup_procs {
-            if let Err(e) = std::fs::write(procs, child.id().to_string()) {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(io("move the template into its cgroup")(e));
-            }
-        }
         let mut ctl = std::fs::File::from(mine);
         let deadline = Instant::now() + self.timeout;
         let ready = loop {
@@ -144,7 +128,6 @@ impl Criu {
         let t = Template {
             ctl: Mutex::new(ctl),
             child: Mutex::new(child),
-            images_dir: images_dir.to_path_buf(),
             areas: word(4),
             bytes: quad(8).max(rss),
             load: start.elapsed(),
