@@ -282,6 +282,17 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     );
     assert_eq!(templates_of(d.pid().unwrap()).len(), 1);
     d.remove(&again);
+    // The daemon says so; the killed template's log is kept apart from its successor's.
+    let health: forkd::api::Health = d.client.call("GET", "/v1/health", None).unwrap();
+    assert!(
+        health.templates.ok && health.templates.detail.starts_with("1 held"),
+        "{:?}",
+        health.templates
+    );
+    let logs = d.data().join("logs");
+    for log in [format!("template-{}.log", c1.id), format!("template-{}.ended.log", c1.id)] {
+        assert!(logs.join(&log).is_file(), "{log} in {}", logs.display());
+    }
 
     // Discards read back as zeros, not as the checkpoint's bytes.
     let b = &branches[1];
@@ -341,5 +352,22 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
         ask(&d2, &b2[1].id, "digest"),
         want,
         "its branches are apart too"
+    );
+    // Removing the checkpoint stops its template and removes its log.
+    let log = d2.data().join(format!("logs/template-{}.log", imported.id));
+    assert!(log.is_file(), "{}", log.display());
+    let daemon2 = d2.pid().unwrap();
+    assert_eq!(templates_of(daemon2).len(), 1);
+    for b in &b2 {
+        d2.remove(&b.id);
+    }
+    let _: serde_json::Value = d2
+        .client
+        .call("DELETE", &format!("/v1/checkpoints/{}", imported.id), None)
+        .expect("remove the imported checkpoint");
+    assert!(!log.exists(), "{} is left", log.display());
+    assert!(
+        wait_until(std::time::Duration::from_secs(5), || templates_of(daemon2).is_empty()),
+        "the template of a removed checkpoint stops"
     );
 }

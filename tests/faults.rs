@@ -2,7 +2,8 @@
 //! of 20 branches, of a live checkpoint and of an archive import; CRIU killed in the
 //! middle of the restores of a fork of 8; `kill -9` of the daemon during an evaluator run,
 //! which `forkd eval resume` then completes with the rows a run without the fault gives;
-//! the state volume filled to its last MiB during a live checkpoint and an import. After a restart (or the failed request) the
+//! the state volume filled to its last MiB during a live checkpoint and an import, and
+//! while forks of a live checkpoint's template run. After a restart (or the failed request) the
 //! listings are consistent with what is on disk and in the kernel, nothing is left behind
 //! (mounts, cgroups, sandbox directories and their subvolumes, checkpoint and layer
 //! stages, processes, CRIU, nftables chains), and the next request works.
@@ -510,6 +511,145 @@ fn criu_killed_during_a_fork_of_8_leaves_nothing() {
     let again = d.fork(&ck.id, 1, false);
     let b = &again.branches[0].id;
     assert_eq!(d.sh(b, "cat /tmp/ready").1.trim(), "200000000");
+}
+
+/// The volume (a 640 MiB image) fills from the host as fast as it can, while forks of 4
+/// branches of a live checkpoint, restored from its template, run one after another.
+/// Each fork is all or nothing: 4 branches that hold the checkpoint's memory, or an
+/// error that says the volume is full; a failed fork leaves no branch (listing,
+/// directory, cgroup, mount, process), the template and the branches made before run
+/// on, and once the space is freed the checkpoint forks again from the same template.
+#[test]
+fn a_volume_filling_during_forks_loses_nothing() {
+    let name = "a_volume_filling_during_forks_loses_nothing";
+    if !can_run_criu(name) {
+        return;
+    }
+    let d = TestDaemon::start_with_env("faults-fillfork", &[("FORKD_VOLUME_SIZE", "640M")]);
+    let sb = d.create(serde_json::json!({
+        "image": "busybox",
+        "command": { "shell": "x=$(head -c 50000000 /dev/zero | tr '\\0' a); echo ${#x} > /tmp/ready; while :; do sleep 1; done" }
+    }));
+    d.wait_for(&sb.id, "cat /tmp/ready", "50000000");
+    let ck = d.checkpoint(&sb.id, true);
+    let before = d.fork(&ck.id, 1, false).branches[0].id.clone();
+    let daemon_pid = d.pid().unwrap();
+    let template = children_with(daemon_pid, "template");
+    assert_eq!(template.len(), 1, "one restore template: {template:?}");
+
+    let fill = d.data().join("fill-from-the-host");
+    let filler = {
+        let fill = fill.clone();
+        std::thread::spawn(move || -> (u64, String) {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&fill).unwrap();
+            let mib = vec![0u8; 1 << 20];
+            let mut written = 0u64;
+            loop {
+                if let Err(e) = f.write_all(&mib).and_then(|_| {
+                    if written % (16 << 20) == 0 {
+                        f.sync_data()
+                    } else {
+                        Ok(())
+                    }
+                }) {
+                    return (written, e.to_string());
+                }
+                written += 1 << 20;
+            }
+        })
+    };
+    let full = |e: &str| e.contains("the volume is full") || e.contains("No space left on device");
+    let (mut made, mut refused) = (Vec::new(), Vec::new());
+    let mut seen = BTreeSet::new();
+    // Forks while it fills, and five once it is full.
+    let mut after_full = 0;
+    let t = std::time::Instant::now();
+    while after_full < 5 {
+        if filler.is_finished() {
+            after_full += 1;
+        }
+        let r = d.client.call::<forkd::api::ForkResult>(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", ck.id),
+            Some(&serde_json::json!({ "count": 4 })),
+        );
+        seen.extend(dirs(&d, "sandboxes"));
+        match r {
+            Ok(r) => {
+                assert_eq!(r.branches.len(), 4);
+                made.extend(r.branches.into_iter().map(|b| b.id));
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(full(&e), "a fork into a filling volume: {e}");
+                refused.push(e);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "the volume never filled");
+    }
+    let (written, why) = filler.join().unwrap();
+    // Refused before anything was made (the volume's watcher saw it full), or failed on
+    // the way (the space ran out during the fork).
+    let (up_front, on_the_way): (Vec<&String>, Vec<&String>) = refused
+        .iter()
+        .partition(|e| e.contains("refused: the volume is full"));
+    println!(
+        "{} forks of 4 made, {} refused up front and {} failed on the way while {} MiB filled the volume ({why}); first refusal: {}; first failure on the way: {}",
+        made.len() / 4,
+        up_front.len(),
+        on_the_way.len(),
+        written >> 20,
+        up_front.first().map(|s| s.as_str()).unwrap_or("-"),
+        on_the_way.first().map(|s| s.as_str()).unwrap_or("-")
+    );
+    assert!(!refused.is_empty(), "no fork was refused");
+    std::fs::remove_file(&fill).unwrap();
+    let cleaned = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(d.data())
+        .status()
+        .expect("run btrfs subvolume sync");
+    assert!(cleaned.success());
+    let listed: BTreeSet<String> = consistent(&d, &seen).into_iter().map(|s| s.id).collect();
+    let mut expect: BTreeSet<String> = made.iter().cloned().collect();
+    expect.extend([sb.id.clone(), before.clone()]);
+    assert_eq!(listed, expect, "the sandboxes listed are the source and the forks that were made");
+    for id in made.iter().chain([&before]) {
+        assert_eq!(d.sh(id, "cat /tmp/ready").1.trim(), "50000000", "branch {id}");
+    }
+    let staged: Vec<String> = std::fs::read_dir(d.data().join("layers/tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(staged.is_empty(), "layer stages left: {staged:?}");
+    assert_eq!(
+        children_with(daemon_pid, "template"),
+        template,
+        "the restore template runs on"
+    );
+    let again = loop {
+        match d.client.call::<forkd::api::ForkResult>(
+            "POST",
+            &format!("/v1/checkpoints/{}/fork", ck.id),
+            Some(&serde_json::json!({ "count": 1 })),
+        ) {
+            Ok(r) => break r.branches[0].id.clone(),
+            Err(e) if e.to_string().contains("the volume is full") && refused.len() < 500 => {
+                refused.push(e.to_string());
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("fork once space came back: {e}"),
+        }
+    };
+    assert_eq!(d.sh(&again, "cat /tmp/ready").1.trim(), "50000000");
+    assert_eq!(
+        children_with(daemon_pid, "template"),
+        template,
+        "the fork after the fill is restored from the same template"
+    );
 }
 
 fn rows_by_trial(

@@ -113,6 +113,10 @@ pub struct Health {
     /// Whether a sandbox may have a disk limit here (btrfs simple quotas), or why not;
     /// not counted as degraded.
     pub disk_limits: ComponentHealth,
+    /// Restore templates, through which branches of a live checkpoint share its memory:
+    /// how many are held and the memory they hold within their budget, or why branches
+    /// read their pages instead; not counted as degraded.
+    pub templates: ComponentHealth,
 }
 
 /// The data volume: its space and its state.

@@ -19,6 +19,10 @@ pub fn mem_available_kib() -> Result<u64> {
     proc_kib("/proc/meminfo", "MemAvailable")
 }
 
+pub fn mem_total_kib() -> Result<u64> {
+    proc_kib("/proc/meminfo", "MemTotal")
+}
+
 pub fn rss_kib(pid: u32) -> Result<u64> {
     proc_kib(&format!("/proc/{pid}/status"), "VmRSS")
 }

@@ -28,11 +28,13 @@
 //! `FORKD_DENSITY_PODMAN_SECS` (default 300) have passed or `FORKD_DENSITY_PODMAN_MAX`
 //! (default 1000) run: restore time at the first and the last 10, memory per container.
 //!
-//! Part 2, the QEMU guest (256 MiB, TCG), forked by requests that share memory
+//! Part 2, the QEMU guest (TCG, `FORKD_DENSITY_QEMU_MIB` of guest memory, default 1024),
+//! forked from its restore template by requests that also share memory
 //! (`share_memory`, on the default `FORKD_KSM=ask`), with a memory cgroup for every branch
 //! (`FORKD_MEMCG=each`, whatever the environment says): 1, 4 and 16 branches
-//! (`FORKD_DENSITY_QEMU`), host memory in total and per branch (MemAvailable drop and the
-//! branches' cgroup charge), the time until KSM's sharing settles and the CPU ksmd spent;
+//! (`FORKD_DENSITY_QEMU`), host memory in total and per branch (MemAvailable drop right
+//! after the fork and settled, and the branches' cgroup charge), the time until KSM's
+//! sharing settles and the CPU ksmd spent;
 //! and the guest checks of tests/guest.rs in every branch: its counter goes on past the
 //! checkpoint's, its serial log is one run (one boot, no restart or gap) carrying the
 //! secret the guest drew at boot, and branches diverge (QEMU killed in one, its log
@@ -42,7 +44,10 @@
 //! v1: branches without a memory limit share one memory cgroup; `each`) and
 //! its `FORKD_KSM` (`ask` unless set, and its forks do not ask, so branches share no
 //! memory; `on` makes every fork share); the header records both.
-//! `FORKD_DENSITY_PARTS` (default `branches,qemu`). Writes target/bench/density.json and .md.
+//! Part 3, `benches/density/large.rs`: 1,000 branches of one live state holding 1 GiB,
+//! all alive at once, with its peer (branches read page by page) in the same run.
+//!
+//! `FORKD_DENSITY_PARTS` (default `branches,qemu,large`). Writes target/bench/density.json and .md.
 
 #![forbid(unsafe_code)]
 
@@ -52,6 +57,7 @@ mod common;
 mod peers;
 
 mod controls;
+mod large;
 mod qemu;
 
 use anyhow::{bail, Context, Result};
@@ -133,7 +139,7 @@ fn run() -> Result<()> {
     let Some(debian) = common::root_and_debian("bench density")? else {
         return Ok(());
     };
-    let parts = std::env::var("FORKD_DENSITY_PARTS").unwrap_or_else(|_| "branches,qemu".into());
+    let parts = std::env::var("FORKD_DENSITY_PARTS").unwrap_or_else(|_| "branches,qemu,large".into());
     let samples = common::env_usize("FORKD_DENSITY_SAMPLES", 25)?;
     let date = common::utc_now();
     let load_start = common::load_average();
@@ -188,6 +194,9 @@ fn run() -> Result<()> {
         d.import(&debian, "debian")?;
         qemu::qemu(&d, &list("FORKD_DENSITY_QEMU", "1,4,16")?, &mut report)?;
         drop(d.stop());
+    }
+    if parts.contains("large") {
+        large::large(&bin, &debian, samples, &mut report)?;
     }
     let run = common::RunInfo::at_end(&date, &load_start);
     let header = run.header(

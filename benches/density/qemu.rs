@@ -66,7 +66,8 @@ fn diverging(d: &DaemonGuard, ids: &[String]) -> Result<String> {
 
 /// Part 2.
 pub(crate) fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Result<()> {
-    eprintln!("[2] QEMU guest branches with KSM, {counts:?}");
+    let guest_mib = common::env_usize("FORKD_DENSITY_QEMU_MIB", 1024)?.to_string();
+    eprintln!("[2] branches of a {guest_mib} MiB QEMU guest, {counts:?}");
     let cache = common::cache_dir().join("qemu");
     let (kernel, initrd) = (cache.join("vmlinuz"), cache.join("initrd.gz"));
     if !kernel.is_file() || !initrd.is_file() {
@@ -77,7 +78,14 @@ pub(crate) fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Re
     }
     let sb = d.create("debian")?;
     d.put_files(&sb.id, "/guest", &[&kernel, &initrd])?;
-    d.exec_detached(&sb.id, &common::qemu_argv(), "qemu")?;
+    let mut argv = common::qemu_argv();
+    let m = argv
+        .iter()
+        .position(|a| *a == "-m")
+        .context("the guest's argv sets no -m")?
+        + 1;
+    argv[m] = &guest_mib;
+    d.exec_detached(&sb.id, &argv, "qemu")?;
     let pid = sb.init_pid.unwrap_or(0);
     if !common::wait_until(Duration::from_secs(120), || {
         guest_counter(pid).is_some_and(|c| c >= 5)
@@ -91,6 +99,7 @@ pub(crate) fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Re
         .and_then(|s| s.counters.first().map(|c| c.1.clone()))
         .context("the guest's serial log has no secret")?;
     let ck = d.checkpoint(&sb.id, true, true)?;
+    let state_kib = ck.images_bytes / 1024;
     let mut rows = Vec::new();
     for &n in counts {
         // Let memory freed by the previous round come back first.
@@ -179,7 +188,7 @@ pub(crate) fn qemu(d: &DaemonGuard, counts: &[usize], report: &mut Report) -> Re
         }
     }
     report.tables.push(common::Table::new(
-        "QEMU 256 MiB TCG guest: branches of one checkpoint with KSM (memory = MemAvailable drop)",
+        &format!("QEMU {guest_mib} MiB TCG guest ({} MiB of it in the checkpoint): branches of one checkpoint, from its restore template, with KSM (memory = MemAvailable drop)", state_kib / 1024),
         &[
             "branches",
             "fork",

@@ -307,6 +307,7 @@ impl Daemon {
                 detail: e.clone(),
             },
         };
+        let (ok, detail) = self.templates.health(self.criu.as_ref().ok());
         Health {
             ok: degraded.is_empty(),
             degraded,
@@ -315,6 +316,7 @@ impl Daemon {
             exit_watcher,
             network,
             disk_limits,
+            templates: ComponentHealth { ok, detail },
         }
     }
 }

@@ -429,7 +429,7 @@ impl Daemon {
             data.join("spare-layers"),
             spare_layers::SpareLayers::target_from_env()?,
         )?;
-        let templates = Arc::new(templates::Templates::from_env()?);
+        let templates = Arc::new(templates::Templates::from_env(data.join("logs"))?);
         // The table's name comes from the data directory, so that daemons on one host
         // (one per state root) never share rules.
         let tag = {

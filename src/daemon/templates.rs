@@ -13,7 +13,7 @@
 use crate::daemon::log;
 use forkd_criu::{Criu, Template};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -21,9 +21,36 @@ enum Entry {
     Held {
         template: Arc<Template>,
         used: Instant,
+        /// Its CRIU log, removed when it is stopped.
+        log: PathBuf,
     },
     /// It could not start: not tried again for a while (its branches read their pages).
-    Failed { at: Instant },
+    /// Its log is kept until the checkpoint is removed.
+    Failed { at: Instant, log: PathBuf },
+}
+
+impl Entry {
+    /// Ends it: a held template is stopped and its log removed (a failed one's log, and
+    /// that of one that ended on its own, stay until the checkpoint goes).
+    fn end(self, checkpoint_gone: bool) {
+        let log = match self {
+            Entry::Held { template, log, .. } => {
+                drop(template);
+                log
+            }
+            Entry::Failed { log, .. } if checkpoint_gone => log,
+            Entry::Failed { .. } => return,
+        };
+        let _ = std::fs::remove_file(&log);
+        if checkpoint_gone {
+            let _ = std::fs::remove_file(ended_log(&log));
+        }
+    }
+}
+
+/// Where the log of a template that ended on its own is kept.
+fn ended_log(log: &Path) -> PathBuf {
+    log.with_extension("ended.log")
 }
 
 /// How long a checkpoint whose template could not start goes without one.
@@ -34,13 +61,16 @@ pub struct Templates {
     /// Whether the daemon's CRIU has templates, asked once.
     supported: std::sync::OnceLock<bool>,
     budget: u64,
+    /// Where templates' CRIU logs go (`template-<checkpoint>.log`).
+    logs: PathBuf,
     /// Per checkpoint: its template, or the lock a start in progress holds.
     slots: Mutex<HashMap<String, Arc<Mutex<Option<Entry>>>>>,
 }
 
 impl Templates {
-    /// From `FORKD_TEMPLATES` (`on`, the default, or `off`) and `FORKD_TEMPLATE_MIB`.
-    pub fn from_env() -> anyhow::Result<Templates> {
+    /// From `FORKD_TEMPLATES` (`on`, the default, or `off`) and `FORKD_TEMPLATE_MIB`;
+    /// logs in `logs`.
+    pub fn from_env(logs: PathBuf) -> anyhow::Result<Templates> {
         let enabled = match std::env::var("FORKD_TEMPLATES").as_deref() {
             Err(_) | Ok("") | Ok("on") => true,
             Ok("off") => false,
@@ -58,28 +88,18 @@ impl Templates {
             enabled,
             supported: std::sync::OnceLock::new(),
             budget,
+            logs,
             slots: Mutex::new(HashMap::new()),
         })
     }
 
     /// The template of checkpoint `id` (images in `images`), started if there is none
     /// and templates are on. `None` when off, or when one could not start (logged).
-    pub fn get(&self, criu: &Criu, id: &str, images: &Path, logs: &Path) -> Option<Arc<Template>> {
+    pub fn get(&self, criu: &Criu, id: &str, images: &Path) -> Option<Arc<Template>> {
         if !self.enabled {
             return None;
         }
-        let supported = *self.supported.get_or_init(|| {
-            let yes = criu.has_templates();
-            if !yes {
-                log::warn(&format!(
-                    "CRIU {} at {} has no restore templates (fixtures/setup.sh criu builds forkd's): branches read their pages",
-                    criu.version,
-                    criu.path.display()
-                ));
-            }
-            yes
-        });
-        if !supported {
+        if !self.supported(criu) {
             return None;
         }
         let slot = {
@@ -88,19 +108,23 @@ impl Templates {
         };
         // Branches of one checkpoint wait for its one start; other checkpoints do not.
         let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let log_path = self.log_of(id);
         match held.as_mut() {
-            Some(Entry::Held { template, used }) if template.alive() => {
+            Some(Entry::Held { template, used, .. }) if template.alive() => {
                 *used = Instant::now();
                 return Some(template.clone());
             }
-            Some(Entry::Held { template, .. }) => {
+            Some(Entry::Held { template, log, .. }) => {
+                let kept = ended_log(log);
+                let _ = std::fs::rename(&*log, &kept);
                 log::warn(&format!(
-                    "the template of checkpoint {id} (pid {}) has ended: starting another",
-                    template.pid()
+                    "the template of checkpoint {id} (pid {}) has ended (its log kept at {}): starting another",
+                    template.pid(),
+                    kept.display()
                 ));
                 held.take();
             }
-            Some(Entry::Failed { at }) if at.elapsed() < RETRY_AFTER => return None,
+            Some(Entry::Failed { at, .. }) if at.elapsed() < RETRY_AFTER => return None,
             Some(Entry::Failed { .. }) | None => {}
         }
         let want = pages_bytes(images);
@@ -111,17 +135,20 @@ impl Templates {
                 want >> 20,
                 self.budget >> 20
             ));
-            *held = Some(Entry::Failed { at: Instant::now() });
+            *held = Some(Entry::Failed {
+                at: Instant::now(),
+                log: log_path,
+            });
             return None;
         }
         self.make_room(want, id);
-        let log_path = logs.join(format!("template-{id}.log"));
         match criu.start_template(images, &log_path) {
             Ok(t) => {
                 let t = Arc::new(t);
                 *held = Some(Entry::Held {
                     template: t.clone(),
                     used: Instant::now(),
+                    log: log_path,
                 });
                 drop(held);
                 let (n, bytes) = self.held();
@@ -139,12 +166,63 @@ impl Templates {
             }
             Err(e) => {
                 log::warn(&format!(
-                    "checkpoint {id}: no restore template ({e}); its branches read their pages, \
+                    "checkpoint {id}: no restore template ({e}; log {}); its branches read their pages, \
                      and it is tried again in {} s",
+                    log_path.display(),
                     RETRY_AFTER.as_secs()
                 ));
-                *held = Some(Entry::Failed { at: Instant::now() });
+                *held = Some(Entry::Failed {
+                    at: Instant::now(),
+                    log: log_path,
+                });
                 None
+            }
+        }
+    }
+
+    /// Whether the daemon's CRIU has templates, asked once (and said in the log if not).
+    fn supported(&self, criu: &Criu) -> bool {
+        *self.supported.get_or_init(|| {
+            let yes = criu.has_templates();
+            if !yes {
+                log::warn(&format!(
+                    "CRIU {} at {} has no restore templates (fixtures/setup.sh criu builds forkd's): branches read their pages",
+                    criu.version,
+                    criu.path.display()
+                ));
+            }
+            yes
+        })
+    }
+
+    /// What `GET /v1/health` says of templates: (usable, in words).
+    pub fn health(&self, criu: Option<&Criu>) -> (bool, String) {
+        if !self.enabled {
+            return (
+                false,
+                "off (FORKD_TEMPLATES=off): every branch reads its checkpoint's pages".into(),
+            );
+        }
+        match criu {
+            None => (false, "no CRIU: no live checkpoints".into()),
+            Some(c) if !self.supported(c) => (
+                false,
+                format!(
+                    "CRIU {} has no restore templates: every branch reads its checkpoint's pages \
+                     (fixtures/setup.sh criu builds forkd's)",
+                    c.version
+                ),
+            ),
+            Some(_) => {
+                let (n, bytes) = self.held();
+                (
+                    true,
+                    format!(
+                        "{n} held, {} MiB of {} MiB (FORKD_TEMPLATE_MIB)",
+                        bytes >> 20,
+                        self.budget >> 20
+                    ),
+                )
             }
         }
     }
@@ -163,7 +241,7 @@ impl Templates {
         let mut held: Vec<(Instant, u64, String)> = slots
             .iter()
             .filter_map(|(k, v)| match v.try_lock().ok()?.as_ref()? {
-                Entry::Held { template, used } => Some((*used, template.bytes, k.clone())),
+                Entry::Held { template, used, .. } => Some((*used, template.bytes, k.clone())),
                 Entry::Failed { .. } => None,
             })
             .collect();
@@ -177,20 +255,38 @@ impl Templates {
                 "template of checkpoint {id} stopped: templates may hold {} MiB (FORKD_TEMPLATE_MIB)",
                 self.budget >> 20
             ));
-            self.forget(&id);
+            self.stop_one(&id, false);
             total = total.saturating_sub(bytes);
         }
     }
 
-    /// Stops checkpoint `id`'s template, if it has one.
+    /// Checkpoint `id` is removed: stops its template, if it has one, and removes the
+    /// logs of its templates.
     pub fn forget(&self, id: &str) {
+        self.stop_one(id, true);
+    }
+
+    fn log_of(&self, id: &str) -> PathBuf {
+        self.logs.join(format!("template-{id}.log"))
+    }
+
+    fn stop_one(&self, id: &str, checkpoint_gone: bool) {
         let slot = self
             .slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
         if let Some(slot) = slot {
-            slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let entry = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(e) = entry {
+                e.end(checkpoint_gone);
+            }
+        }
+        // Logs a daemon before this one left.
+        if checkpoint_gone {
+            let log = self.log_of(id);
+            let _ = std::fs::remove_file(ended_log(&log));
+            let _ = std::fs::remove_file(log);
         }
     }
 
@@ -203,7 +299,10 @@ impl Templates {
             .drain()
             .collect();
         for (_, slot) in slots {
-            slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let entry = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(e) = entry {
+                e.end(false);
+            }
         }
     }
 

@@ -304,6 +304,10 @@ fn response_types_serialise_to_their_schemas() {
                     ok: true,
                     detail: "btrfs simple quotas".into(),
                 },
+                templates: api::ComponentHealth {
+                    ok: true,
+                    detail: "1 held, 257 MiB of 6027 MiB (FORKD_TEMPLATE_MIB)".into(),
+                },
             },
         );
     }

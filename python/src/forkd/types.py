@@ -410,6 +410,7 @@ class Health(_Model):
     exit_watcher: ComponentHealth = field(default_factory=ComponentHealth)
     network: ComponentHealth = field(default_factory=ComponentHealth)
     disk_limits: ComponentHealth = field(default_factory=ComponentHealth)
+    templates: ComponentHealth = field(default_factory=ComponentHealth)
 
 
 SCHEMAS: dict[str, type[_Model]] = {

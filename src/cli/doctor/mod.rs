@@ -126,6 +126,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_userfaultfd(),
         check_random(),
         check_criu(opts.criu.as_deref()),
+        check_templates(opts.criu.as_deref()),
         check_egress(opts.criu.as_deref()),
         check_qemu(),
         check_kvm(),

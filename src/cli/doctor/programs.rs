@@ -65,6 +65,33 @@ pub(super) fn check_criu(explicit: Option<&Path>) -> Check {
     }
 }
 
+/// Whether the CRIU has restore templates (forkd's patch, docs/DESIGN.md "Memory shared
+/// between branches"): `criu template` without arguments then says how it is used.
+/// Optional: without them every branch reads its checkpoint's pages.
+pub(super) fn check_templates(explicit: Option<&Path>) -> Check {
+    const NAME: &str = "templates";
+    let Ok(criu) = resolve_criu(explicit) else {
+        return Check::not_ok(NAME, false, "no CRIU (see the criu check)");
+    };
+    match run_with_timeout(&criu, &["template"]) {
+        Ok(out) if out.stderr.contains("Usage: criu template") => Check::ok(
+            NAME,
+            false,
+            "branches of a live checkpoint share its memory copy-on-write",
+        ),
+        Ok(_) => Check::not_ok(
+            NAME,
+            false,
+            format!(
+                "{} has no restore templates: every branch reads its checkpoint's pages \
+                 (time and memory in proportion to the state); fixtures/setup.sh criu builds forkd's",
+                criu.display()
+            ),
+        ),
+        Err(e) => Check::not_ok(NAME, false, format!("{e:#}")),
+    }
+}
+
 /// The CRIU to use, found by the daemon's own rules (`forkd_criu::Criu::locate`: the
 /// explicit path, `$FORKD_CRIU`, the pinned install, `PATH`). Its version is checked
 /// below with a bounded wait, and so is not required of the locator.

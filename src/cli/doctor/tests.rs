@@ -121,6 +121,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "userfaultfd",
             "random",
             "criu",
+            "templates",
             "egress",
             "qemu",
             "kvm",

@@ -125,12 +125,20 @@ impl Daemon {
                 }
             }
         }
-        if let Some(e) = first_error {
+        if let Some(mut e) = first_error {
             // All or nothing: the branches this request did start go too.
             for b in &branches {
                 if let Ok(done) = self.sandbox(&b.id) {
                     let _ = self.remove_sandbox(&done, true);
                 }
+            }
+            if !e.message.contains(c.id.as_str()) {
+                e.message = format!(
+                    "fork of checkpoint {} ({} of {count} branches made, removed): {}",
+                    c.id,
+                    branches.len(),
+                    e.message
+                );
             }
             return Err(e);
         }
@@ -209,7 +217,7 @@ impl Daemon {
         let template = match (criu, req.lazy) {
             (Some(criu), false) => {
                 self.templates
-                    .get(criu, c.id.as_str(), &c.images(), &self.data.join("logs"))
+                    .get(criu, c.id.as_str(), &c.images())
             }
             _ => None,
         };
