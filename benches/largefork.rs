@@ -2,11 +2,13 @@
 //! holds much memory. Not in CI (it takes minutes).
 //!
 //! A Debian sandbox whose python3 holds M MiB of written, incompressible memory
-//! (`FORKD_LARGEFORK_MIB`, default `16,256,1024`) is checkpointed live, then forked one
-//! branch at a time (`FORKD_LARGEFORK_SAMPLES`, default 5; every branch kept alive until
-//! the size is done), side by side with its peers in the same run:
+//! (`FORKD_LARGEFORK_MIB`, default `16,256,1024,4096`) is checkpointed live, then forked
+//! one branch at a time (`FORKD_LARGEFORK_SAMPLES`, default 5, fewer for a peer whose
+//! branches would not fit in half the host's free memory; a mode's branches are kept
+//! alive until its samples are done), side by side with its peers in the same run:
 //! - `template`: forkd as it is: branches restored from the checkpoint's restore template
-//!   (the first fork starts it and is reported apart);
+//!   (the first fork reads its pages while it starts the template beside it; it is
+//!   reported apart, with the time until the template holds the memory);
 //! - `read`: forkd with `FORKD_TEMPLATES=off`: CRIU reads every page into every branch;
 //! - `ksm`: the same with `share_memory` (KSM), memory at once and after
 //!   `FORKD_LARGEFORK_SETTLE_SECS` (default 20);
@@ -48,6 +50,8 @@ fn mem_available_mib() -> Result<f64> {
 struct Row {
     mode: String,
     first_ms: Option<f64>,
+    /// From the first fork's request until its template held the memory.
+    ready_ms: Option<f64>,
     forks_us: Vec<u64>,
     mib_per_branch: f64,
     settled_mib: Option<f64>,
@@ -95,7 +99,7 @@ fn forkd_row(
         ..Default::default()
     };
     let mut ids = Vec::new();
-    let mut first_ms = None;
+    let (mut first_ms, mut ready_ms) = (None, None);
     if first_apart {
         let t = Instant::now();
         let r = d.fork_with(ck, &req)?;
@@ -103,6 +107,15 @@ fn forkd_row(
         for b in r.branches {
             d.remove(&b.id)?;
         }
+        // The first branch read its pages while the template started beside it: the
+        // samples begin once it holds the memory.
+        let held = common::wait_until(Duration::from_secs(300), || {
+            d.client()
+                .call::<forkd::api::Health>("GET", "/v1/health", None)
+                .is_ok_and(|h| h.templates.detail.starts_with("1 held"))
+        });
+        anyhow::ensure!(held, "the template never started: {}", d.log_tail(20));
+        ready_ms = Some(t.elapsed().as_secs_f64() * 1000.0);
     }
     std::thread::sleep(Duration::from_secs(1));
     let before = mem_available_mib()?;
@@ -131,6 +144,7 @@ fn forkd_row(
     Ok(Row {
         mode: mode.into(),
         first_ms,
+        ready_ms,
         forks_us: forks,
         mib_per_branch: per,
         settled_mib: settled,
@@ -181,6 +195,7 @@ fn podman_row(p: &Podman, image: &str, mib: usize, samples: usize, work: &Path) 
     Ok(Row {
         mode: "podman".into(),
         first_ms: None,
+        ready_ms: None,
         forks_us: times,
         mib_per_branch: per,
         settled_mib: None,
@@ -205,6 +220,7 @@ fn fork_floor(mib: usize, samples: usize) -> Result<Row> {
     Ok(Row {
         mode: "fork()".into(),
         first_ms: None,
+        ready_ms: None,
         forks_us: forks,
         mib_per_branch: f64::NAN,
         settled_mib: None,
@@ -217,7 +233,7 @@ fn main() -> Result<()> {
         return Ok(());
     };
     let sizes: Vec<usize> = std::env::var("FORKD_LARGEFORK_MIB")
-        .unwrap_or_else(|_| "16,256,1024".into())
+        .unwrap_or_else(|_| "16,256,1024,4096".into())
         .split(',')
         .map(|s| {
             s.trim()
@@ -255,8 +271,8 @@ fn main() -> Result<()> {
     };
 
     let mut md = format!(
-        "# forkd benchmark: a fork of one branch by state size\n\n{} samples a mode; time p50/p90 of the request; memory: MemAvailable lost per branch, a second after the last.\n\n\
-         | state | mode | first fork ms | fork p50 ms | fork p90 ms | MiB a branch | after settle |\n|---:|---|---:|---:|---:|---:|---:|\n",
+        "# forkd benchmark: a fork of one branch by state size\n\n{} samples a mode (fewer for a peer whose branches would not fit in half the host's free memory); time p50/p90 of the request; memory: MemAvailable lost per branch, a second after the last. The template's first fork reads its pages while the template starts beside it; the samples begin once the template holds the memory (\"template ready\", from the first fork's request).\n\n\
+         | state | mode | first fork ms | template ready ms | fork p50 ms | fork p90 ms | MiB a branch | after settle |\n|---:|---|---:|---:|---:|---:|---:|---:|\n",
         samples
     );
     let mut report = json!({ "machine": common::machine(), "git": common::git_revision().0, "samples": samples });
@@ -274,15 +290,21 @@ fn main() -> Result<()> {
             true,
             settle,
         )?);
+        // Its template's memory back before the peers take theirs.
+        with_templates.remove_checkpoint(&ck)?;
         let ck2 = state(&without, mib)?;
+        // Peers' branches each hold the whole state: as many as fit in half of what is free.
+        let fit = ((mem_available_mib()? * 0.5) / mib as f64) as usize;
+        let peer_samples = samples.min(fit.max(1));
         rows.push(forkd_row(
-            &without, &ck2, "read", false, samples, false, settle,
+            &without, &ck2, "read", false, peer_samples, false, settle,
         )?);
         rows.push(forkd_row(
-            &without, &ck2, "ksm", true, samples, false, settle,
+            &without, &ck2, "ksm", true, peer_samples, false, settle,
         )?);
+        without.remove_checkpoint(&ck2)?;
         if let (Some(p), Some(image)) = (&podman, &podman_image) {
-            rows.push(podman_row(p, image, mib, samples, &work)?);
+            rows.push(podman_row(p, image, mib, peer_samples, &work)?);
         }
         rows.push(fork_floor(mib, samples.max(5))?);
         let mut size_json = serde_json::Map::new();
@@ -292,9 +314,12 @@ fn main() -> Result<()> {
                 template_p50.push((mib, s.p50));
             }
             md.push_str(&format!(
-                "| {mib} MiB | {} | {} | {:.1} | {:.1} | {} | {} |\n",
+                "| {mib} MiB | {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
                 r.mode,
                 r.first_ms
+                    .map(|m| format!("{m:.0}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.ready_ms
                     .map(|m| format!("{m:.0}"))
                     .unwrap_or_else(|| "-".into()),
                 s.p50 as f64 / 1000.0,
@@ -310,7 +335,7 @@ fn main() -> Result<()> {
             ));
             size_json.insert(
                 r.mode.clone(),
-                json!({ "first_ms": r.first_ms, "forks_us": r.forks_us, "p50_us": s.p50,
+                json!({ "first_ms": r.first_ms, "template_ready_ms": r.ready_ms, "forks_us": r.forks_us, "p50_us": s.p50,
                     "p90_us": s.p90, "mib_per_branch": if r.mib_per_branch.is_nan() { Value::Null } else { json!(r.mib_per_branch) },
                     "settled_mib": r.settled_mib }),
             );
@@ -326,7 +351,7 @@ fn main() -> Result<()> {
                 if let Some(v) = p50(peer) {
                     size_json.insert(format!("template_over_{peer}_p50"), json!(t / v.max(1.0)));
                     md.push_str(&format!(
-                        "|  | template / {peer} p50 | | {:.3} | | | |\n",
+                        "|  | template / {peer} p50 | | | {:.3} | | | |\n",
                         t / v.max(1.0)
                     ));
                 }

@@ -273,6 +273,21 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
             "branch {i} after gc and its template's end"
         );
     }
+    // A fork of one branch that finds no template reads its pages while a new template
+    // starts beside it; the next one shares through that template.
+    let read = d.fork(&c1.id, 1, false).branches[0].id.clone();
+    assert_eq!(ask(&d, &read, "digest"), original);
+    let health = |d: &TestDaemon| -> forkd::api::Health {
+        d.client.call("GET", "/v1/health", None).unwrap()
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(60), || health(&d)
+            .templates
+            .detail
+            .starts_with("1 held")),
+        "a new template starts: {:?}",
+        health(&d).templates
+    );
     let again = d.fork(&c1.id, 1, false).branches[0].id.clone();
     assert_eq!(ask(&d, &again, "digest"), original);
     let shared: u64 = ask(&d, &again, "shared").parse().unwrap();
@@ -282,13 +297,9 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     );
     assert_eq!(templates_of(d.pid().unwrap()).len(), 1);
     d.remove(&again);
+    d.remove(&read);
     // The daemon says so; the killed template's log is kept apart from its successor's.
-    let health: forkd::api::Health = d.client.call("GET", "/v1/health", None).unwrap();
-    assert!(
-        health.templates.ok && health.templates.detail.starts_with("1 held"),
-        "{:?}",
-        health.templates
-    );
+    assert!(health(&d).templates.ok);
     let logs = d.data().join("logs");
     for log in [format!("template-{}.log", c1.id), format!("template-{}.ended.log", c1.id)] {
         assert!(logs.join(&log).is_file(), "{log} in {}", logs.display());
@@ -310,13 +321,20 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     for n in 2..=3 {
         let want = ask(&d, &level, "digest");
         let c = d.checkpoint(&level, true);
-        let next = d.fork(&c.id, 1, false).branches[0].id.clone();
-        assert_eq!(
-            ask(&d, &next, "digest"),
-            want,
-            "level {n} starts as level {}",
-            n - 1
-        );
+        // Two branches: a request for more than one waits for the template.
+        let two = d.fork(&c.id, 2, false).branches;
+        let next = two[0].id.clone();
+        for b in &two {
+            assert_eq!(
+                ask(&d, &b.id, "digest"),
+                want,
+                "level {n} starts as level {}",
+                n - 1
+            );
+        }
+        let shared: u64 = ask(&d, &two[1].id, "shared").parse().unwrap();
+        assert!(shared >= 60 << 10, "level {n} shares its template: {shared} kB");
+        d.remove(&two[1].id);
         assert_eq!(ask(&d, &next, "write 1000"), "ok");
         assert_eq!(ask(&d, &next, &format!("dontneed {}", 2000 + n)), "zeros");
         level = next;

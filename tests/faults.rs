@@ -532,7 +532,10 @@ fn a_volume_filling_during_forks_loses_nothing() {
     }));
     d.wait_for(&sb.id, "cat /tmp/ready", "50000000");
     let ck = d.checkpoint(&sb.id, true);
-    let before = d.fork(&ck.id, 1, false).branches[0].id.clone();
+    // Two branches: a request for more than one waits for the template.
+    let mut first = d.fork(&ck.id, 2, false).branches;
+    let before = first.remove(0).id;
+    d.remove(&first[0].id);
     let daemon_pid = d.pid().unwrap();
     let template = children_with(daemon_pid, "template");
     assert_eq!(template.len(), 1, "one restore template: {template:?}");

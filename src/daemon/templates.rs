@@ -14,7 +14,7 @@ use crate::daemon::log;
 use forkd_criu::{Criu, Template};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 enum Entry {
@@ -27,6 +27,15 @@ enum Entry {
     /// It could not start: not tried again for a while (its branches read their pages).
     /// Its log is kept until the checkpoint is removed.
     Failed { at: Instant, log: PathBuf },
+    /// Being started: forks of its checkpoint wait for it.
+    Starting,
+}
+
+/// One checkpoint's template, and those waiting for it to start.
+#[derive(Default)]
+struct Slot {
+    entry: Mutex<Option<Entry>>,
+    ready: Condvar,
 }
 
 impl Entry {
@@ -39,7 +48,7 @@ impl Entry {
                 log
             }
             Entry::Failed { log, .. } if checkpoint_gone => log,
-            Entry::Failed { .. } => return,
+            Entry::Failed { .. } | Entry::Starting => return,
         };
         let _ = std::fs::remove_file(&log);
         if checkpoint_gone {
@@ -63,8 +72,8 @@ pub struct Templates {
     budget: u64,
     /// Where templates' CRIU logs go (`template-<checkpoint>.log`).
     logs: PathBuf,
-    /// Per checkpoint: its template, or the lock a start in progress holds.
-    slots: Mutex<HashMap<String, Arc<Mutex<Option<Entry>>>>>,
+    /// Per checkpoint: its template, or its start in progress.
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
 impl Templates {
@@ -94,12 +103,17 @@ impl Templates {
     }
 
     /// The template of checkpoint `id` (images in `images`), started if there is none
-    /// and templates are on. `None` when off, or when one could not start (logged).
-    pub fn get(&self, criu: &Criu, id: &str, images: &Path) -> Option<Arc<Template>> {
-        if !self.enabled {
-            return None;
-        }
-        if !self.supported(criu) {
+    /// and templates are on. `None` when off, when one could not start (logged), and for
+    /// the request that starts it when that request does not `wait`: the template is
+    /// then started beside it, and requests that come meanwhile wait for it.
+    pub fn get(
+        self: &Arc<Self>,
+        criu: &Criu,
+        id: &str,
+        images: &Path,
+        wait: bool,
+    ) -> Option<Arc<Template>> {
+        if !self.enabled || !self.supported(criu) {
             return None;
         }
         let slot = {
@@ -107,26 +121,32 @@ impl Templates {
             slots.entry(id.to_string()).or_default().clone()
         };
         // Branches of one checkpoint wait for its one start; other checkpoints do not.
-        let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let log_path = self.log_of(id);
-        match held.as_mut() {
-            Some(Entry::Held { template, used, .. }) if template.alive() => {
-                *used = Instant::now();
-                return Some(template.clone());
+        let mut held = slot.entry.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match held.as_mut() {
+                Some(Entry::Held { template, used, .. }) if template.alive() => {
+                    *used = Instant::now();
+                    return Some(template.clone());
+                }
+                Some(Entry::Held { template, log, .. }) => {
+                    let kept = ended_log(log);
+                    let _ = std::fs::rename(&*log, &kept);
+                    log::warn(&format!(
+                        "the template of checkpoint {id} (pid {}) has ended (its log kept at {}): starting another",
+                        template.pid(),
+                        kept.display()
+                    ));
+                    held.take();
+                    break;
+                }
+                Some(Entry::Starting) => {
+                    held = slot.ready.wait(held).unwrap_or_else(|e| e.into_inner());
+                }
+                Some(Entry::Failed { at, .. }) if at.elapsed() < RETRY_AFTER => return None,
+                Some(Entry::Failed { .. }) | None => break,
             }
-            Some(Entry::Held { template, log, .. }) => {
-                let kept = ended_log(log);
-                let _ = std::fs::rename(&*log, &kept);
-                log::warn(&format!(
-                    "the template of checkpoint {id} (pid {}) has ended (its log kept at {}): starting another",
-                    template.pid(),
-                    kept.display()
-                ));
-                held.take();
-            }
-            Some(Entry::Failed { at, .. }) if at.elapsed() < RETRY_AFTER => return None,
-            Some(Entry::Failed { .. }) | None => {}
         }
+        let log_path = self.log_of(id);
         let want = pages_bytes(images);
         if want > self.budget {
             log::info(&format!(
@@ -141,28 +161,45 @@ impl Templates {
             });
             return None;
         }
+        *held = Some(Entry::Starting);
+        drop(held);
         self.make_room(want, id);
-        match criu.start_template(images, &log_path) {
+        if wait {
+            return self.start(criu, id, images, &slot);
+        }
+        let (me, criu, id, images) = (self.clone(), criu.clone(), id.to_string(), images.to_path_buf());
+        let started = std::thread::Builder::new()
+            .name("forkd-template".into())
+            .spawn(move || {
+                me.start(&criu, &id, &images, &slot);
+            });
+        if let Err(e) = started {
+            log::warn(&format!("start a template's thread: {e}"));
+        }
+        None
+    }
+
+    /// Starts the template of a slot marked `Starting`, and wakes those waiting for it.
+    fn start(&self, criu: &Criu, id: &str, images: &Path, slot: &Slot) -> Option<Arc<Template>> {
+        let log_path = self.log_of(id);
+        let (entry, out) = match criu.start_template(images, &log_path) {
             Ok(t) => {
                 let t = Arc::new(t);
-                *held = Some(Entry::Held {
-                    template: t.clone(),
-                    used: Instant::now(),
-                    log: log_path,
-                });
-                drop(held);
-                let (n, bytes) = self.held();
                 log::info(&format!(
                     "template of checkpoint {id}: {} MiB in {} areas, read in {} ms (pid {}); \
-                     {n} template(s) hold {} MiB of {} (FORKD_TEMPLATE_MIB)",
+                     templates may hold {} MiB (FORKD_TEMPLATE_MIB)",
                     t.bytes >> 20,
                     t.areas,
                     t.load.as_millis(),
                     t.pid(),
-                    bytes >> 20,
                     self.budget >> 20
                 ));
-                Some(t)
+                let entry = Entry::Held {
+                    template: t.clone(),
+                    used: Instant::now(),
+                    log: log_path,
+                };
+                (entry, Some(t))
             }
             Err(e) => {
                 log::warn(&format!(
@@ -171,13 +208,27 @@ impl Templates {
                     log_path.display(),
                     RETRY_AFTER.as_secs()
                 ));
-                *held = Some(Entry::Failed {
+                let entry = Entry::Failed {
                     at: Instant::now(),
                     log: log_path,
-                });
-                None
+                };
+                (entry, None)
+            }
+        };
+        let mut held = slot.entry.lock().unwrap_or_else(|e| e.into_inner());
+        match held.as_ref() {
+            // Stopped meanwhile (the checkpoint removed, the daemon stopping): not kept.
+            Some(Entry::Starting) => *held = Some(entry),
+            _ => {
+                drop(held);
+                entry.end(true);
+                slot.ready.notify_all();
+                return None;
             }
         }
+        drop(held);
+        slot.ready.notify_all();
+        out
     }
 
     /// Whether the daemon's CRIU has templates, asked once (and said in the log if not).
@@ -230,7 +281,7 @@ impl Templates {
     /// Stops templates, least recently used first, until `want` more bytes fit the
     /// budget (never the one for `except`, being started).
     fn make_room(&self, want: u64, except: &str) {
-        let slots: Vec<(String, Arc<Mutex<Option<Entry>>>)> = self
+        let slots: Vec<(String, Arc<Slot>)> = self
             .slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -240,9 +291,9 @@ impl Templates {
             .collect();
         let mut held: Vec<(Instant, u64, String)> = slots
             .iter()
-            .filter_map(|(k, v)| match v.try_lock().ok()?.as_ref()? {
+            .filter_map(|(k, v)| match v.entry.try_lock().ok()?.as_ref()? {
                 Entry::Held { template, used, .. } => Some((*used, template.bytes, k.clone())),
-                Entry::Failed { .. } => None,
+                Entry::Failed { .. } | Entry::Starting => None,
             })
             .collect();
         let mut total: u64 = held.iter().map(|h| h.1).sum();
@@ -277,10 +328,11 @@ impl Templates {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
         if let Some(slot) = slot {
-            let entry = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let entry = slot.entry.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(e) = entry {
                 e.end(checkpoint_gone);
             }
+            slot.ready.notify_all();
         }
         // Logs a daemon before this one left.
         if checkpoint_gone {
@@ -299,10 +351,11 @@ impl Templates {
             .drain()
             .collect();
         for (_, slot) in slots {
-            let entry = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let entry = slot.entry.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(e) = entry {
                 e.end(false);
             }
+            slot.ready.notify_all();
         }
     }
 
@@ -312,7 +365,7 @@ impl Templates {
         let mut n = 0;
         let mut bytes = 0;
         for slot in slots.values() {
-            if let Ok(g) = slot.try_lock() {
+            if let Ok(g) = slot.entry.try_lock() {
                 if let Some(Entry::Held { template, .. }) = g.as_ref() {
                     n += 1;
                     bytes += template.bytes;

@@ -213,12 +213,16 @@ impl Daemon {
         let mut labels = ck.labels.clone();
         labels.extend(req.labels.clone());
         let (base, layer) = self.branch_layer(c, &ck)?;
-        // Eager branches of a live checkpoint share its memory through its template.
+        // Eager branches of a live checkpoint share its memory through its template. A
+        // request for one branch that would start it does not wait for it (the branch reads
+        // its pages, as fast as the template would); one for more does.
         let template = match (criu, req.lazy) {
-            (Some(criu), false) => {
-                self.templates
-                    .get(criu, c.id.as_str(), &c.images())
-            }
+            (Some(criu), false) => self.templates.get(
+                criu,
+                c.id.as_str(),
+                &c.images(),
+                req.count.unwrap_or(1) > 1,
+            ),
             _ => None,
         };
         Ok(Plan {
