@@ -358,8 +358,6 @@ fn main() -> Result<()> {
             }
         }
         report[format!("{mib}_mib")] = Value::Object(size_json);
-        with_templates.remove_checkpoint(&ck)?;
-        without.remove_checkpoint(&ck2)?;
     }
     if let (Some(first), Some(last)) = (template_p50.first(), template_p50.last()) {
         let ratio = last.1 as f64 / first.1.max(1) as f64;

@@ -3,6 +3,11 @@
 //! restored from it shares that memory copy-on-write and costs only what it writes
 //! (docs/DESIGN.md, "Memory shared between branches").
 //!
+//! A template takes longer to start than one restore (it makes huge pages of what it
+//! read), so a request for one branch that would start it reads its pages instead and
+//! the template starts beside it; requests that come meanwhile, and a first request for
+//! more than one branch, wait for it.
+//!
 //! Templates hold memory, so they are kept within a budget (`FORKD_TEMPLATE_MIB`,
 //! default a quarter of the host's memory): starting one past it stops the least
 //! recently used. `FORKD_TEMPLATES=off` restores every branch by reading its pages, as
