@@ -461,6 +461,7 @@ impl Daemon {
         layer: &LayerFrom,
         start: impl FnOnce(&Daemon, &Path, &mut SandboxRecord) -> Result<(), ApiError>,
     ) -> Result<Arc<Sandbox>, ApiError> {
+        let _busy = self.spare_layers.busy();
         let res = self
             .prepare_root(dir, &record, layer)
             .and_then(|()| start(self, dir, &mut record))

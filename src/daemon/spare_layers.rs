@@ -35,7 +35,8 @@ const BATCH_AT_ONCE: usize = 16;
 /// Snapshots one batch makes ahead at most (the branches past them make their own, or
 /// take what the thread made meanwhile): what a failed fork leaves ready stays bounded.
 const BATCH_AHEAD: usize = 256;
-/// How long the thread waits after a take before it makes the next.
+/// How long, at most, the thread waits after a take for the operations in flight to end
+/// before it makes the next.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
 
 /// The count `FORKD_SPARE_LAYERS` asks for.
@@ -57,6 +58,10 @@ struct State {
     sources: VecDeque<PathBuf>,
     /// Set by [`SpareLayers::stop`].
     stopped: bool,
+    /// Creates and forks under way ([`SpareLayers::busy`]).
+    in_flight: usize,
+    /// The source the thread is making a spare of, if any.
+    making: Option<PathBuf>,
 }
 
 impl State {
@@ -91,6 +96,22 @@ pub struct SpareLayers {
     next: AtomicU64,
     /// Held by the thread while it makes a snapshot.
     making: Mutex<()>,
+    /// Signalled when the last operation in flight ends, and when the thread has made a
+    /// spare.
+    settled: Condvar,
+}
+
+/// An operation under way that may take a spare (see [`SpareLayers::busy`]).
+pub struct Busy<'a>(&'a SpareLayers);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.locked();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        if st.in_flight == 0 {
+            self.0.settled.notify_all();
+        }
+    }
 }
 
 impl SpareLayers {
@@ -116,6 +137,7 @@ impl SpareLayers {
             target,
             next: AtomicU64::new(0),
             making: Mutex::new(()),
+            settled: Condvar::new(),
         });
         if target > 0 {
             let s = spares.clone();
@@ -130,7 +152,7 @@ impl SpareLayers {
     /// Puts a writable snapshot of `source` at `dst` (which must not exist): one made
     /// ahead, renamed into place, or one made now. The source is kept ready from now on.
     pub fn snapshot_to(&self, source: &Path, dst: &Path) -> std::io::Result<()> {
-        if let Some(spare) = self.take(source) {
+        if let Some(spare) = self.take(source).or_else(|| self.being_made(source)) {
             match std::fs::rename(&spare, dst) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
@@ -144,6 +166,33 @@ impl SpareLayers {
             }
         }
         snapshot(source, dst)
+    }
+
+    /// The spare of `source` the thread is making now, once made: waiting for it is
+    /// quicker than a snapshot of one's own, which would commit beside it.
+    fn being_made(&self, source: &Path) -> Option<PathBuf> {
+        let deadline = std::time::Instant::now() + Duration::from_millis(100);
+        let mut st = self.state.locked();
+        while st.making.as_deref() == Some(source) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self
+                .settled
+                .wait_timeout(st, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        st.ready.get_mut(source).and_then(Vec::pop)
+    }
+
+    /// Marks a create or a fork under way until the guard is dropped: the thread makes
+    /// the spare that operation took once no operation is under way (at most
+    /// [`REFILL_AFTER`] after the take), so that its snapshot does not slow it down.
+    pub fn busy(&self) -> Busy<'_> {
+        self.state.locked().in_flight += 1;
+        Busy(self)
     }
 
     /// A ready snapshot of `source`, if there is one; the source is kept ready from now on.
@@ -244,18 +293,38 @@ impl SpareLayers {
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
             };
-            // After the operation that took one has had time to finish: on a machine of
-            // few CPUs, a snapshot beside it would slow it down.
-            std::thread::sleep(REFILL_AFTER);
+            // After the operations that took one are done: on a machine of few CPUs, a
+            // snapshot beside one would slow it down.
+            {
+                let deadline = std::time::Instant::now() + REFILL_AFTER;
+                let mut st = self.state.locked();
+                while st.in_flight > 0 && !st.stopped {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    st = self
+                        .settled
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
+            }
             let making = self.making.locked();
-            if self.state.locked().stopped {
-                return;
+            {
+                let mut st = self.state.locked();
+                if st.stopped {
+                    return;
+                }
+                st.making = Some(source.clone());
             }
             let made = self.make(&source);
             drop(making);
+            let mut st = self.state.locked();
+            st.making = None;
+            self.settled.notify_all();
             match made {
                 Ok(spare) => {
-                    let mut st = self.state.locked();
                     if st.sources.contains(&source) {
                         st.ready.entry(source).or_default().push(spare);
                     } else {
@@ -271,11 +340,9 @@ impl SpareLayers {
                         "spare layers: snapshot {}: {e}; no longer kept ready",
                         source.display()
                     ));
-                    let dropped = {
-                        let mut st = self.state.locked();
-                        st.sources.retain(|s| *s != source);
-                        st.ready.remove(&source).unwrap_or_default()
-                    };
+                    st.sources.retain(|s| *s != source);
+                    let dropped = st.ready.remove(&source).unwrap_or_default();
+                    drop(st);
                     dropped.iter().for_each(|p| remove(p));
                 }
             }
