@@ -183,6 +183,9 @@ pub struct RawCriuPeer<'a> {
     with_tree: usize,
     /// The daemon's private `/run` for CRIU (its kernel-facts cache), if it has one.
     run_dir: Option<PathBuf>,
+    /// The daemon's read-only sysfs, which a sandbox's `/sys` is a copy of (an external
+    /// mount in the images), if it has one.
+    sysfs: Option<PathBuf>,
 }
 
 impl<'a> RawCriuPeer<'a> {
@@ -209,6 +212,7 @@ impl<'a> RawCriuPeer<'a> {
             copies: 0,
             with_tree: 0,
             run_dir: Some(daemon_root.join("criu-run")).filter(|d| d.join("criu.kdat").exists()),
+            sysfs: Some(daemon_root.join("sysfs")).filter(|d| d.join("kernel").is_dir()),
         })
     }
 
@@ -249,6 +253,13 @@ impl<'a> RawCriuPeer<'a> {
             // hand the tree a new one with loopback up.
             .arg("--inherit-fd")
             .arg(format!("fd[3]:{}", forkd_criu::NETNS_KEY))
+            // Its `/sys`, as forkd maps it.
+            .args(self.sysfs.iter().flat_map(|d| {
+                [
+                    "--ext-mount-map".into(),
+                    format!("forkd-sysfs:{}", d.display()),
+                ]
+            }))
             .stdin(Stdio::null())
             // Files, not pipes: the restored tree must not hold our end of anything.
             .stdout(File::create(log_dir.join("stdout"))?)
