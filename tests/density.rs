@@ -798,3 +798,62 @@ fn sandboxes_without_a_memory_limit_share_a_memory_cgroup() {
     assert!(std::path::Path::new(&shared_dir).exists());
     d.remove(&b.id);
 }
+
+/// A daemon whose descriptor limit (RLIMIT_NOFILE) is lowered to 1,024 keeps 2,000
+/// busybox branches alive and watched: it learns every init's exit from the kernel's
+/// process events (one descriptor), not from a pidfd each. Killed from outside, every
+/// branch's exit is recorded; the daemon's descriptors stay far below the limit.
+#[test]
+fn two_thousand_branches_are_watched_under_a_limit_of_1024_descriptors() {
+    let name = "two_thousand_branches_are_watched_under_a_limit_of_1024_descriptors";
+    if !can_run_criu(name) || !have_program(name, "prlimit") {
+        return;
+    }
+    let d = TestDaemon::start("nofile");
+    let pid = d.pid().unwrap();
+    let set = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg("--nofile=1024:1024")
+        .status()
+        .unwrap();
+    assert!(set.success(), "prlimit --nofile=1024:1024 on the daemon");
+    let health: forkd::api::Health = d.client.call("GET", "/v1/health", None).unwrap();
+    assert!(
+        health.exit_watcher.detail.contains("process events"),
+        "{:?}",
+        health.exit_watcher
+    );
+    let src = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    let ck = d.checkpoint(&src.id, true);
+    let mut ids = Vec::new();
+    while ids.len() < 2000 {
+        ids.extend(d.fork(&ck.id, 100, false).branches.into_iter().map(|b| b.id));
+    }
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    println!("2,000 branches alive: the daemon holds {} descriptors", fds());
+    assert!(fds() < 512, "the daemon holds {} descriptors", fds());
+    let listed: Vec<forkd::api::SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    let running: Vec<&forkd::api::SandboxInfo> = listed
+        .iter()
+        .filter(|s| s.status == forkd::api::SandboxStatus::Running && s.id != src.id)
+        .collect();
+    assert_eq!(running.len(), 2000, "every branch runs");
+    for s in &running {
+        let p = s.init_pid.expect("a running branch has an init");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::SIGKILL).unwrap();
+    }
+    let stopped = || {
+        let l: Vec<forkd::api::SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+        l.iter()
+            .filter(|s| ids.contains(&s.id) && s.status == forkd::api::SandboxStatus::Stopped)
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(180), || stopped() == 2000),
+        "{} of 2,000 killed branches recorded as stopped",
+        stopped()
+    );
+    assert_eq!(d.sh(&src.id, "echo up").1.trim(), "up", "the source runs on");
+    let after = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
+    assert_eq!(d.sh(&after.id, "echo up").1.trim(), "up");
+}

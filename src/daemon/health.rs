@@ -263,7 +263,13 @@ impl Daemon {
         let exit_watcher = if self.exits.is_running() {
             ComponentHealth {
                 ok: true,
-                detail: format!("watching {} processes", self.exits.len()),
+                detail: match &self.proc_events {
+                    Some(p) => format!(
+                        "watching {} inits through the kernel's process events (one descriptor)",
+                        p.len()
+                    ),
+                    None => format!("watching {} processes, a descriptor each", self.exits.len()),
+                },
             }
         } else {
             ComponentHealth {

@@ -101,6 +101,10 @@ pub struct Daemon {
     pub runtime: tokio::runtime::Handle,
     /// Watches every sandbox's init for its exit (one thread, one epoll set).
     pub exits: forkd_sys::exits::ExitWatcher,
+    /// The host's process events, through which inits' exits are learned with one
+    /// descriptor whatever the number alive; `None` where they cannot be had (then each
+    /// init takes a pidfd of `exits`).
+    pub proc_events: Option<forkd_sys::proc_events::ProcEvents>,
     /// The sysfs every new sandbox binds as `/sys` (`forkd_sys::mount_quiet_sysfs`), or
     /// none if it could not be mounted: each sandbox then mounts its own.
     pub sysfs: Option<PathBuf>,
@@ -500,6 +504,7 @@ impl Daemon {
             runtime,
             exits: forkd_sys::exits::ExitWatcher::start("init-exits")
                 .context("start the watcher of init exits")?,
+            proc_events: open_proc_events(),
             sysfs,
             spare_netns,
             spare_layers,
@@ -648,4 +653,23 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     // live on in the sandboxes.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+/// The host's process events for inits' exits, or `None` (said in the log) where the
+/// kernel's connector cannot be had: outside the host's pid or network namespace, or
+/// without `CAP_NET_ADMIN`.
+fn open_proc_events() -> Option<forkd_sys::proc_events::ProcEvents> {
+    let filter = forkd_sys::mount::kernel_version(&forkd_sys::mount::kernel_release())
+        .is_some_and(|v| v >= forkd_sys::proc_events::KERNEL_FILTER);
+    match forkd_sys::proc_events::ProcEvents::open("proc-events", filter) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            log::warn(&format!(
+                "the kernel's process events cannot be had ({e}): each sandbox's init is \
+                 watched through a descriptor of its own, and RLIMIT_NOFILE bounds how many \
+                 sandboxes may run"
+            ));
+            None
+        }
+    }
 }

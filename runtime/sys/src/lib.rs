@@ -18,6 +18,7 @@ pub mod lowerdir;
 pub mod mount;
 pub mod mountinfo;
 pub mod probe;
+pub mod proc_events;
 pub mod testing;
 
 /// Turns a raw `-1`-on-error return code into an `io::Result`.

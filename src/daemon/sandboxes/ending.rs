@@ -132,32 +132,26 @@ impl Daemon {
 
     /// Watches the init: when it dies on its own, the sandbox is stopped and cleaned up.
     ///
-    /// The watcher also holds the sandbox's mount namespace until the init has exited,
-    /// so that its end happens on the watcher's releasing thread after the exit is seen,
-    /// not inside the init's exit, which a stop waits for: the end of a mount namespace
-    /// unmounts its tree and waits for an expedited RCU grace period before it frees the
-    /// mounts, and the last reference to an overlay mount unmounts it, which syncs the
-    /// filesystem under it (the shared volume, with whatever every sandbox has written
-    /// since its last commit). A stop does the same for the network namespace
-    /// (`end_processes`).
+    /// Through the host's process events where the daemon has them (one descriptor for
+    /// every init: `forkd_sys::proc_events`); otherwise through a pidfd of the exit
+    /// watcher, which then also holds the sandbox's mount namespace until the init has
+    /// exited. A stop holds the mount and network namespaces while it lasts
+    /// (`release_network_later`), so that their end happens on the watcher's releasing
+    /// thread after the exit is seen, not inside the init's exit, which the stop waits
+    /// for: the end of a mount namespace unmounts its tree and waits for an expedited RCU
+    /// grace period before it frees the mounts, and the last reference to an overlay
+    /// mount unmounts it, which syncs the filesystem under it (the shared volume, with
+    /// whatever every sandbox has written since its last commit).
     pub(in crate::daemon) fn watch(self: &Arc<Self>, sb: Arc<Sandbox>) {
-        let Some(pid) = sb.record.locked().init_pid else {
+        let (Some(pid), start) = ({
+            let rec = sb.record.locked();
+            (rec.init_pid, rec.init_start)
+        }) else {
             return;
-        };
-        let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
-            return;
-        };
-        // The pidfd takes one descriptor of the watcher's table, the namespace another.
-        let mounts = if self.exits.room() >= 2 {
-            hold_namespace(pid, "mnt")
-        } else {
-            None
         };
         let daemon = self.clone();
         let runtime = self.runtime.clone();
-        let watched = self
-            .exits
-            .watch_keeping(pidfd, mounts.into_iter().collect(), move || {
+        let on_exit = move || {
                 // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
                 drop(runtime.spawn_blocking(move || loop {
                     // A checkpoint in progress settles first; a stop or removal in progress
@@ -179,8 +173,26 @@ impl Daemon {
                         Err(_) => sb.wait_settled(),
                     }
                 }));
-            });
-        if let Err(e) = watched {
+            };
+        // One descriptor for every init; the namespace is then held only while a stop
+        // lasts (`release_namespaces_later`).
+        if let Some(events) = &self.proc_events {
+            events.watch(pid, start, on_exit);
+            return;
+        }
+        let Ok(pidfd) = forkd_sys::pidfd_open(pid) else {
+            return;
+        };
+        // The pidfd takes one descriptor of the watcher's table, the namespace another.
+        let mounts = if self.exits.room() >= 2 {
+            hold_namespace(pid, "mnt")
+        } else {
+            None
+        };
+        if let Err(e) = self
+            .exits
+            .watch_keeping(pidfd, mounts.into_iter().collect(), on_exit)
+        {
             log::warn(&format!("watch init {pid} for its exit: {e}"));
         }
     }
@@ -217,14 +229,20 @@ impl Daemon {
     /// Held only for the stop (two descriptors of the watcher's table while it lasts),
     /// not for every sandbox alive, whose table `RLIMIT_NOFILE` bounds.
     fn release_network_later(&self, pid: i32, pidfd: &std::os::fd::OwnedFd) {
-        if self.exits.room() < 2 {
+        if self.exits.room() < 3 {
             return;
         }
         let (Ok(pidfd), Some(net)) = (pidfd.try_clone(), hold_namespace(pid, "net")) else {
             return;
         };
-        if let Err(e) = self.exits.watch_keeping(pidfd, vec![net], || ()) {
-            log::warn(&format!("hold the network namespace of init {pid}: {e}"));
+        // With process events the watch holds no mount namespace: this one does, for
+        // the same reason.
+        let mut keep = vec![net];
+        if self.proc_events.is_some() {
+            keep.extend(hold_namespace(pid, "mnt"));
+        }
+        if let Err(e) = self.exits.watch_keeping(pidfd, keep, || ()) {
+            log::warn(&format!("hold the namespaces of init {pid}: {e}"));
         }
     }
 
@@ -232,6 +250,9 @@ impl Daemon {
     /// take (its descriptor table is bounded by `RLIMIT_NOFILE`; each init needs a pidfd
     /// there).
     pub(in crate::daemon) fn can_watch(&self, n: usize) -> Result<(), ApiError> {
+        if self.proc_events.is_some() {
+            return Ok(());
+        }
         let room = self.exits.room();
         if room < n {
             return Err(ApiError::conflict(format!(
