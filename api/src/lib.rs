@@ -117,6 +117,29 @@ pub struct Health {
     /// how many are held and the memory they hold within their budget, or why branches
     /// read their pages instead; not counted as degraded.
     pub templates: ComponentHealth,
+    /// The host's ceilings on how many more sandboxes may run (`kernel.pid_max`,
+    /// `kernel.threads-max`, memory, and descriptors where the daemon watches inits with
+    /// one each), for a sandbox of two tasks or, with `?checkpoint=ID`, for a branch of
+    /// that checkpoint; not counted as degraded.
+    pub ceilings: Vec<NodeCeiling>,
+}
+
+/// One of the host's ceilings on how many sandboxes may run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeCeiling {
+    /// The setting: `kernel.pid_max`, `kernel.threads-max`, `MemAvailable`, `RLIMIT_NOFILE`.
+    pub name: String,
+    pub value: u64,
+    /// What is used of it now.
+    pub used: u64,
+    /// What is kept free of sandboxes (for the host and the daemon's own helpers).
+    pub kept: u64,
+    /// What one more sandbox takes of it.
+    pub per_sandbox: u64,
+    /// How many more sandboxes it allows.
+    pub allows: u64,
+    /// What raises it.
+    pub how_to_raise: String,
 }
 
 /// The data volume: its space and its state.

@@ -132,7 +132,7 @@ impl Operation {
                 status: 200,
                 body: RequestBody::None,
                 answer: Answer::Json("Health"),
-                query: &[],
+                query: &[("checkpoint", false)],
             },
             Operation::Metrics => OpSpec {
                 method: "GET",

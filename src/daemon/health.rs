@@ -232,7 +232,40 @@ impl Daemon {
     /// What `GET /v1/health` answers: what the volume's watcher last found (at most a
     /// fifth of a second ago; only the watcher grows the volume or stops writers), with
     /// the volume's state read now.
-    pub fn health(&self) -> Health {
+    /// The host's ceilings for sandboxes of `tasks_per` tasks each (`GET /v1/health`).
+    pub fn ceilings(&self, tasks_per: usize) -> Vec<crate::api::NodeCeiling> {
+        let mut out: Vec<crate::api::NodeCeiling> = match forkd_sys::ceilings::Host::read() {
+            Ok(h) => h
+                .ceilings(tasks_per as u64, forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR)
+                .into_iter()
+                .map(|c| crate::api::NodeCeiling {
+                    name: c.name.into(),
+                    value: c.value,
+                    used: c.used,
+                    kept: c.kept,
+                    per_sandbox: c.per,
+                    allows: c.allows,
+                    how_to_raise: c.raise,
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        if self.proc_events.is_none() {
+            let room = self.exits.room() as u64;
+            out.push(crate::api::NodeCeiling {
+                name: "RLIMIT_NOFILE".into(),
+                value: room + self.exits.len() as u64,
+                used: self.exits.len() as u64,
+                kept: 0,
+                per_sandbox: 1,
+                allows: room,
+                how_to_raise: "each init is watched through a descriptor here (the kernel's process events cannot be had): raise the daemon's RLIMIT_NOFILE".into(),
+            });
+        }
+        out
+    }
+
+    pub fn health(&self, tasks_per: usize) -> Health {
         let mut st = self.volume_watch.state.locked().clone();
         st.problems = self.volume.problems();
         let mut problems = st.problems.clone();
@@ -323,6 +356,7 @@ impl Daemon {
             network,
             disk_limits,
             templates: ComponentHealth { ok, detail },
+            ceilings: self.ceilings(tasks_per),
         }
     }
 }

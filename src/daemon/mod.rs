@@ -434,6 +434,7 @@ impl Daemon {
             spare_layers::SpareLayers::target_from_env()?,
         )?;
         let templates = Arc::new(templates::Templates::from_env(data.join("logs"))?);
+        raise_pid_max();
         // The table's name comes from the data directory, so that daemons on one host
         // (one per state root) never share rules.
         let tag = {
@@ -671,5 +672,28 @@ fn open_proc_events() -> Option<forkd_sys::proc_events::ProcEvents> {
             ));
             None
         }
+    }
+}
+
+/// Raises `kernel.pid_max` to what the host's memory can carry where it is lower (every
+/// branch takes two pids or more), and says so; says why not where it cannot.
+fn raise_pid_max() {
+    let host = match forkd_sys::ceilings::Host::read() {
+        Ok(h) => h,
+        Err(e) => return log::warn(&format!("read the host's ceilings: {e}")),
+    };
+    match forkd_sys::ceilings::raise_pid_max(&host) {
+        Ok(Some((before, after))) => log::info(&format!(
+            "kernel.pid_max raised from {before} to {after} (what {} MiB of memory can carry): \
+             every sandbox takes two pids or more",
+            host.mem_total >> 20
+        )),
+        Ok(None) => {}
+        Err(e) => log::warn(&format!(
+            "kernel.pid_max is {} and could not be raised to {}: {e}; it bounds how many \
+             sandboxes may run",
+            host.pid_max,
+            host.pid_max_for_memory()
+        )),
     }
 }

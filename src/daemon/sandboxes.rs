@@ -355,6 +355,8 @@ impl Daemon {
         let started = Instant::now();
         self.volume_usable("create")?;
         self.can_watch(1)?;
+        // An init and the command it starts.
+        self.within_ceilings("create", 1, 2)?;
         let image = self.local_image(&req.image).map_err(|e| match e {
             forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
                 "no such image: {} (pull it with `forkd image pull {}`)",

@@ -308,6 +308,15 @@ fn response_types_serialise_to_their_schemas() {
                     ok: true,
                     detail: "1 held, 257 MiB of 6027 MiB (FORKD_TEMPLATE_MIB)".into(),
                 },
+                ceilings: vec![api::NodeCeiling {
+                    name: "kernel.pid_max".into(),
+                    value: 393_216,
+                    used: 4_102,
+                    kept: 1_024,
+                    per_sandbox: 2,
+                    allows: 194_045,
+                    how_to_raise: "raise it with `sysctl -w kernel.pid_max=393216`".into(),
+                }],
             },
         );
     }

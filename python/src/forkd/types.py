@@ -385,6 +385,19 @@ class ComponentHealth(_Model):
 
 
 @dataclass
+class NodeCeiling(_Model):
+    """One of the host's ceilings on how many sandboxes may run."""
+
+    name: str = ""
+    value: int = 0
+    used: int = 0
+    kept: int = 0
+    per_sandbox: int = 0
+    allows: int = 0
+    how_to_raise: str = ""
+
+
+@dataclass
 class VolumeHealth(_Model):
     """The data volume: its space and state (`pressure` while full and unable to grow)."""
 
@@ -411,6 +424,7 @@ class Health(_Model):
     network: ComponentHealth = field(default_factory=ComponentHealth)
     disk_limits: ComponentHealth = field(default_factory=ComponentHealth)
     templates: ComponentHealth = field(default_factory=ComponentHealth)
+    ceilings: list[NodeCeiling] = field(default_factory=list)
 
 
 SCHEMAS: dict[str, type[_Model]] = {
@@ -418,6 +432,7 @@ SCHEMAS: dict[str, type[_Model]] = {
     "Health": Health,
     "VolumeHealth": VolumeHealth,
     "ComponentHealth": ComponentHealth,
+    "NodeCeiling": NodeCeiling,
     "OpStats": OpStats,
     "ImageInfo": ImageInfo,
     "ImageConfig": ImageConfig,

@@ -11,6 +11,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod btrfs;
+pub mod ceilings;
 pub mod clock;
 pub mod confine;
 pub mod exits;

@@ -529,3 +529,29 @@ pub(super) fn check_kernel() -> Check {
         Err(e) => Check::new(NAME, Status::Warn, false, format!("{path}: {e}")),
     }
 }
+
+/// The host's ceilings on how many sandboxes may run (`forkd_sys::ceilings`), and how
+/// many more of two tasks each fit: information, a warning below a thousand.
+pub(super) fn check_ceilings() -> Check {
+    const NAME: &str = "ceilings";
+    let host = match forkd_sys::ceilings::Host::read() {
+        Ok(h) => h,
+        Err(e) => return Check::not_ok(NAME, false, format!("read the host's ceilings: {e}")),
+    };
+    let cs = host.ceilings(2, forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR);
+    let least = cs.iter().map(|c| c.allows).min().unwrap_or(0);
+    let detail = cs
+        .iter()
+        .map(|c| format!("{} {} ({} more)", c.name, c.value, c.allows))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let detail = format!(
+        "room for {least} more sandboxes of two tasks: {detail}; the daemon raises kernel.pid_max to {} at start",
+        host.pid_max_for_memory().max(host.pid_max)
+    );
+    if least < 1000 {
+        Check::not_ok(NAME, false, detail)
+    } else {
+        Check::ok(NAME, false, detail)
+    }
+}

@@ -131,6 +131,7 @@ fn run_checks(opts: &DoctorOptions) -> Vec<Check> {
         check_qemu(),
         check_kvm(),
         check_kernel(),
+        check_ceilings(),
     ];
     checks.extend(features::check_features(&forkd_sys::mount::kernel_release()));
     checks

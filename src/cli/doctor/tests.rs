@@ -126,6 +126,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
             "qemu",
             "kvm",
             "kernel",
+            "ceilings",
             "mount-api",
             "pidfd-calls",
             "close_range",

@@ -107,6 +107,11 @@ impl Daemon {
         }
         self.volume_usable(&format!("fork of checkpoint {}", c.id))?;
         self.can_watch(count)?;
+        self.within_ceilings(
+            &format!("fork of checkpoint {}", c.id),
+            count,
+            c.tasks(),
+        )?;
         let _in_use = c.use_for("fork")?;
         let plan = self.plan_fork(c, req)?;
         if count > 1 {

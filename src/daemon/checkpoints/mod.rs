@@ -231,6 +231,23 @@ impl Checkpoint {
     pub fn images(&self) -> PathBuf {
         self.dir.join("criu")
     }
+
+    /// The tasks (threads) a branch of it starts with: one CRIU core image each; one (an
+    /// init) for a checkpoint without processes.
+    pub fn tasks(&self) -> usize {
+        std::fs::read_dir(self.images())
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| {
+                        let n = e.file_name();
+                        let n = n.to_string_lossy();
+                        n.starts_with("core-") && n.ends_with(".img")
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+            .max(1)
+    }
 }
 
 impl Daemon {

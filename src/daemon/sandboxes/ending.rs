@@ -246,6 +246,22 @@ impl Daemon {
         }
     }
 
+    /// Refuses `what`, which makes `n` sandboxes of `tasks_per` tasks each, when it would
+    /// pass one of the host's ceilings (`forkd_sys::ceilings`: `kernel.pid_max`,
+    /// `kernel.threads-max`, memory), before anything is made; the error names the ceiling,
+    /// its value and what raises it.
+    pub(in crate::daemon) fn within_ceilings(
+        &self,
+        what: &str,
+        n: usize,
+        tasks_per: usize,
+    ) -> Result<(), ApiError> {
+        let host = forkd_sys::ceilings::Host::read()
+            .map_err(|e| ApiError::internal(format!("{what}: read the host's ceilings: {e}")))?;
+        host.admit(what, n as u64, tasks_per as u64, forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR)
+            .map_err(ApiError::unavailable)
+    }
+
     /// Refuses work that would start `n` more inits than the watcher of their exits can
     /// take (its descriptor table is bounded by `RLIMIT_NOFILE`; each init needs a pidfd
     /// there).
