@@ -393,8 +393,9 @@ fn branches(
         let avail = common::mem_available_kib()?;
         let per_branch_kib = base_avail.saturating_sub(avail) as f64 / alive.len() as f64;
         let rss = d.rss_kib()?;
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid()?))?.count();
         eprintln!(
-            "  N={n}: fork p50 {} create p50 {} exec p50 {} list p50 {}; {:.0} KiB a branch; {answered}/20 answered",
+            "  N={n}: fork p50 {} create p50 {} exec p50 {} list p50 {}; {:.0} KiB a branch; daemon {rss} KiB, {fds} descriptors; {answered}/20 answered",
             common::fmt_us(fork_s.p50), common::fmt_us(create_s.p50), common::fmt_us(exec_s.p50), common::fmt_us(list_s.p50), per_branch_kib
         );
         table.push(vec![
@@ -406,6 +407,7 @@ fn branches(
             common::fmt_us(list_s.p50),
             format!("{per_branch_kib:.0} KiB"),
             format!("{rss} KiB"),
+            fds.to_string(),
             format!("{busy:.0}% ({init_cpu:.0}%)"),
             format!("{answered}/20"),
         ]);
@@ -467,6 +469,7 @@ fn branches(
             "list",
             "host memory a branch",
             "daemon RSS",
+            "daemon descriptors",
             "host CPU busy while settling (its PID 1, % of a CPU)",
             "sampled branches answering",
         ],
