@@ -172,14 +172,23 @@ impl Templates {
         if wait {
             return self.start(criu, id, images, &slot);
         }
-        let (me, criu, id, images) = (self.clone(), criu.clone(), id.to_string(), images.to_path_buf());
+        let (me, criu, owned_id, images) =
+            (self.clone(), criu.clone(), id.to_string(), images.to_path_buf());
+        let in_thread = slot.clone();
         let started = std::thread::Builder::new()
             .name("forkd-template".into())
             .spawn(move || {
-                me.start(&criu, &id, &images, &slot);
+                me.start(&criu, &owned_id, &images, &in_thread);
             });
         if let Err(e) = started {
-            log::warn(&format!("start a template's thread: {e}"));
+            // Nobody will start it: those waiting for it go on without, and it is tried
+            // again later.
+            log::warn(&format!("checkpoint {id}: start a template's thread: {e}"));
+            *slot.entry.lock().unwrap_or_else(|e| e.into_inner()) = Some(Entry::Failed {
+                at: Instant::now(),
+                log: self.log_of(id),
+            });
+            slot.ready.notify_all();
         }
         None
     }
@@ -294,24 +303,42 @@ impl Templates {
             .filter(|(k, _)| k.as_str() != except)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut held: Vec<(Instant, u64, String)> = slots
+        let mut held: Vec<(Instant, u64, String, Arc<Template>)> = slots
             .iter()
             .filter_map(|(k, v)| match v.entry.try_lock().ok()?.as_ref()? {
-                Entry::Held { template, used, .. } => Some((*used, template.bytes, k.clone())),
+                Entry::Held { template, used, .. } => {
+                    Some((*used, template.bytes, k.clone(), template.clone()))
+                }
                 Entry::Failed { .. } | Entry::Starting => None,
             })
             .collect();
         let mut total: u64 = held.iter().map(|h| h.1).sum();
-        held.sort();
-        for (_, bytes, id) in held {
+        held.sort_by_key(|h| h.0);
+        for (_, bytes, id, template) in held {
             if total + want <= self.budget {
                 break;
             }
+            // Only the template seen here: one started since (its predecessor having
+            // ended) is left alone.
+            let Some(slot) = slots.iter().find(|(k, _)| *k == id).map(|(_, v)| v) else {
+                continue;
+            };
+            let mut entry = slot.entry.lock().unwrap_or_else(|e| e.into_inner());
+            let same = matches!(entry.as_ref(), Some(Entry::Held { template: t, .. }) if Arc::ptr_eq(t, &template));
+            if !same {
+                continue;
+            }
+            let taken = entry.take();
+            drop(entry);
+            drop(template);
             log::info(&format!(
                 "template of checkpoint {id} stopped: templates may hold {} MiB (FORKD_TEMPLATE_MIB)",
                 self.budget >> 20
             ));
-            self.stop_one(&id, false);
+            if let Some(e) = taken {
+                e.end(false);
+            }
+            slot.ready.notify_all();
             total = total.saturating_sub(bytes);
         }
     }

@@ -90,6 +90,25 @@ impl ProcEvents {
     /// reads them and the one (`name-cb`) that runs callbacks. `kernel_filter`: the kernel
     /// filters events ([`KERNEL_FILTER`] and later).
     pub fn open(name: &str, kernel_filter: bool) -> io::Result<ProcEvents> {
+        // The kernel takes subscriptions only from the host's pid and user namespaces,
+        // and ignores others without a word (a filtering kernel does not even
+        // acknowledge one it took): asked here.
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        let nspid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .map(|v| v.split_whitespace().count());
+        if nspid != Some(1) {
+            return Err(io::Error::other(
+                "this process is not in the host's pid namespace",
+            ));
+        }
+        let uid_map = std::fs::read_to_string("/proc/self/uid_map")?;
+        if uid_map.split_whitespace().collect::<Vec<_>>() != ["0", "0", "4294967295"] {
+            return Err(io::Error::other(
+                "this process is not in the host's user namespace",
+            ));
+        }
         let sock = subscribe(kernel_filter)?;
         let table = Arc::new(Mutex::new(Table::default()));
         let (fired, run) = std::sync::mpsc::channel::<Callback>();
@@ -151,13 +170,15 @@ impl ProcEvents {
         self.len() == 0
     }
 
-    /// `pid` exited (an event): every watch of it. A watched process is alive until it
-    /// exits, so no other live process has its pid: the event is its exit (or, for one
-    /// whose exit was missed, that of a later process with its pid, which it is gone too).
+    /// `pid` exited (an event): every watch of it whose process is gone. The kernel
+    /// announces an exit once the process is a zombie (or reaped), so the look at `/proc`
+    /// confirms it; an event read late, after its pid was reaped and taken by a process
+    /// watched since, or a thread's `execve` (announced as its old leader's exit), leaves
+    /// the watch in place.
     fn fire(&self, pid: i32) {
         let ended = {
             let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-            let ended = t.take(pid, |_| true);
+            let ended = t.take(pid, |w| gone(pid, w.start));
             if ended.is_empty() {
                 if t.recent.len() >= 4096 {
                     t.recent.retain(|_, at| at.elapsed() < RECENT);
@@ -169,6 +190,15 @@ impl ProcEvents {
         for cb in ended {
             let _ = self.fired.send(cb);
         }
+    }
+
+    fn has_suspects(&self) -> bool {
+        !self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .suspects
+            .is_empty()
     }
 
     /// Looks again at watched pids announced just before they were watched; returns
@@ -220,7 +250,9 @@ impl ProcEvents {
             };
             // SAFETY: one valid pollfd.
             let ready = unsafe { libc::poll(&mut pfd, 1, if suspects { 10 } else { 1000 }) };
-            suspects = self.recheck();
+            if suspects || self.has_suspects() {
+                suspects = self.recheck();
+            }
             if swept.elapsed() >= SWEEP {
                 swept = Instant::now();
                 self.sweep();
@@ -256,8 +288,11 @@ impl ProcEvents {
 /// Whether process `pid` (started at `start`, if known) has exited: no such process, a
 /// zombie, or a later process with its pid.
 fn gone(pid: i32, start: Option<u64>) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
+    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        // No such process. Any other failure (no descriptor to spare, no memory) says
+        // nothing of it: looked at again later.
+        Err(e) => return e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
     };
     let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
         return true;
