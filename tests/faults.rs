@@ -609,12 +609,7 @@ fn a_volume_filling_during_forks_loses_nothing() {
     );
     assert!(!refused.is_empty(), "no fork was refused");
     std::fs::remove_file(&fill).unwrap();
-    let cleaned = std::process::Command::new("btrfs")
-        .args(["subvolume", "sync"])
-        .arg(d.data())
-        .status()
-        .expect("run btrfs subvolume sync");
-    assert!(cleaned.success());
+    subvolumes_cleaned(&d);
     let listed: BTreeSet<String> = consistent(&d, &seen).into_iter().map(|s| s.id).collect();
     let mut expect: BTreeSet<String> = made.iter().cloned().collect();
     expect.extend([sb.id.clone(), before.clone()]);
@@ -633,20 +628,7 @@ fn a_volume_filling_during_forks_loses_nothing() {
         template,
         "the restore template runs on"
     );
-    let again = loop {
-        match d.client.call::<forkd::api::ForkResult>(
-            "POST",
-            &format!("/v1/checkpoints/{}/fork", ck.id),
-            Some(&serde_json::json!({ "count": 1 })),
-        ) {
-            Ok(r) => break r.branches[0].id.clone(),
-            Err(e) if e.to_string().contains("the volume is full") && refused.len() < 500 => {
-                refused.push(e.to_string());
-                std::thread::sleep(Duration::from_millis(300));
-            }
-            Err(e) => panic!("fork once space came back: {e}"),
-        }
-    };
+    let again = fork_once_space_is_back(&d, &ck.id);
     assert_eq!(d.sh(&again, "cat /tmp/ready").1.trim(), "50000000");
     assert_eq!(
         children_with(daemon_pid, "template"),
@@ -783,6 +765,39 @@ fn kill_9_during_an_evaluator_run_then_resume() {
     }
 }
 
+/// Waits until btrfs has cleaned the volume's deleted subvolumes (it gives their space
+/// back in the background, once their last user lets go).
+fn subvolumes_cleaned(d: &TestDaemon) {
+    let cleaned = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(d.data())
+        .status()
+        .expect("run btrfs subvolume sync");
+    assert!(cleaned.success());
+}
+
+/// A fork of one branch of `ck` once freed space is back. btrfs gives back what was
+/// removed in the background: until the volume's watcher sees the space (within a fifth
+/// of a second of the filesystem), a fork is refused as the volume is full, by name;
+/// then it goes. Returns the branch.
+fn fork_once_space_is_back(d: &TestDaemon, ck: &str) -> String {
+    let mut refused = Vec::new();
+    loop {
+        match d.client.call::<forkd::api::ForkResult>(
+            "POST",
+            &format!("/v1/checkpoints/{ck}/fork"),
+            Some(&serde_json::json!({ "count": 1 })),
+        ) {
+            Ok(r) => return r.branches[0].id.clone(),
+            Err(e) if e.to_string().contains("the volume is full") && refused.len() < 100 => {
+                refused.push(e.to_string());
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("fork once space came back: {e} (refused before: {refused:?})"),
+        }
+    }
+}
+
 /// The state volume (a 640 MiB image here) filled to its last MiB, by a sandbox and, past
 /// the reserve at which the daemon stops that sandbox from writing more (where the volume
 /// has quotas), by a file on the volume: a live checkpoint of a sandbox holding 100 MB
@@ -802,12 +817,7 @@ fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
     // The space of what was removed comes back in the background (btrfs cleans a
     // deleted subvolume once its last user lets go of it): waited for here, so that the
     // fill below leaves the volume full, not nearly full.
-    let cleaned = std::process::Command::new("btrfs")
-        .args(["subvolume", "sync"])
-        .arg(d.data())
-        .status()
-        .expect("run btrfs subvolume sync");
-    assert!(cleaned.success());
+    subvolumes_cleaned(&d);
 
     let sb = d.create(serde_json::json!({
         "image": "busybox",
@@ -891,24 +901,7 @@ fn a_full_volume_fails_checkpoints_and_imports_cleanly() {
         free_kib()
     );
     let live = d.checkpoint(&sb.id, true);
-    // btrfs gives back what was removed in the background: until the volume's watcher
-    // sees the space (within a fifth of a second of the filesystem), a fork is refused
-    // as the volume is full, by name; then it goes.
-    let mut refused = Vec::new();
-    let b = loop {
-        match d.client.call::<forkd::api::ForkResult>(
-            "POST",
-            &format!("/v1/checkpoints/{}/fork", live.id),
-            Some(&serde_json::json!({ "count": 1 })),
-        ) {
-            Ok(r) => break r.branches[0].id.clone(),
-            Err(e) if e.to_string().contains("the volume is full") && refused.len() < 100 => {
-                refused.push(e.to_string());
-                std::thread::sleep(Duration::from_millis(300));
-            }
-            Err(e) => panic!("fork once space came back: {e} (refused before: {refused:?})"),
-        }
-    };
+    let b = fork_once_space_is_back(&d, &live.id);
     assert_eq!(d.sh(&b, "cat /tmp/ready").1.trim(), "100000000");
     let back: CheckpointInfo = d
         .client

@@ -239,16 +239,7 @@ pub(crate) fn large(
             bail!("{} of 20 sampled branches did not count on", 20 - answering);
         }
     }
-    let t = Instant::now();
-    for (i, id) in ids.iter().enumerate() {
-        common::check_interrupted()?;
-        d.remove(id)?;
-        if i % 100 == 99 {
-            eprint!("\r  removed {}", i + 1);
-        }
-    }
-    eprintln!();
-    let removed = us(t);
+    let removed = super::remove_all(&d, &ids)?;
     d.remove_checkpoint(&ck)?;
     drop(d.stop());
     report.tables.push(common::Table::new(

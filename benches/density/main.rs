@@ -217,6 +217,20 @@ fn run() -> Result<()> {
     Ok(())
 }
 
+/// Removes every sandbox of `ids`, one request each, with progress; the time it took, µs.
+pub(crate) fn remove_all(d: &DaemonGuard, ids: &[String]) -> Result<u64> {
+    let t = Instant::now();
+    for (i, id) in ids.iter().enumerate() {
+        common::check_interrupted()?;
+        d.remove(id)?;
+        if i % 100 == 99 {
+            eprint!("\r  removed {}", i + 1);
+        }
+    }
+    eprintln!();
+    Ok(us(t))
+}
+
 pub(crate) fn fork(d: &DaemonGuard, ck: &str, n: usize) -> Result<Vec<String>> {
     Ok(d.fork(ck, n, false)?
         .branches
@@ -434,16 +448,7 @@ fn branches(
     };
     // With the Debian branches beside them, the busybox ones still run.
     let answered = pick.answering(d, &alive);
-    let t = Instant::now();
-    for (i, id) in alive.iter().enumerate() {
-        common::check_interrupted()?;
-        d.remove(id)?;
-        if i % 100 == 99 {
-            eprint!("\r  removed {}", i + 1);
-        }
-    }
-    eprintln!();
-    let removed = us(t);
+    let removed = remove_all(d, &alive)?;
     d.remove(&source.id)?;
     d.remove_checkpoint(&ck.id)?;
     let t = Instant::now();
