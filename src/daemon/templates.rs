@@ -32,8 +32,9 @@ enum Entry {
     /// It could not start: not tried again for a while (its branches read their pages).
     /// Its log is kept until the checkpoint is removed.
     Failed { at: Instant, log: PathBuf },
-    /// Being started: forks of its checkpoint wait for it.
-    Starting,
+    /// Being started, to hold about these bytes: forks of its checkpoint wait for it, and
+    /// the budget counts it.
+    Starting(u64),
 }
 
 /// One checkpoint's template, and those waiting for it to start.
@@ -53,7 +54,7 @@ impl Entry {
                 log
             }
             Entry::Failed { log, .. } if checkpoint_gone => log,
-            Entry::Failed { .. } | Entry::Starting => return,
+            Entry::Failed { .. } | Entry::Starting(_) => return,
         };
         let _ = std::fs::remove_file(&log);
         if checkpoint_gone {
@@ -144,7 +145,7 @@ impl Templates {
                     held.take();
                     break;
                 }
-                Some(Entry::Starting) => {
+                Some(Entry::Starting(_)) => {
                     held = slot.ready.wait(held).unwrap_or_else(|e| e.into_inner());
                 }
                 Some(Entry::Failed { at, .. }) if at.elapsed() < RETRY_AFTER => return None,
@@ -166,7 +167,7 @@ impl Templates {
             });
             return None;
         }
-        *held = Some(Entry::Starting);
+        *held = Some(Entry::Starting(want));
         drop(held);
         self.make_room(want, id);
         if wait {
@@ -232,7 +233,7 @@ impl Templates {
         let mut held = slot.entry.lock().unwrap_or_else(|e| e.into_inner());
         match held.as_ref() {
             // Stopped meanwhile (the checkpoint removed, the daemon stopping): not kept.
-            Some(Entry::Starting) => *held = Some(entry),
+            Some(Entry::Starting(_)) => *held = Some(entry),
             _ => {
                 drop(held);
                 entry.end(true);
@@ -309,10 +310,18 @@ impl Templates {
                 Entry::Held { template, used, .. } => {
                     Some((*used, template.bytes, k.clone(), template.clone()))
                 }
-                Entry::Failed { .. } | Entry::Starting => None,
+                Entry::Failed { .. } | Entry::Starting(_) => None,
             })
             .collect();
-        let mut total: u64 = held.iter().map(|h| h.1).sum();
+        // Templates being started count, and cannot be stopped.
+        let starting: u64 = slots
+            .iter()
+            .filter_map(|(_, v)| match v.entry.try_lock().ok()?.as_ref()? {
+                Entry::Starting(bytes) => Some(*bytes),
+                _ => None,
+            })
+            .sum();
+        let mut total: u64 = held.iter().map(|h| h.1).sum::<u64>() + starting;
         held.sort_by_key(|h| h.0);
         for (_, bytes, id, template) in held {
             if total + want <= self.budget {
