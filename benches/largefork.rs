@@ -297,10 +297,22 @@ fn main() -> Result<()> {
         let fit = ((mem_available_mib()? * 0.5) / mib as f64) as usize;
         let peer_samples = samples.min(fit.max(1));
         rows.push(forkd_row(
-            &without, &ck2, "read", false, peer_samples, false, settle,
+            &without,
+            &ck2,
+            "read",
+            false,
+            peer_samples,
+            false,
+            settle,
         )?);
         rows.push(forkd_row(
-            &without, &ck2, "ksm", true, peer_samples, false, settle,
+            &without,
+            &ck2,
+            "ksm",
+            true,
+            peer_samples,
+            false,
+            settle,
         )?);
         without.remove_checkpoint(&ck2)?;
         if let (Some(p), Some(image)) = (&podman, &podman_image) {

@@ -24,7 +24,14 @@ impl Drop for PidMax {
 
 fn host_tasks() -> u64 {
     let l = std::fs::read_to_string("/proc/loadavg").unwrap();
-    l.split_whitespace().nth(3).unwrap().split('/').nth(1).unwrap().parse().unwrap()
+    l.split_whitespace()
+        .nth(3)
+        .unwrap()
+        .split('/')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -63,7 +70,9 @@ fn a_fork_past_pid_max_is_refused_by_name_and_makes_nothing() {
     assert_eq!(ceiling.value, low);
     assert!(ceiling.per_sandbox >= 2, "{ceiling:?}");
     assert!(ceiling.allows < 200, "{ceiling:?}");
-    let e = refused.expect_err("a fork of 200 branches past pid_max").to_string();
+    let e = refused
+        .expect_err("a fork of 200 branches past pid_max")
+        .to_string();
     println!("{e}");
     assert!(
         e.contains(&format!("kernel.pid_max is {low}")) && e.contains("sysctl -w kernel.pid_max="),

@@ -301,7 +301,10 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
     // The daemon says so; the killed template's log is kept apart from its successor's.
     assert!(health(&d).templates.ok);
     let logs = d.data().join("logs");
-    for log in [format!("template-{}.log", c1.id), format!("template-{}.ended.log", c1.id)] {
+    for log in [
+        format!("template-{}.log", c1.id),
+        format!("template-{}.ended.log", c1.id),
+    ] {
         assert!(logs.join(&log).is_file(), "{log} in {}", logs.display());
     }
 
@@ -333,7 +336,10 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
             );
         }
         let shared: u64 = ask(&d, &two[1].id, "shared").parse().unwrap();
-        assert!(shared >= 60 << 10, "level {n} shares its template: {shared} kB");
+        assert!(
+            shared >= 60 << 10,
+            "level {n} shares its template: {shared} kB"
+        );
         d.remove(&two[1].id);
         assert_eq!(ask(&d, &next, "write 1000"), "ok");
         assert_eq!(ask(&d, &next, &format!("dontneed {}", 2000 + n)), "zeros");
@@ -385,7 +391,8 @@ fn branches_share_a_checkpoints_memory_with_private_anonymous_semantics() {
         .expect("remove the imported checkpoint");
     assert!(!log.exists(), "{} is left", log.display());
     assert!(
-        wait_until(std::time::Duration::from_secs(5), || templates_of(daemon2).is_empty()),
+        wait_until(std::time::Duration::from_secs(5), || templates_of(daemon2)
+            .is_empty()),
         "the template of a removed checkpoint stops"
     );
 }

@@ -827,10 +827,22 @@ fn two_thousand_branches_are_watched_under_a_limit_of_1024_descriptors() {
     let ck = d.checkpoint(&src.id, true);
     let mut ids = Vec::new();
     while ids.len() < 2000 {
-        ids.extend(d.fork(&ck.id, 100, false).branches.into_iter().map(|b| b.id));
+        ids.extend(
+            d.fork(&ck.id, 100, false)
+                .branches
+                .into_iter()
+                .map(|b| b.id),
+        );
     }
-    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
-    println!("2,000 branches alive: the daemon holds {} descriptors", fds());
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    println!(
+        "2,000 branches alive: the daemon holds {} descriptors",
+        fds()
+    );
     assert!(fds() < 512, "the daemon holds {} descriptors", fds());
     let listed: Vec<forkd::api::SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
     let running: Vec<&forkd::api::SandboxInfo> = listed
@@ -853,7 +865,11 @@ fn two_thousand_branches_are_watched_under_a_limit_of_1024_descriptors() {
         "{} of 2,000 killed branches recorded as stopped",
         stopped()
     );
-    assert_eq!(d.sh(&src.id, "echo up").1.trim(), "up", "the source runs on");
+    assert_eq!(
+        d.sh(&src.id, "echo up").1.trim(),
+        "up",
+        "the source runs on"
+    );
     let after = d.create(serde_json::json!({ "image": "busybox", "command": { "shell": LOOP } }));
     assert_eq!(d.sh(&after.id, "echo up").1.trim(), "up");
 }

@@ -590,7 +590,10 @@ fn a_volume_filling_during_forks_loses_nothing() {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        assert!(t.elapsed() < Duration::from_secs(120), "the volume never filled");
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the volume never filled"
+        );
     }
     let (written, why) = filler.join().unwrap();
     // Refused before anything was made (the volume's watcher saw it full), or failed on
@@ -613,9 +616,16 @@ fn a_volume_filling_during_forks_loses_nothing() {
     let listed: BTreeSet<String> = consistent(&d, &seen).into_iter().map(|s| s.id).collect();
     let mut expect: BTreeSet<String> = made.iter().cloned().collect();
     expect.extend([sb.id.clone(), before.clone()]);
-    assert_eq!(listed, expect, "the sandboxes listed are the source and the forks that were made");
+    assert_eq!(
+        listed, expect,
+        "the sandboxes listed are the source and the forks that were made"
+    );
     for id in made.iter().chain([&before]) {
-        assert_eq!(d.sh(id, "cat /tmp/ready").1.trim(), "50000000", "branch {id}");
+        assert_eq!(
+            d.sh(id, "cat /tmp/ready").1.trim(),
+            "50000000",
+            "branch {id}"
+        );
     }
     let staged: Vec<String> = std::fs::read_dir(d.data().join("layers/tmp"))
         .unwrap()

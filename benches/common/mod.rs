@@ -45,8 +45,7 @@ pub use fixtures::{
 #[allow(unused_imports)]
 pub use host::{
     cgroup_pids, cgroups_left, comms, cpu_ticks, host_cpu_over, mem_available_kib, mem_total_kib,
-    mounts_under,
-    pss_kib, rss_kib,
+    mounts_under, pss_kib, rss_kib,
 };
 #[allow(unused_imports)]
 pub use report::{bench_output_dir, write_outputs, Check, Report, Row, Table};

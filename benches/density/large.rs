@@ -40,7 +40,11 @@ fn state(d: &DaemonGuard, mib: usize) -> Result<(String, u64)> {
     }) {
         bail!("the {mib} MiB holder wrote no /tmp/count within 300 s");
     }
-    let count = d.sh_ok(&sb.id, "cat /tmp/count")?.trim().parse().unwrap_or(0);
+    let count = d
+        .sh_ok(&sb.id, "cat /tmp/count")?
+        .trim()
+        .parse()
+        .unwrap_or(0);
     let ck = d.checkpoint(&sb.id, true, false)?;
     d.remove(&sb.id)?;
     Ok((ck.id, count))
@@ -55,7 +59,10 @@ fn tree(pid: i32) -> Vec<i32> {
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
             for t in tasks.flatten() {
                 let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                out.extend(kids.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
+                out.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<i32>().ok()),
+                );
             }
         }
         i += 1;
@@ -65,7 +72,10 @@ fn tree(pid: i32) -> Vec<i32> {
 
 /// KiB a branch holds on its own: the private pages of its processes.
 fn private_kib(d: &DaemonGuard, id: &str) -> Result<u64> {
-    let pid = d.inspect(id)?.init_pid.context("a running branch has an init pid")?;
+    let pid = d
+        .inspect(id)?
+        .init_pid
+        .context("a running branch has an init pid")?;
     let mut kib = 0;
     for p in tree(pid) {
         let path = format!("/proc/{p}/smaps_rollup");
@@ -145,12 +155,7 @@ fn read_peer(bin: &Path, debian: &Path, mib: usize, n: usize) -> Result<(u64, f6
     Ok((times[times.len() / 2], per_kib))
 }
 
-pub(crate) fn large(
-    bin: &Path,
-    debian: &Path,
-    samples: usize,
-    report: &mut Report,
-) -> Result<()> {
+pub(crate) fn large(bin: &Path, debian: &Path, samples: usize, report: &mut Report) -> Result<()> {
     let n = common::env_count("FORKD_DENSITY_LARGE", 1000)?;
     let mib = common::env_usize("FORKD_DENSITY_LARGE_MIB", 1024)?;
     let peer_n = common::env_count("FORKD_DENSITY_LARGE_PEER", 4)?;
@@ -207,7 +212,10 @@ pub(crate) fn large(
             ids.extend(fork(&d, &ck, 1)?);
             forks.push(us(t));
         }
-        let s = report.row(&format!("{mib} MiB state, {mark} alive: fork of one branch"), forks);
+        let s = report.row(
+            &format!("{mib} MiB state, {mark} alive: fork of one branch"),
+            forks,
+        );
         if mark == marks[0] {
             fork_at_100 = Some(s.p50);
         }
@@ -284,8 +292,15 @@ pub(crate) fn large(
     ];
     if let Some((p50, per_kib)) = peer {
         lines.push((
-            format!("peer: fork of one branch read page by page (FORKD_TEMPLATES=off), p50 of {peer_n}"),
-            format!("{} ({:.2}x of the template's at {} alive)", common::fmt_us(p50), last_p50 as f64 / p50.max(1) as f64, ids.len()),
+            format!(
+                "peer: fork of one branch read page by page (FORKD_TEMPLATES=off), p50 of {peer_n}"
+            ),
+            format!(
+                "{} ({:.2}x of the template's at {} alive)",
+                common::fmt_us(p50),
+                last_p50 as f64 / p50.max(1) as f64,
+                ids.len()
+            ),
         ));
         lines.push((
             "peer: host memory a branch read page by page".to_string(),
@@ -297,6 +312,8 @@ pub(crate) fn large(
             ),
         ));
     }
-    report.sections.push((format!("Branches of a {mib} MiB state"), lines));
+    report
+        .sections
+        .push((format!("Branches of a {mib} MiB state"), lines));
     Ok(())
 }

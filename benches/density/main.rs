@@ -139,7 +139,8 @@ fn run() -> Result<()> {
     let Some(debian) = common::root_and_debian("bench density")? else {
         return Ok(());
     };
-    let parts = std::env::var("FORKD_DENSITY_PARTS").unwrap_or_else(|_| "branches,qemu,large".into());
+    let parts =
+        std::env::var("FORKD_DENSITY_PARTS").unwrap_or_else(|_| "branches,qemu,large".into());
     let samples = common::env_usize("FORKD_DENSITY_SAMPLES", 25)?;
     let date = common::utc_now();
     let load_start = common::load_average();

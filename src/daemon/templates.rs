@@ -173,8 +173,12 @@ impl Templates {
         if wait {
             return self.start(criu, id, images, &slot);
         }
-        let (me, criu, owned_id, images) =
-            (self.clone(), criu.clone(), id.to_string(), images.to_path_buf());
+        let (me, criu, owned_id, images) = (
+            self.clone(),
+            criu.clone(),
+            id.to_string(),
+            images.to_path_buf(),
+        );
         let in_thread = slot.clone();
         let started = std::thread::Builder::new()
             .name("forkd-template".into())

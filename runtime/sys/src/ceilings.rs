@@ -190,7 +190,10 @@ mod tests {
         h.pid_max = PID_MAX_LIMIT;
         h.mem_available = (256 << 20) + (10 << 20);
         let e = h.admit("create", 11, 2, 1 << 20).unwrap_err();
-        assert!(e.starts_with("create refused") && e.contains("MemAvailable"), "{e}");
+        assert!(
+            e.starts_with("create refused") && e.contains("MemAvailable"),
+            "{e}"
+        );
         h.mem_available = 20 << 30;
         h.threads_max = 31_030;
         let e = h.admit("create", 4, 2, 1 << 20).unwrap_err();

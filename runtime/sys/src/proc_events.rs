@@ -292,7 +292,9 @@ fn gone(pid: i32, start: Option<u64>) -> bool {
         Ok(s) => s,
         // No such process. Any other failure (no descriptor to spare, no memory) says
         // nothing of it: looked at again later.
-        Err(e) => return e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
+        Err(e) => {
+            return e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+        }
     };
     let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
         return true;
@@ -465,17 +467,26 @@ mod tests {
             .is_some_and(|v| v >= KERNEL_FILTER);
         let Ok(events) = ProcEvents::open("test-proc-events", filter) else {
             eprintln!("SKIP a_watched_process_is_told_of_when_it_exits_or_has_exited: no process events here");
-            assert!(std::env::var("CI").is_err(), "process events unavailable under CI");
+            assert!(
+                std::env::var("CI").is_err(),
+                "process events unavailable under CI"
+            );
             return;
         };
         let (tx, rx) = mpsc::channel();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id() as i32;
         let start = crate::process_start_time(pid);
         let t = tx.clone();
         events.watch(pid, start, move || t.send(pid).unwrap());
         assert_eq!(events.len(), 1);
-        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "fired while alive");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "fired while alive"
+        );
         child.kill().unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(pid));
         child.wait().unwrap();
@@ -485,9 +496,14 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(1)), Ok(-1));
         assert!(events.is_empty());
         // Forgotten: never told.
-        let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let opid = other.id() as i32;
-        events.watch(opid, crate::process_start_time(opid), move || tx.send(-2).unwrap());
+        events.watch(opid, crate::process_start_time(opid), move || {
+            tx.send(-2).unwrap()
+        });
         events.forget(opid);
         other.kill().unwrap();
         other.wait().unwrap();

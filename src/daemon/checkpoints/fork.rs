@@ -107,11 +107,7 @@ impl Daemon {
         }
         self.volume_usable(&format!("fork of checkpoint {}", c.id))?;
         self.can_watch(count)?;
-        self.within_ceilings(
-            &format!("fork of checkpoint {}", c.id),
-            count,
-            c.tasks(),
-        )?;
+        self.within_ceilings(&format!("fork of checkpoint {}", c.id), count, c.tasks())?;
         let _in_use = c.use_for("fork")?;
         let plan = self.plan_fork(c, req)?;
         if count > 1 {
@@ -222,12 +218,10 @@ impl Daemon {
         // request for one branch that would start it does not wait for it (the branch reads
         // its pages, as fast as the template would); one for more does.
         let template = match (criu, req.lazy) {
-            (Some(criu), false) => self.templates.get(
-                criu,
-                c.id.as_str(),
-                &c.images(),
-                req.count.unwrap_or(1) > 1,
-            ),
+            (Some(criu), false) => {
+                self.templates
+                    .get(criu, c.id.as_str(), &c.images(), req.count.unwrap_or(1) > 1)
+            }
             _ => None,
         };
         Ok(Plan {

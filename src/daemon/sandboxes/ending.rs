@@ -152,28 +152,28 @@ impl Daemon {
         let daemon = self.clone();
         let runtime = self.runtime.clone();
         let on_exit = move || {
-                // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
-                drop(runtime.spawn_blocking(move || loop {
-                    // A checkpoint in progress settles first; a stop or removal in progress
-                    // cleans up after the init itself.
-                    if sb.record.locked().init_pid != Some(pid) {
+            // On the watcher's thread: the cleanup blocks, so it runs on the blocking pool.
+            drop(runtime.spawn_blocking(move || loop {
+                // A checkpoint in progress settles first; a stop or removal in progress
+                // cleans up after the init itself.
+                if sb.record.locked().init_pid != Some(pid) {
+                    reap(pid);
+                    return;
+                }
+                match sb.begin(Verb::Exited) {
+                    Ok(Begun::Held(held)) => {
+                        log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
+                        let _ = daemon.stop_held(&sb, held, Duration::ZERO);
+                        return;
+                    }
+                    Ok(Begun::Nothing) => {
                         reap(pid);
                         return;
                     }
-                    match sb.begin(Verb::Exited) {
-                        Ok(Begun::Held(held)) => {
-                            log::info(&format!("sandbox {}: init {pid} exited; stopping", sb.id));
-                            let _ = daemon.stop_held(&sb, held, Duration::ZERO);
-                            return;
-                        }
-                        Ok(Begun::Nothing) => {
-                            reap(pid);
-                            return;
-                        }
-                        Err(_) => sb.wait_settled(),
-                    }
-                }));
-            };
+                    Err(_) => sb.wait_settled(),
+                }
+            }));
+        };
         // One descriptor for every init; the namespace is then held only while a stop
         // lasts (`release_namespaces_later`).
         if let Some(events) = &self.proc_events {
@@ -261,12 +261,19 @@ impl Daemon {
             // A host that does not say (a masked `/proc/sys`, a kernel without
             // MemAvailable) is not refused for it.
             Err(e) => {
-                log::warn(&format!("{what}: the host's ceilings cannot be read ({e}): admitted"));
+                log::warn(&format!(
+                    "{what}: the host's ceilings cannot be read ({e}): admitted"
+                ));
                 return Ok(());
             }
         };
-        host.admit(what, n as u64, tasks_per as u64, forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR)
-            .map_err(ApiError::unavailable)
+        host.admit(
+            what,
+            n as u64,
+            tasks_per as u64,
+            forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR,
+        )
+        .map_err(ApiError::unavailable)
     }
 
     /// Refuses work that would start `n` more inits than the watcher of their exits can
