@@ -556,8 +556,7 @@ fn attempt(
                 };
                 Infra(format!(
                     "seal the final state of trial {} {how}: {}",
-                    spec.id,
-                    e.0
+                    spec.id, e.0
                 ))
             })?;
         let seal_ms = super::grade::ms(t);

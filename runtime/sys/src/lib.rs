@@ -306,24 +306,31 @@ pub fn proc_kib_field(path: &str, key: &str) -> Option<u64> {
         .map(|kib| kib << 10)
 }
 
+/// What `/proc/<pid>/stat` says of process `pid`: its state (field 3: `R`, `S`, `Z`, ...)
+/// and its start time in clock ticks since boot (field 22), when they can be read. The
+/// error is the read's (`NotFound`: no such process).
+pub fn process_stat(pid: libc::pid_t) -> io::Result<(Option<String>, Option<u64>)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return Ok((None, None));
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().map(str::to_string);
+    Ok((state, fields.nth(18).and_then(|s| s.parse().ok())))
+}
+
 /// The start time of process `pid` in clock ticks since boot (field 22 of
 /// `/proc/<pid>/stat`), which together with the pid identifies a process for good.
 pub fn process_start_time(pid: libc::pid_t) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // Fields after the command name start at field 3 (state); starttime is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    process_stat(pid).ok()?.1
 }
 
 /// Is `pid` a live process (not a zombie)?
 pub fn process_alive(pid: libc::pid_t) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next());
-    !matches!(state, None | Some("Z") | Some("X"))
+    match process_stat(pid) {
+        Ok((state, _)) => !matches!(state.as_deref(), None | Some("Z") | Some("X")),
+        Err(_) => false,
+    }
 }
 
 /// Makes `cmd` start with the descriptors in `fds` (source, number in the child)

@@ -288,24 +288,14 @@ impl ProcEvents {
 /// Whether process `pid` (started at `start`, if known) has exited: no such process, a
 /// zombie, or a later process with its pid.
 fn gone(pid: i32, start: Option<u64>) -> bool {
-    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s,
+    match crate::process_stat(pid) {
+        Ok((state, now)) => {
+            matches!(state.as_deref(), None | Some("Z") | Some("X"))
+                || matches!((start, now), (Some(want), Some(now)) if want != now)
+        }
         // No such process. Any other failure (no descriptor to spare, no memory) says
         // nothing of it: looked at again later.
-        Err(e) => {
-            return e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
-        }
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return true;
-    };
-    let mut fields = rest.split_whitespace();
-    if matches!(fields.next(), None | Some("Z") | Some("X")) {
-        return true;
-    }
-    match (start, fields.nth(18).and_then(|s| s.parse::<u64>().ok())) {
-        (Some(want), Some(now)) => want != now,
-        _ => false,
+        Err(e) => e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
     }
 }
 
