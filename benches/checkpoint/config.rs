@@ -1,8 +1,11 @@
 //! What the checkpoint benchmark measures and against which goals: the images, the
 //! process trees of parts 2 and 4, the configuration from the environment, and sizes.
 
+use crate::common;
 use crate::peers::podman::PodmanTree;
 use anyhow::{anyhow, bail, Context, Result};
+use forkd::api::BranchInfo;
+use std::time::{Duration, Instant};
 
 pub const BUSYBOX: &str = "busybox";
 pub const DEBIAN: &str = "debian";
@@ -29,6 +32,39 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// Waits until the processes the tree needs are running in a sandbox's cgroup.
+    pub fn wait_in(&self, cgroup: &str, limit: Duration) -> Result<()> {
+        let t = Instant::now();
+        loop {
+            let names = common::comms(&common::cgroup_pids(cgroup));
+            if self.expect.iter().all(|e| names.iter().any(|n| n == e)) {
+                return Ok(());
+            }
+            if t.elapsed() > limit {
+                bail!(
+                    "{}: processes {:?} not all running in cgroup {cgroup} after {limit:?} (found {names:?})",
+                    self.name,
+                    self.expect
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Does a branch run the whole tree (read from its cgroup)?
+    fn runs_in_branch(&self, id: &str) -> bool {
+        let names = common::comms(&common::cgroup_pids(&format!("forkd/{id}")));
+        self.expect.iter().all(|e| names.iter().any(|n| n == e))
+    }
+
+    /// How many of the branches run the whole tree (read before they are removed).
+    pub fn count_in(&self, branches: &[BranchInfo]) -> usize {
+        branches
+            .iter()
+            .filter(|b| self.runs_in_branch(&b.id))
+            .count()
+    }
+
     /// The same tree for podman's peer.
     pub fn podman(&self) -> PodmanTree {
         PodmanTree {

@@ -3,7 +3,6 @@
 
 use crate::common::{self, fmt_kib, fmt_us};
 use crate::config::Tree;
-use crate::forks::count_with_tree;
 use crate::{Ctx, Out};
 use anyhow::{bail, Result};
 use forkd::api::{BranchInfo, SandboxStatus};
@@ -38,7 +37,7 @@ pub fn density(
         .filter(|s| s.status == SandboxStatus::Running)
         .count();
     let charged: Vec<u64> = mine.iter().filter_map(|s| s.memory_bytes).collect();
-    let with_tree = count_with_tree(branches, tree);
+    let with_tree = tree.count_in(branches);
     let mut pss_total = 0u64;
     let mut procs = 0usize;
     for b in branches {

@@ -52,39 +52,6 @@ pub fn row_podman_restore_concurrent(tree: &Tree, parallel: usize) -> String {
 /// How many restores of podman's run concurrently (at most): enough for a p50.
 const PODMAN_CONCURRENT_COPIES: usize = 20;
 
-/// Waits until the processes a tree needs are running in a sandbox's cgroup.
-fn wait_tree(cgroup: &str, tree: &Tree, limit: Duration) -> Result<()> {
-    let t = Instant::now();
-    loop {
-        let names = common::comms(&common::cgroup_pids(cgroup));
-        if tree.expect.iter().all(|e| names.iter().any(|n| n == e)) {
-            return Ok(());
-        }
-        if t.elapsed() > limit {
-            bail!(
-                "{}: processes {:?} not all running in cgroup {cgroup} after {limit:?} (found {names:?})",
-                tree.name,
-                tree.expect
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Does a branch run the whole tree (read from its cgroup)?
-fn branch_has_tree(id: &str, tree: &Tree) -> bool {
-    let names = common::comms(&common::cgroup_pids(&format!("forkd/{id}")));
-    tree.expect.iter().all(|e| names.iter().any(|n| n == e))
-}
-
-/// How many of the branches run the whole tree (read before they are removed).
-pub fn count_with_tree(branches: &[BranchInfo], tree: &Tree) -> usize {
-    branches
-        .iter()
-        .filter(|b| branch_has_tree(&b.id, tree))
-        .count()
-}
-
 /// Per-branch numbers of one or more fork requests.
 #[derive(Default)]
 pub struct ForkSeries {
@@ -190,7 +157,7 @@ pub fn live_forks(
     eprintln!("[2/4] live checkpoint and forks of {}", tree.name);
     let sb = d.create_with(&json!({ "image": tree.image, "command": { "shell": tree.shell } }))?;
     out.created.push(sb.id.clone());
-    wait_tree(&sb.cgroup, tree, Duration::from_secs(20))?;
+    tree.wait_in(&sb.cgroup, Duration::from_secs(20))?;
 
     // Live checkpoints: a fresh one per sample.
     let ck_row = format!("live checkpoint, {}: API", tree.name);
@@ -243,7 +210,7 @@ pub fn live_forks(
             match (slot + round) % 3 {
                 0 => {
                     let (b, wall) = fork_timed(ctx, out, &ck.id, 1, false)?;
-                    let alive = count_with_tree(&b, tree);
+                    let alive = tree.count_in(&b);
                     d.remove(&b[0].id)?;
                     fork = Some((b, wall, alive));
                 }
@@ -291,7 +258,7 @@ pub fn live_forks(
     let label = row_fork(tree, 1, "lazy", "request wall");
     let walls = sample(&label, 0, n, || {
         let (b, wall) = fork_timed(ctx, out, &ck.id, 1, true)?;
-        s.add(&b, wall, count_with_tree(&b, tree));
+        s.add(&b, wall, tree.count_in(&b));
         d.remove(&b[0].id)?;
         Ok(wall)
     })?;
@@ -316,7 +283,7 @@ pub fn live_forks(
         eprintln!("  fork of {count} eager branches in one request ...");
         let (branches, wall) = fork_timed(ctx, out, &ck.id, count, false)?;
         let mut s = ForkSeries::default();
-        s.add(&branches, wall, count_with_tree(&branches, tree));
+        s.add(&branches, wall, tree.count_in(&branches));
         eprintln!(
             "  {count} branches in {} ({} per branch), {} with the tree running",
             fmt_us(wall),

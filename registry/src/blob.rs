@@ -12,9 +12,10 @@ use std::time::Duration;
 use sha2::Digest as _;
 use ureq::http::StatusCode;
 
-use crate::client::{backoff, excerpt, header, Call, Client};
+use crate::client::Client;
 use crate::config::Endpoint;
 use crate::error::RegistryError;
+use crate::http::{backoff, excerpt, header, Call};
 use crate::manifest::{self, Descriptor};
 use crate::reference::{hex, Digest};
 

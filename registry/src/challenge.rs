@@ -8,17 +8,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::auth::Credential;
-use crate::client::{authority, encode, excerpt, header, lock, Call, Client};
+use crate::client::Client;
 use crate::config::Endpoint;
 use crate::error::RegistryError;
+use crate::http::{authority, encode, excerpt, header, lock, Call, Token};
 use crate::reference::Reference;
-
-/// What the next request to a repository (or, with an empty repository, to every
-/// repository of a registry) sends as `Authorization`.
-pub(crate) struct Token {
-    pub(crate) header: String,
-    pub(crate) until: Instant,
-}
 
 /// The parameters of a `WWW-Authenticate` challenge.
 #[derive(Debug, PartialEq, Eq)]

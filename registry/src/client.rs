@@ -14,7 +14,8 @@
 //! 5. Redirects are followed here (at most 5): to another host or port, such as a CDN or
 //!    an object store, no `Authorization` goes along.
 //!
-//! Challenges and tokens are [`crate::challenge`]'s; blobs are [`crate::blob`]'s.
+//! Challenges are [`crate::challenge`]'s, blobs [`crate::blob`]'s, and what every request
+//! shares (retries, headers, error excerpts) [`crate::http`]'s.
 
 use std::collections::HashMap;
 use std::io;
@@ -29,32 +30,15 @@ use ureq::{Agent, Body};
 use crate::auth::{AuthFiles, Credential};
 use crate::config::{Endpoint, RegistriesConf};
 use crate::error::RegistryError;
+use crate::http::{
+    authority, backoff, excerpt, header, lock, retry_after, retryable, transient, Call,
+    RetryPolicy, Token,
+};
 use crate::manifest::{self, Document, Manifest, Platform};
 use crate::reference::{Digest, Reference, DOCKER_HUB, DOCKER_HUB_API};
 
 const MAX_REDIRECTS: usize = 5;
 const USER_AGENT: &str = concat!("forkd/", env!("CARGO_PKG_VERSION"));
-
-/// How failed requests are retried.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    /// Tries of one request, the first included.
-    pub attempts: u32,
-    /// The first wait; each further one doubles.
-    pub base: Duration,
-    /// No wait is longer, `Retry-After` included.
-    pub max_wait: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            attempts: 6,
-            base: Duration::from_millis(500),
-            max_wait: Duration::from_secs(60),
-        }
-    }
-}
 
 /// What a client needs to know: where to pull from, with which credentials and CAs.
 #[derive(Debug, Clone)]
@@ -125,7 +109,7 @@ pub struct Client {
     /// One agent (connection pool, TLS setup) per host and verification setting.
     pub(crate) agents: Mutex<HashMap<(String, bool), Agent>>,
     /// Bearer tokens by (registry, repository).
-    pub(crate) tokens: Mutex<HashMap<(String, String), crate::challenge::Token>>,
+    pub(crate) tokens: Mutex<HashMap<(String, String), Token>>,
     /// Credentials looked up, by (registry, repository).
     pub(crate) creds: Mutex<HashMap<(String, String), Option<Credential>>>,
 }
@@ -142,88 +126,6 @@ pub struct Resolved {
     /// The digest of the platform's image manifest.
     pub manifest_digest: Digest,
     pub manifest: Manifest,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Percent-encodes a query value.
-pub(crate) fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-pub(crate) fn header<'a>(resp: &'a Response<Body>, name: &str) -> Option<&'a str> {
-    resp.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
-/// `host[:port]` of a URL.
-pub(crate) fn authority(url: &str) -> &str {
-    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
-    rest.split(['/', '?', '#']).next().unwrap_or(rest)
-}
-
-fn retry_after(resp: &Response<Body>) -> Option<Duration> {
-    header(resp, "retry-after")?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
-}
-
-fn retryable(status: u16) -> bool {
-    matches!(status, 429 | 502 | 503 | 504)
-}
-
-pub(crate) fn excerpt(resp: Response<Body>) -> String {
-    let mut body = resp.into_body();
-    let bytes = body
-        .with_config()
-        .limit(4096)
-        .read_to_vec()
-        .unwrap_or_default();
-    let text = String::from_utf8_lossy(&bytes);
-    // A registry's JSON errors: {"errors":[{"code":..,"message":..}]}.
-    #[derive(serde::Deserialize)]
-    struct Errs {
-        errors: Vec<E>,
-    }
-    #[derive(serde::Deserialize)]
-    struct E {
-        #[serde(default)]
-        code: String,
-        #[serde(default)]
-        message: String,
-    }
-    if let Ok(e) = serde_json::from_slice::<Errs>(&bytes) {
-        return e
-            .errors
-            .iter()
-            .map(|e| format!("{} {}", e.code, e.message).trim().to_owned())
-            .collect::<Vec<_>>()
-            .join("; ");
-    }
-    text.chars().take(200).collect::<String>().trim().to_owned()
-}
-
-/// A request being made: what the error messages say.
-pub(crate) struct Call<'a> {
-    pub(crate) endpoint: &'a Endpoint,
-    pub(crate) step: &'a str,
-}
-
-impl Call<'_> {
-    pub(crate) fn reference(&self) -> String {
-        self.endpoint.reference.to_string()
-    }
 }
 
 impl Client {
@@ -658,50 +560,5 @@ impl Client {
             manifest_digest,
             manifest,
         })
-    }
-}
-
-/// Whether a failed request may succeed if tried again: a connection refused, reset or
-/// timed out may; a certificate that does not verify, or a malformed answer, will not.
-fn transient(e: &ureq::Error) -> bool {
-    match e {
-        ureq::Error::Io(io) => matches!(
-            io.kind(),
-            io::ErrorKind::ConnectionRefused
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::ConnectionAborted
-                | io::ErrorKind::TimedOut
-                | io::ErrorKind::UnexpectedEof
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::Interrupted
-        ),
-        ureq::Error::Timeout(_) | ureq::Error::ConnectionFailed => true,
-        _ => false,
-    }
-}
-
-pub(crate) fn backoff(p: &RetryPolicy, attempt: u32) -> Duration {
-    p.base
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
-        .min(p.max_wait)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_and_backoff() {
-        assert_eq!(authority("https://a.example:5000/v2/x?y"), "a.example:5000");
-        assert_eq!(authority("http://127.0.0.1/"), "127.0.0.1");
-        assert_eq!(encode("repository:a/b:pull"), "repository%3Aa%2Fb%3Apull");
-        let p = RetryPolicy {
-            attempts: 5,
-            base: Duration::from_millis(100),
-            max_wait: Duration::from_secs(1),
-        };
-        assert_eq!(backoff(&p, 1), Duration::from_millis(100));
-        assert_eq!(backoff(&p, 3), Duration::from_millis(400));
-        assert_eq!(backoff(&p, 10), Duration::from_secs(1));
     }
 }

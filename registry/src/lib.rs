@@ -22,12 +22,14 @@ mod challenge;
 pub mod client;
 pub mod config;
 pub mod error;
+mod http;
 pub mod manifest;
 pub mod reference;
 
 pub use blob::BlobReader;
-pub use client::{Client, ClientConfig, Resolved, RetryPolicy};
+pub use client::{Client, ClientConfig, Resolved};
 pub use config::{Endpoint, RegistriesConf};
 pub use error::RegistryError;
+pub use http::RetryPolicy;
 pub use manifest::{Compression, Platform};
 pub use reference::{Digest, Parsed, Reference};

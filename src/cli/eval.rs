@@ -301,7 +301,7 @@ fn said(socket: &std::path::Path, cmd: EvalCmd) -> anyhow::Result<crate::eval::S
                 "{} is not a run directory",
                 run.display()
             );
-            crate::eval::run::decision(&run, "protocol", serde_json::json!({ "note": note }))?;
+            crate::eval::records::decision(&run, "protocol", serde_json::json!({ "note": note }))?;
             Ok(Said::new(
                 serde_json::json!({ "run": run, "decision": "protocol", "note": note }),
                 "",

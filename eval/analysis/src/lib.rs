@@ -56,6 +56,7 @@
 #![forbid(unsafe_code)]
 
 mod analysis;
+mod analyze;
 mod cells;
 mod error;
 use forkd_glob as glob;
@@ -72,10 +73,11 @@ pub mod stats;
 mod testutil;
 
 pub use analysis::{
-    analyze, Analysis, Contrast, Decomposition, Direction, Effect, Estimate, Exclusion, Inherited,
+    Analysis, Contrast, Decomposition, Direction, Effect, Estimate, Exclusion, Inherited,
     InheritedRow, LeftOut, Losses, Mean, Meta, OutcomeCounts, Pooled, Recovery, Section, Share,
     SignatureRow, StageCount, StepsRatio,
 };
+pub use analyze::analyze;
 pub use error::AnalysisError;
 pub use load::load_runs;
 pub use model::{

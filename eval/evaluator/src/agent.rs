@@ -9,10 +9,10 @@
 //! Real harnesses (`mini-swe-agent[:CONFIG][#MODEL]`) are in [`super::harness`].
 //! Every exec of every agent is logged by the daemon with timestamps: the trajectory.
 
+use super::brief::{AgentRun, Brief};
 use super::confine::{budget_refused, Confined};
 use super::harness::{MiniSweAgent, MINI_SWE_AGENT};
 use super::session::{InfraResult, Session};
-use super::task::Task;
 use forkd_sandbox::proto::ExecRequest;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -101,31 +101,6 @@ impl AgentSpec {
             .collect();
         format!("{self:?}#{h}")
     }
-}
-
-/// How an agent's run ended.
-#[derive(Debug, Clone)]
-pub struct AgentRun {
-    pub submitted: bool,
-    pub budget_exhausted: bool,
-    pub note: String,
-    /// Steps as the harness counts them (model calls); otherwise the execs it ran.
-    pub steps: Option<u64>,
-}
-
-/// What the agent is given.
-pub struct Brief<'a> {
-    pub task: &'a Task,
-    pub sandbox: &'a str,
-    pub instruction: String,
-    pub note: Option<String>,
-    pub timeout: Duration,
-    pub max_steps: u64,
-    /// The trial's directory: an external agent's own directory is `agent/` in it, and
-    /// its grant's record `grant.json`.
-    pub scratch: &'a Path,
-    /// What an external agent must not see (the suites, the run directory).
-    pub hide: Vec<PathBuf>,
 }
 
 pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentRun> {

@@ -101,7 +101,7 @@ impl StateArchives {
             ms,
         };
         // A timing record: losing it loses no result, so a failed write only warns.
-        if let Err(e) = super::run::append_jsonl(&self.log, &t) {
+        if let Err(e) = super::records::append_jsonl(&self.log, &t) {
             eprintln!("[eval] {}: {e}", self.log.display());
         }
     }

@@ -23,7 +23,7 @@
 //! `[agent] max_steps`, `[residual] ignore`; and `predecessors/` as in forkd's tasks.
 //! A task with neither a `docker_image` nor an `environment/Dockerfile` is refused by name.
 
-use super::task::{
+use super::task_toml::{
     AgentSection, EnvSection, ResidualSection, TaskSection, TaskToml, VerifierSection,
 };
 use anyhow::Context;

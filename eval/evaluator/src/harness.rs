@@ -20,7 +20,7 @@
 //! environment, as LiteLLM reads them (`OPENAI_API_BASE`, `OPENAI_API_KEY`,
 //! `HOSTED_VLLM_API_BASE`, ...).
 
-use super::agent::{AgentRun, Brief};
+use super::brief::{AgentRun, Brief};
 use super::confine::{budget_refused, Confined};
 use super::session::{Infra, InfraResult, Session};
 use serde::Deserialize;

@@ -7,12 +7,15 @@
 
 pub mod agent;
 pub mod archives;
+pub mod brief;
+pub mod clean;
 pub mod confine;
 pub mod delta;
 pub mod grade;
 pub mod harbor_task;
 pub mod harness;
 pub mod reconstruct;
+pub mod records;
 pub mod residual;
 pub mod review;
 pub mod run;
@@ -20,10 +23,12 @@ pub mod session;
 pub mod shard;
 pub mod slurm;
 pub mod task;
+pub mod task_toml;
 
 use agent::AgentSpec;
 use forkd_analysis::{Condition, Outcome, TrialRow};
-use run::{Ctx, Manifest, RunConfig, TrialSpec};
+use records::{Manifest, RunConfig};
+use run::{Ctx, TrialSpec};
 use session::Session;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -106,7 +111,7 @@ pub struct Validity {
 pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<Said> {
     let tasks = task::load_suite(suite)?;
     let s = Session::new(socket);
-    let images = run::ensure_images(&s, &tasks)?;
+    let images = clean::ensure_images(&s, &tasks)?;
     let agents = vec![AgentSpec::Oracle];
     let dir = std::env::temp_dir().join(format!("forkd-validate-{}", std::process::id()));
     let ctx = Ctx {
@@ -122,7 +127,7 @@ pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<Said> {
     };
     let mut verdicts = Vec::new();
     for (i, t) in tasks.iter().enumerate() {
-        let clean = run::clean_state(&s, t, &images[&t.config.task.image])?;
+        let clean = clean::clean_state(&s, t, &images[&t.config.task.image])?;
         let start = grade::grade(&s, t, &clean);
         let spec = TrialSpec {
             id: format!("validate.{}", t.name),
@@ -244,7 +249,7 @@ pub fn begin(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<B
         opts.suite.display(),
         tasks.len()
     );
-    let images = run::ensure_images(&s, &tasks)?;
+    let images = clean::ensure_images(&s, &tasks)?;
     let agents: Vec<AgentSpec> = opts
         .agents
         .iter()
@@ -316,7 +321,7 @@ pub fn begin(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<B
             std::fs::write(&tmp, body)?;
             std::fs::rename(&tmp, &results_path)?;
         }
-        run::decision(
+        records::decision(
             &opts.out,
             "resume",
             serde_json::json!({
@@ -341,7 +346,7 @@ pub fn begin(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result<B
             states_only: opts.states_only,
         };
         std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m)?)?;
-        run::decision(
+        records::decision(
             &opts.out,
             "start",
             serde_json::json!({ "fingerprint": fingerprint, "config": config }),
@@ -390,9 +395,9 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
         let t0 = std::time::Instant::now();
         let id = match &opts.shard {
             Some(sh) => sh.clean_state(&s, t, &images[&t.config.task.image], &opts.out)?,
-            None => run::clean_state(&s, t, &images[&t.config.task.image])?,
+            None => clean::clean_state(&s, t, &images[&t.config.task.image])?,
         };
-        run::record_base_commit(&s, t, &id)?;
+        clean::record_base_commit(&s, t, &id)?;
         eprintln!(
             "[eval] clean state of {}: checkpoint {id} ({:.1}s)",
             t.name,
@@ -476,7 +481,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     // 3. The trial matrix.
     let mut specs = Vec::new();
     for (ti, t) in tasks.iter().enumerate() {
-        let task_states: Vec<&run::StateRecord> =
+        let task_states: Vec<&records::StateRecord> =
             states.iter().filter(|st| st.task == t.name).collect();
         for &cond in &opts.conditions {
             let starts: Vec<(String, String, Option<String>)> = match cond {
@@ -587,7 +592,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
                 if fenced().is_some() {
                     return;
                 }
-                if let Err(e) = run::append_jsonl(&results_path, &row) {
+                if let Err(e) = records::append_jsonl(&results_path, &row) {
                     eprintln!("[eval] write {}: {e}", results_path.display());
                 }
                 let mut n = finished.lock().unwrap();
@@ -613,7 +618,7 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
     }
     let rows = load_results(&results_path);
     write_csv(&opts.out.join("results.csv"), &rows)?;
-    run::decision(
+    records::decision(
         &opts.out,
         "finish",
         serde_json::json!({ "trials": rows.len() }),
@@ -716,9 +721,9 @@ pub fn summary(rows: &[TrialRow]) -> (serde_json::Value, String) {
 fn reviewed(
     run_dir: &Path,
     policy: review::Policy,
-    states: Vec<run::StateRecord>,
+    states: Vec<records::StateRecord>,
     states_only: bool,
-) -> anyhow::Result<Result<Vec<run::StateRecord>, Vec<String>>> {
+) -> anyhow::Result<Result<Vec<records::StateRecord>, Vec<String>>> {
     if policy.reviewers == 0 {
         return Ok(Ok(states));
     }
@@ -726,7 +731,7 @@ fn reviewed(
     // Once trials have started from reviewed states, their decisions are fixed.
     let fp = review::fingerprint(run_dir, &names);
     let path = run_dir.join("manifest.json");
-    let mut m: run::Manifest = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let mut m: records::Manifest = serde_json::from_slice(&std::fs::read(&path)?)?;
     if let Some(old) = &m.review_fingerprint {
         anyhow::ensure!(
             *old == fp,
@@ -749,7 +754,7 @@ fn reviewed(
         match &verdicts[&st.state_id] {
             review::Verdict::Accepted => {
                 if !recorded(&st.state_id) {
-                    run::append_jsonl(
+                    records::append_jsonl(
                         &run_dir.join("states/candidates.jsonl"),
                         &serde_json::json!({ "candidate": st.state_id, "task": st.task, "predecessor": st.predecessor,
                             "kept": true, "stage": "review", "reason": "accepted by review" }),
@@ -759,7 +764,7 @@ fn reviewed(
             }
             review::Verdict::Rejected { criteria, reasons } => {
                 if !recorded(&st.state_id) {
-                    run::append_jsonl(
+                    records::append_jsonl(
                         &run_dir.join("states/candidates.jsonl"),
                         &serde_json::json!({ "candidate": st.state_id, "task": st.task, "predecessor": st.predecessor,
                             "kept": false, "stage": "review", "criteria": criteria,
@@ -790,7 +795,7 @@ fn reviewed(
     if m.review_fingerprint.is_none() {
         m.review_fingerprint = Some(fp.clone());
         std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
-        run::decision(
+        records::decision(
             run_dir,
             "review-fixed",
             serde_json::json!({ "fingerprint": fp, "states": accepted.len() }),

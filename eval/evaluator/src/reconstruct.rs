@@ -21,30 +21,8 @@
 use super::session::{InfraResult, Session};
 use super::task::Task;
 use forkd_sandbox::proto::ExecRequest;
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Reconstruct {
-    #[default]
-    Exact,
-    Patch,
-}
-
-impl std::str::FromStr for Reconstruct {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Reconstruct> {
-        match s {
-            "exact" => Ok(Reconstruct::Exact),
-            "patch" => Ok(Reconstruct::Patch),
-            other => anyhow::bail!("reconstruct {other:?}: use exact or patch"),
-        }
-    }
-}
-
-/// Files outside the work tree that a patch-on-base state takes from the predecessor's
-/// final state when no `[residual] carry` is given.
-pub const DEFAULT_CARRY: &[&str] = &["/root/.bash_history", "/root/.python_history"];
+pub use super::task_toml::{Reconstruct, DEFAULT_CARRY};
 
 /// Why a reconstruction produced no state.
 #[derive(Debug, Clone, PartialEq, Eq)]

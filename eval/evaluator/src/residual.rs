@@ -7,7 +7,8 @@
 
 use super::delta;
 use super::grade::grade;
-use super::run::{append_jsonl, run_trial, Ctx, StateRecord, TrialSpec};
+use super::records::{append_jsonl, StateRecord};
+use super::run::{run_trial, Ctx, TrialSpec};
 use super::session::Session;
 use forkd_analysis::{Condition, Outcome};
 use std::collections::{BTreeMap, HashSet};

@@ -21,7 +21,8 @@
 //! trials start, the decisions that chose the states are fingerprinted into the
 //! manifest: a resumed run whose decisions changed since is refused.
 
-use super::run::{decision, StateRecord};
+use super::records::{decision, StateRecord};
+pub use super::records::{Policy, Rule};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -29,34 +30,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub const CRITERIA: &[&str] = &["task-directed", "task-verifier-consistent"];
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Rule {
-    #[default]
-    All,
-    Majority,
-}
-
-impl std::str::FromStr for Rule {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Rule> {
-        match s {
-            "all" => Ok(Rule::All),
-            "majority" => Ok(Rule::Majority),
-            other => bail!("review rule {other:?}: use all or majority"),
-        }
-    }
-}
-
-/// How many reviewers a candidate needs and how they decide; part of the run's
-/// configuration (and so of its fingerprint).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Policy {
-    /// 0: no review, every candidate that passes the automatic filters is kept.
-    pub reviewers: usize,
-    pub rule: Rule,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {

@@ -56,7 +56,7 @@ impl Session {
         &self,
         image: &str,
         labels: &[(&str, &str)],
-        env: &crate::task::EnvSection,
+        env: &crate::task_toml::EnvSection,
     ) -> InfraResult<String> {
         let network = env.network.as_deref();
         let labels: serde_json::Map<String, serde_json::Value> = labels

@@ -23,7 +23,7 @@
 //! them instead of building them again.
 
 use super::archives::{write_atomic, StateArchives};
-use super::run::{decision, Manifest, RunConfig, StateRecord};
+use super::records::{decision, Manifest, RunConfig, StateRecord};
 use super::session::Session;
 use super::task::Task;
 use super::{now_secs, RunOptions};
@@ -250,7 +250,7 @@ impl Sharding {
                 )?;
             }
         }
-        let id = super::run::clean_state(s, task, image_layers)?;
+        let id = super::clean::clean_state(s, task, image_layers)?;
         self.archives.publish(s, &task.name, "clean", &id)?;
         Ok(id)
     }

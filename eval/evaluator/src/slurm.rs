@@ -12,7 +12,7 @@
 
 use super::archives::write_atomic;
 use super::now_secs;
-use super::run::decision;
+use super::records::decision;
 use super::shard::{self, Plan, ShardFiles};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -118,7 +118,7 @@ pub fn submit(
         t_ms: super::now_ms(),
         reason: reason.into(),
     };
-    super::run::append_jsonl(&dir.join("jobs.jsonl"), &sub)?;
+    super::records::append_jsonl(&dir.join("jobs.jsonl"), &sub)?;
     decision(
         &top,
         "slurm-submit",
@@ -485,7 +485,7 @@ pub fn kube_job(
     let socket = forkd_api::client::Client::default_socket();
     let socket_dir = socket.parent().unwrap_or(Path::new("/run/forkd"));
     let suite = {
-        let m: super::run::Manifest =
+        let m: super::records::Manifest =
             serde_json::from_slice(&std::fs::read(top.join("manifest.json"))?)?;
         m.config.suite
     };
