@@ -8,8 +8,10 @@
 pub mod client;
 pub mod defaults;
 mod ops;
+mod size;
 
 pub use ops::{Answer, OpSpec, Operation, RequestBody, GRANTED_OPERATIONS};
+pub use size::parse_size;
 
 use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest};

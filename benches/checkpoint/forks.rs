@@ -317,7 +317,7 @@ pub fn live_forks(
     // measured under the same load.
     if let Some(p) = podman {
         if largest > 1 {
-            let parallel = forkd::daemon::fork_parallelism();
+            let parallel = forkd::daemon::config::Config::from_env()?.fork_parallel;
             let copies = largest.min(PODMAN_CONCURRENT_COPIES);
             eprintln!("  podman: {copies} restores, {parallel} at a time ...");
             let us = p.restore_concurrently(copies, parallel)?;

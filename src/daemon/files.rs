@@ -45,7 +45,7 @@ impl Daemon {
         };
         // A copy's output is the archive itself: kept whole up to the copy limit, and
         // refused past it (never silently cut).
-        let limit = super::http::copy_limit();
+        let limit = self.config.max_copy_bytes;
         let out = self.exec_output(sb, &req, stdin, limit)?;
         if out.truncated {
             return Err(ApiError::bad_request(format!(

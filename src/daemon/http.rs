@@ -13,23 +13,14 @@ pub const MAX_JSON_BODY: usize = 64 << 20;
 /// Largest archive `cp` moves either way by default; `FORKD_MAX_COPY_BYTES` sets it.
 pub const DEFAULT_MAX_COPY: usize = 1 << 30;
 
-/// The largest archive a `cp` carries in or out of a sandbox.
-pub fn copy_limit() -> usize {
-    std::env::var("FORKD_MAX_COPY_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or(DEFAULT_MAX_COPY)
-}
-
 /// The largest body a request to `path` may carry: uploads (a tar for `cp`) are
-/// binary and may be large, every other body is JSON.
-pub fn body_limit(method: &str, path: &str) -> usize {
+/// binary and may be as large as `copy_limit`, every other body is JSON.
+pub fn body_limit(method: &str, path: &str, copy_limit: usize) -> usize {
     let upload = method == "PUT"
         && path.starts_with("/v1/sandboxes/")
         && path.trim_end_matches('/').ends_with("/files");
     if upload {
-        copy_limit()
+        copy_limit
     } else {
         MAX_JSON_BODY
     }
@@ -64,7 +55,11 @@ impl Request {
 }
 
 /// Reads one request. `Ok(None)` when the client closed the connection first.
-pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, ApiError> {
+/// Reads one request; an upload may carry at most `copy_limit` bytes.
+pub async fn read_request(
+    stream: &mut UnixStream,
+    copy_limit: usize,
+) -> Result<Option<Request>, ApiError> {
     let mut buf = Vec::with_capacity(4096);
     let head_end = loop {
         if let Some(i) = find(&buf, b"\r\n\r\n") {
@@ -122,7 +117,7 @@ pub async fn read_request(stream: &mut UnixStream) -> Result<Option<Request>, Ap
             .map_err(|_| ApiError::bad_request(format!("bad Content-Length {v:?}")))?,
         None => 0,
     };
-    let limit = body_limit(&method, &path);
+    let limit = body_limit(&method, &path, copy_limit);
     if len > limit {
         return Err(ApiError::bad_request(format!(
             "request body of {len} bytes is over the limit of {limit} bytes for {method} {path}{}",

@@ -11,8 +11,8 @@ mod archive;
 mod bases;
 mod build;
 mod checkpoints;
+pub mod config;
 mod exec;
-pub use checkpoints::fork_parallelism;
 mod files;
 mod gc;
 mod grants;
@@ -56,6 +56,8 @@ pub struct DaemonConfig {
 }
 
 pub struct Daemon {
+    /// The settings, read once at start.
+    pub config: config::Config,
     /// The state root given by the user (holds the lock and, if needed, the volume image).
     pub root: PathBuf,
     /// Where all data lives: a btrfs filesystem (the state root itself, or a loop-mounted
@@ -260,6 +262,7 @@ impl Daemon {
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<Arc<Daemon>> {
         use anyhow::Context;
+        let config = config::Config::from_env()?;
         if !nix::unistd::Uid::effective().is_root() {
             anyhow::bail!(
                 "forkd daemon must run as root (it creates namespaces, mounts and cgroups)"
@@ -321,9 +324,7 @@ impl Daemon {
         check_volume_size(&volume);
         // Simple quotas set a feature flag that kernels before 6.7 cannot mount: on a
         // volume that is the host's own btrfs only when the operator says so.
-        let disk_quotas = if volume.loop_image().is_none()
-            && std::env::var("FORKD_DISK_QUOTAS").as_deref() != Ok("on")
-        {
+        let disk_quotas = if volume.loop_image().is_none() && !config.disk_quotas_on_host {
             Err(format!(
                 "disk limits on {}, the host's own btrfs, need FORKD_DISK_QUOTAS=on (btrfs simple quotas set a feature flag that kernels before 6.7 cannot mount)",
                 volume.path().display()
@@ -355,7 +356,7 @@ impl Daemon {
         let bases = bases::Bases::open(data.join("bases"), &volume)
             .map_err(|e| anyhow::anyhow!("open the bases: {e}"))?;
         let exe = std::fs::read_link("/proc/self/exe").context("find own executable")?;
-        let init = init_program(&exe)?;
+        let init = init_program(&exe, config.init.as_deref())?;
         let runtime_layer = ensure_runtime_layer(&data, &layers, &init)?;
         let setup_exe = layers.path(&runtime_layer).join(".forkd/init");
         let (sysfs, sysfs_netns) = {
@@ -389,7 +390,7 @@ impl Daemon {
                 // Restores give the namespace its root without `pivot_root`, which walks
                 // every task on the host (docs/DESIGN.md, "What still grows");
                 // FORKD_CRIU_ROOT=pivot leaves it to CRIU's own.
-                if std::env::var("FORKD_CRIU_ROOT").as_deref() != Ok("pivot") {
+                if !config.criu_pivot_root {
                     let dir = cfg.root.join("criu-base");
                     match forkd_sys::mount::base_namespace(&dir) {
                         Ok(base) => c.use_root_base(base),
@@ -427,13 +428,14 @@ impl Daemon {
             Ok(_) => {}
         }
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
-        let spare_netns =
-            spare_netns::SpareNetns::start(spare_netns::SpareNetns::target_from_env()?)?;
-        let spare_layers = spare_layers::SpareLayers::start(
-            data.join("spare-layers"),
-            spare_layers::SpareLayers::target_from_env()?,
-        )?;
-        let templates = Arc::new(templates::Templates::from_env(data.join("logs"))?);
+        let spare_netns = spare_netns::SpareNetns::start(config.spare_netns)?;
+        let spare_layers =
+            spare_layers::SpareLayers::start(data.join("spare-layers"), config.spare_layers)?;
+        let templates = Arc::new(templates::Templates::new(
+            data.join("logs"),
+            config.templates,
+            config.template_budget,
+        ));
         raise_pid_max();
         // The table's name comes from the data directory, so that daemons on one host
         // (one per state root) never share rules.
@@ -445,9 +447,9 @@ impl Daemon {
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>()
         };
-        let mut cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, cgroup_pool()?);
-        bound_sandboxes_memory(&hierarchy)?;
-        if let Some(asked) = share_memory_cgroups()? {
+        let mut cgroups = forkd_cgroups::Pool::new(&hierarchy, "forkd", &tag, config.cgroup_pool);
+        bound_sandboxes_memory(&hierarchy, config.sandboxes_memory)?;
+        if let config::MemoryCgroups::Limited { said: asked } = config.memory_cgroups {
             cgroups = cgroups.sharing_memory();
             match cgroups.shared_memory_for(&forkd_cgroups::Limits::default()) {
                 Some(shared) => log::info(&format!(
@@ -466,8 +468,8 @@ impl Daemon {
             ));
         }
         let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
-        let egress = forkd_net::Egress::new(network::pool()?, &tag, nft);
-        let sharing = sharing::Sharing::new(sharing::Settings::from_env()?)?;
+        let egress = forkd_net::Egress::new(config.egress_pool, &tag, nft);
+        let sharing = sharing::Sharing::new(config.ksm.clone())?;
         // The socket's directory (/run/forkd by default) is gone after every boot; the
         // grants' directory sits beside the socket.
         if let Some(parent) = cfg.socket.parent() {
@@ -499,7 +501,7 @@ impl Daemon {
             sandboxes: Mutex::new(table::SandboxTable::default()),
             metrics: metrics::Metrics::default(),
             builds: build::Builds::default(),
-            pulls: pull::Pulls::default(),
+            pulls: pull::Pulls::new(config.pull_parallel),
             egress,
             leases: Mutex::new(HashMap::new()),
             runtime,
@@ -514,7 +516,8 @@ impl Daemon {
             empty_mntns,
             _lock: lock,
             next_request: AtomicU64::new(1),
-            favor_dynmods: std::env::var("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Ok("0"),
+            favor_dynmods: config.cgroup_favor_dynmods,
+            config,
             favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
             disk_quotas,
             volume_watch: health::Watch {

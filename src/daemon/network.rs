@@ -11,20 +11,6 @@ use forkd_sandbox::SandboxId;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-/// The daemon's egress pool: `FORKD_EGRESS_POOL` (an IPv4 network, /8 to /29) or
-/// [`forkd_net::DEFAULT_POOL`].
-pub(super) fn pool() -> anyhow::Result<forkd_net::Net4> {
-    let text =
-        std::env::var("FORKD_EGRESS_POOL").unwrap_or_else(|_| forkd_net::DEFAULT_POOL.into());
-    let pool: forkd_net::Net4 = text
-        .parse()
-        .map_err(|e| anyhow::anyhow!("FORKD_EGRESS_POOL: {e}"))?;
-    if !(8..=29).contains(&pool.prefix) {
-        anyhow::bail!("FORKD_EGRESS_POOL {pool}: the prefix length must be 8 to 29");
-    }
-    Ok(pool)
-}
-
 fn api_error(context: &str, e: NetError) -> ApiError {
     match e {
         NetError::Invalid(m) => ApiError::bad_request(format!("network: {m}")),

@@ -81,13 +81,9 @@ struct Flight {
     cv: Condvar,
 }
 
-impl Default for Pulls {
-    fn default() -> Self {
-        let n = std::env::var("FORKD_PULL_PARALLEL")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| *n > 0)
-            .unwrap_or(3);
+impl Pulls {
+    /// A table whose jobs run `n` at once (`FORKD_PULL_PARALLEL`).
+    pub fn new(n: usize) -> Self {
         Pulls {
             jobs: Mutex::new(BTreeMap::new()),
             next: std::sync::atomic::AtomicU64::new(1),

@@ -64,7 +64,7 @@ pub fn match_route(
 pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Arc<Grant>>) {
     let started = Instant::now();
     let rid = daemon.request_id();
-    let req = match http::read_request(&mut stream).await {
+    let req = match http::read_request(&mut stream, daemon.config.max_copy_bytes).await {
         Ok(Some(r)) => r,
         Ok(None) => return,
         Err(mut e) => {

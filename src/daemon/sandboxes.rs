@@ -95,43 +95,29 @@ pub struct SandboxRecord {
     pub seccomp: forkd_sandbox::Seccomp,
 }
 
-/// Environment variables with the limits a sandbox gets when its request sets none:
-/// tasks (default [`DEFAULT_PIDS`], as podman's), memory and disk (default none); `0`
-/// for none. The disk default applies only where disk limits can be held.
-pub const DEFAULT_PIDS_ENV: &str = "FORKD_DEFAULT_PIDS";
-pub const DEFAULT_MEMORY_ENV: &str = "FORKD_DEFAULT_MEMORY";
-pub const DEFAULT_DISK_ENV: &str = "FORKD_DEFAULT_DISK";
+/// The task limit a sandbox gets when its request sets none, as podman's
+/// (`FORKD_DEFAULT_PIDS`; memory and disk have none unless set: see the config). The
+/// disk default applies only where disk limits can be held.
 pub const DEFAULT_PIDS: u64 = 2048;
 
 /// `limits` with the operator's defaults where it sets nothing (a fork's branches keep
 /// their checkpoint's limits, defaults included).
-pub(crate) fn default_limits(limits: &Limits, disk_quotas: bool) -> Result<Limits, ApiError> {
-    let setting = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+pub(crate) fn default_limits(
+    limits: &Limits,
+    config: &super::config::Config,
+    disk_quotas: bool,
+) -> Limits {
     let mut out = limits.clone();
     if out.pids.is_none() {
-        out.pids = match setting(DEFAULT_PIDS_ENV).as_deref() {
-            None => Some(DEFAULT_PIDS),
-            Some("0") => None,
-            Some(v) => Some(v.parse().map_err(|_| {
-                ApiError::internal(format!("{DEFAULT_PIDS_ENV}={v:?} is not a number of tasks"))
-            })?),
-        };
+        out.pids = config.default_pids;
     }
-    let size = |name: &str| -> Result<Option<u64>, ApiError> {
-        match setting(name).as_deref() {
-            None | Some("0") => Ok(None),
-            Some(v) => crate::cli::parse_size(v)
-                .map(Some)
-                .map_err(|e| ApiError::internal(format!("{name}={v:?}: {e}"))),
-        }
-    };
     if out.memory_bytes.is_none() {
-        out.memory_bytes = size(DEFAULT_MEMORY_ENV)?;
+        out.memory_bytes = config.default_memory;
     }
     if out.disk_bytes.is_none() && disk_quotas {
-        out.disk_bytes = size(DEFAULT_DISK_ENV)?;
+        out.disk_bytes = config.default_disk;
     }
-    Ok(out)
+    out
 }
 
 /// What a record written before the system-call filter existed says.
@@ -377,7 +363,7 @@ impl Daemon {
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
-        req.limits = default_limits(&req.limits, self.disk_quotas.is_ok())?;
+        req.limits = default_limits(&req.limits, &self.config, self.disk_quotas.is_ok());
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;

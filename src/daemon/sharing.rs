@@ -53,34 +53,6 @@ pub struct Settings {
     pub boost: Duration,
 }
 
-impl Settings {
-    /// From `FORKD_KSM` (`ask`, the default, `on` or `off`) and its knobs.
-    pub fn from_env() -> anyhow::Result<Settings> {
-        let num =
-            |name: &str, default: u64| -> anyhow::Result<u64> {
-                match std::env::var(name) {
-                    Err(_) => Ok(default),
-                    Ok(v) => v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        anyhow::anyhow!("{name}={v:?}: expected a positive integer")
-                    }),
-                }
-            };
-        let mode = match std::env::var("FORKD_KSM").as_deref() {
-            Err(_) | Ok("ask") => Mode::Ask,
-            Ok("off") | Ok("0") => Mode::Off,
-            Ok("on") | Ok("1") => Mode::On,
-            Ok(other) => anyhow::bail!("FORKD_KSM={other:?}: expected ask, on or off"),
-        };
-        Ok(Settings {
-            mode,
-            boost_pages: num("FORKD_KSM_BOOST_PAGES", 4000)?,
-            idle_pages: num("FORKD_KSM_IDLE_PAGES", 100)?,
-            sleep_ms: num("FORKD_KSM_SLEEP_MS", 20)?,
-            boost: Duration::from_secs(num("FORKD_KSM_BOOST_SECS", 30)?),
-        })
-    }
-}
-
 /// The daemon's sharing policy, and KSM's pacing once it runs.
 pub struct Sharing {
     settings: Settings,
@@ -280,29 +252,6 @@ fn pace(s: &Settings, state: &(Mutex<Option<Instant>>, Condvar)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn settings_parse_and_refuse_bad_values() {
-        // One test touches the variables, so no other test sees them change.
-        std::env::remove_var("FORKD_KSM");
-        assert_eq!(Settings::from_env().unwrap().mode, Mode::Ask);
-        std::env::set_var("FORKD_KSM", "off");
-        assert_eq!(Settings::from_env().unwrap().mode, Mode::Off);
-        std::env::set_var("FORKD_KSM", "on");
-        std::env::set_var("FORKD_KSM_BOOST_PAGES", "5000");
-        let s = Settings::from_env().unwrap();
-        assert_eq!(s.mode, Mode::On);
-        assert_eq!((s.boost_pages, s.idle_pages, s.sleep_ms), (5000, 100, 20));
-        assert_eq!(s.boost, Duration::from_secs(30));
-        std::env::set_var("FORKD_KSM_BOOST_PAGES", "0");
-        let e = Settings::from_env().unwrap_err().to_string();
-        assert!(e.contains("FORKD_KSM_BOOST_PAGES"), "{e}");
-        std::env::remove_var("FORKD_KSM_BOOST_PAGES");
-        std::env::set_var("FORKD_KSM", "sometimes");
-        let e = Settings::from_env().unwrap_err().to_string();
-        assert!(e.contains("FORKD_KSM=\"sometimes\""), "{e}");
-        std::env::remove_var("FORKD_KSM");
-    }
 
     /// What a request gets under each mode, where KSM never has to start.
     #[test]

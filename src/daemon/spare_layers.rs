@@ -39,17 +39,6 @@ const BATCH_AHEAD: usize = 256;
 /// before it makes the next.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
 
-/// The count `FORKD_SPARE_LAYERS` asks for.
-fn target(value: Option<&str>) -> anyhow::Result<usize> {
-    match value {
-        None | Some("") => Ok(DEFAULT_SPARE),
-        Some(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n <= 16 => Ok(n),
-            _ => anyhow::bail!("FORKD_SPARE_LAYERS={v:?}: expected a count from 0 to 16"),
-        },
-    }
-}
-
 #[derive(Default)]
 struct State {
     /// Ready spares of each source.
@@ -115,11 +104,6 @@ impl Drop for Busy<'_> {
 }
 
 impl SpareLayers {
-    /// `FORKD_SPARE_LAYERS` (a count, 0 to turn it off) or [`DEFAULT_SPARE`].
-    pub fn target_from_env() -> anyhow::Result<usize> {
-        target(std::env::var("FORKD_SPARE_LAYERS").ok().as_deref())
-    }
-
     /// Opens `dir` (emptied of what an earlier daemon left) and starts the thread that
     /// keeps `target` spares of each recent source (none with 0).
     pub fn start(dir: PathBuf, target: usize) -> anyhow::Result<Arc<Self>> {
@@ -378,17 +362,6 @@ fn remove(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_count_is_checked() {
-        assert_eq!(target(None).unwrap(), DEFAULT_SPARE);
-        assert_eq!(target(Some("0")).unwrap(), 0);
-        assert_eq!(target(Some(" 4 ")).unwrap(), 4);
-        for bad in ["-1", "17", "two"] {
-            let e = target(Some(bad)).unwrap_err().to_string();
-            assert!(e.contains("FORKD_SPARE_LAYERS") && e.contains(bad), "{e}");
-        }
-    }
 
     #[test]
     fn the_least_recent_source_falls_out() {

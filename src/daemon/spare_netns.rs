@@ -23,17 +23,6 @@ pub const DEFAULT_SPARE: usize = 4;
 /// How long the thread waits after a take before it makes the next namespace.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
 
-/// The count `FORKD_SPARE_NETNS` asks for.
-fn target(value: Option<&str>) -> anyhow::Result<usize> {
-    match value {
-        None | Some("") => Ok(DEFAULT_SPARE),
-        Some(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n <= 64 => Ok(n),
-            _ => anyhow::bail!("FORKD_SPARE_NETNS={v:?}: expected a count from 0 to 64"),
-        },
-    }
-}
-
 pub struct SpareNetns {
     ready: Mutex<Vec<OwnedFd>>,
     /// Signalled when one is taken.
@@ -42,11 +31,6 @@ pub struct SpareNetns {
 }
 
 impl SpareNetns {
-    /// `FORKD_SPARE_NETNS` (a count, 0 to turn it off) or [`DEFAULT_SPARE`].
-    pub fn target_from_env() -> anyhow::Result<usize> {
-        target(std::env::var("FORKD_SPARE_NETNS").ok().as_deref())
-    }
-
     /// Starts the thread that keeps `target` namespaces ready (none with 0).
     pub fn start(target: usize) -> anyhow::Result<Arc<Self>> {
         let spare = Arc::new(SpareNetns {
@@ -108,21 +92,6 @@ impl SpareNetns {
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_count_is_checked() {
-        assert_eq!(super::target(None).unwrap(), super::DEFAULT_SPARE);
-        assert_eq!(super::target(Some("")).unwrap(), super::DEFAULT_SPARE);
-        assert_eq!(super::target(Some("0")).unwrap(), 0);
-        assert_eq!(super::target(Some(" 8 ")).unwrap(), 8);
-        for bad in ["-1", "65", "four"] {
-            let e = super::target(Some(bad)).unwrap_err().to_string();
-            assert!(e.contains("FORKD_SPARE_NETNS") && e.contains(bad), "{e}");
         }
     }
 }

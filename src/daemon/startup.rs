@@ -17,12 +17,15 @@ pub const SANDBOXES_MEMORY_ENV: &str = "FORKD_SANDBOXES_MEMORY";
 /// the daemon and the host: a memory bomb without a limit of its own meets the OOM killer
 /// in there, never the host's. A bad setting stops the daemon; a kernel that refuses
 /// the bound is said once.
-pub(super) fn bound_sandboxes_memory(hierarchy: &forkd_cgroups::Hierarchy) -> anyhow::Result<()> {
-    let bytes = match std::env::var(SANDBOXES_MEMORY_ENV) {
-        Ok(v) if v.trim() == "0" => return Ok(()),
-        Ok(v) => crate::cli::parse_size(&v)
-            .map_err(|e| anyhow::anyhow!("{SANDBOXES_MEMORY_ENV}={v:?}: {e}"))?,
-        Err(_) => {
+pub(super) fn bound_sandboxes_memory(
+    hierarchy: &forkd_cgroups::Hierarchy,
+    setting: super::config::SandboxesMemory,
+) -> anyhow::Result<()> {
+    use super::config::SandboxesMemory;
+    let bytes = match setting {
+        SandboxesMemory::None => return Ok(()),
+        SandboxesMemory::Bytes(b) => b,
+        SandboxesMemory::Default => {
             let total = forkd_sys::proc_kib_field("/proc/meminfo", "MemTotal:").unwrap_or(0);
             if total == 0 {
                 return Ok(());
@@ -124,9 +127,9 @@ impl Daemon {
 
 /// The program every sandbox runs as `/.forkd/init`: `FORKD_INIT`, or `forkd-init` beside
 /// this executable (where `cargo build` puts it).
-pub(super) fn init_program(exe: &Path) -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("FORKD_INIT").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
+pub(super) fn init_program(exe: &Path, setting: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = setting {
+        let p = p.to_path_buf();
         anyhow::ensure!(p.is_file(), "FORKD_INIT={}: no such file", p.display());
         return Ok(p);
     }
@@ -184,29 +187,4 @@ pub(super) fn ensure_runtime_layer(
     let id = res.context("build the runtime layer")?;
     std::fs::write(&cache, id.to_string()).with_context(|| format!("write {}", cache.display()))?;
     Ok(id)
-}
-
-/// Whether sandboxes without a memory limit share one memory cgroup (`FORKD_MEMCG`:
-/// `limited`, the default, gives one of its own only to a sandbox with a memory limit;
-/// `each` to every sandbox): `Some(asked)` to share, `asked` when the variable says so.
-/// Sharing needs cgroup v1 (docs/DESIGN.md, "Sharing the memory cgroup").
-pub(super) fn share_memory_cgroups() -> anyhow::Result<Option<bool>> {
-    match std::env::var("FORKD_MEMCG").as_deref() {
-        Err(_) => Ok(Some(false)),
-        Ok("limited") => Ok(Some(true)),
-        Ok("each") => Ok(None),
-        Ok(v) => anyhow::bail!(
-            "FORKD_MEMCG={v:?} is not a choice: `each` (a memory cgroup for every sandbox) or `limited` (only for sandboxes with a memory limit)"
-        ),
-    }
-}
-
-/// How many free cgroups the daemon keeps for the next sandboxes (`FORKD_CGROUP_POOL`).
-pub(super) fn cgroup_pool() -> anyhow::Result<usize> {
-    match std::env::var("FORKD_CGROUP_POOL") {
-        Err(_) => Ok(32),
-        Ok(v) => v.trim().parse().map_err(|_| {
-            anyhow::anyhow!("FORKD_CGROUP_POOL={v:?} is not a number of cgroups (0 keeps none)")
-        }),
-    }
 }

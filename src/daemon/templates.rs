@@ -83,29 +83,18 @@ pub struct Templates {
 }
 
 impl Templates {
-    /// From `FORKD_TEMPLATES` (`on`, the default, or `off`) and `FORKD_TEMPLATE_MIB`;
+    /// Templates on or off (`FORKD_TEMPLATES`), holding at most `budget` bytes
+    /// together (`FORKD_TEMPLATE_MIB`; by default a quarter of the machine's memory);
     /// logs in `logs`.
-    pub fn from_env(logs: PathBuf) -> anyhow::Result<Templates> {
-        let enabled = match std::env::var("FORKD_TEMPLATES").as_deref() {
-            Err(_) | Ok("") | Ok("on") => true,
-            Ok("off") => false,
-            Ok(v) => anyhow::bail!("FORKD_TEMPLATES={v:?}: expected on or off"),
-        };
-        let budget = match std::env::var("FORKD_TEMPLATE_MIB") {
-            Ok(v) => {
-                v.parse::<u64>()
-                    .map_err(|_| anyhow::anyhow!("FORKD_TEMPLATE_MIB={v:?}: expected MiB"))?
-                    << 20
-            }
-            Err(_) => host_memory() / 4,
-        };
-        Ok(Templates {
+    pub fn new(logs: PathBuf, enabled: bool, budget: Option<u64>) -> Templates {
+        let budget = budget.unwrap_or_else(|| host_memory() / 4);
+        Templates {
             enabled,
             supported: std::sync::OnceLock::new(),
             budget,
             logs,
             slots: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     /// The template of checkpoint `id` (images in `images`), started if there is none

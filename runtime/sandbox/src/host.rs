@@ -67,13 +67,13 @@ pub fn start_init(
 ) -> Result<i32, HostError> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let body = serde_json::to_vec(spec).expect("spec serialises");
-    if body.len() >= crate::setup::SPEC_LIMIT {
+    if body.len() >= crate::layout::SPEC_LIMIT {
         return Err(HostError::Setup {
             step: "send spec".into(),
             message: format!(
                 "the spec is {} bytes, over the set-up's {}",
                 body.len(),
-                crate::setup::SPEC_LIMIT
+                crate::layout::SPEC_LIMIT
             ),
         });
     }

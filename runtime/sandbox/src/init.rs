@@ -30,11 +30,9 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
 
-const SOCKET: &str = "/.forkd/run/init.sock";
+const SOCKET: &str = crate::layout::CONTROL_SOCKET_PATH;
 
-/// The environment variable naming the descriptor on which a fresh init tells its set-up
-/// that it listens (one byte, then the descriptor is closed).
-pub const READY_FD_ENV: &str = "FORKD_READY_FD";
+pub use crate::layout::READY_FD_ENV;
 
 /// Tells the set-up that the control socket listens, if it asked (a fresh init; a
 /// restored one has no such descriptor), and forgets the descriptor's number, so that
@@ -212,7 +210,7 @@ impl Handovers {
         let elapsed =
             std::time::Duration::from_micros(relay::now_us().saturating_sub(d.started_us));
         let exit = relay::exit_of(Some(status), false, elapsed);
-        let path = format!("{}/{}.exit", crate::setup::LOG_DIR, d.name);
+        let path = format!("{}/{}.exit", crate::layout::LOG_DIR, d.name);
         if let Err(e) = std::fs::write(&path, serde_json::to_vec(&exit).unwrap_or_default()) {
             eprintln!("forkd-init: {path}: {e}");
         }

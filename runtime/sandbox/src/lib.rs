@@ -13,6 +13,7 @@ pub mod files;
 pub mod host;
 pub mod id;
 pub mod init;
+pub mod layout;
 pub mod proto;
 pub mod relay;
 pub mod seccomp;

@@ -309,7 +309,7 @@ fn run_detached(
         .log
         .clone()
         .unwrap_or_else(|| format!("exec-{}", crate::id::random_hex(6)));
-    let log_path = format!("{}/{name}.log", crate::setup::LOG_DIR);
+    let log_path = format!("{}/{name}.log", crate::layout::LOG_DIR);
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

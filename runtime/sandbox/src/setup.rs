@@ -35,14 +35,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where forkd's own files live inside every sandbox.
-pub const FORKD_DIR: &str = "/.forkd";
-/// The init binary, provided by the runtime layer at the top of every layer stack.
-pub const INIT_PATH: &str = "/.forkd/init";
-/// The init's control socket, relative to the sandbox root.
-pub const CONTROL_SOCKET: &str = ".forkd/run/init.sock";
-/// Log directory inside the sandbox.
-pub const LOG_DIR: &str = "/.forkd/logs";
+pub use crate::layout::{CONTROL_SOCKET, FORKD_DIR, INIT_PATH, LOG_DIR, SPEC_LIMIT};
 
 /// Capabilities kept in the bounding set of every sandbox (others are dropped before
 /// the init runs, so no process in the sandbox can ever hold them). This is the set
@@ -106,9 +99,6 @@ pub struct Handed {
     /// with egress, already given its veth); without one, the set-up makes a new one.
     pub netns: Option<OwnedFd>,
 }
-
-/// The most a spec may take on the wire.
-pub const SPEC_LIMIT: usize = 64 * 1024;
 
 /// Reads the spec and its descriptors from `conn` until the sender shuts it down.
 fn receive(conn: &std::os::unix::net::UnixStream) -> StepResult<(SetupSpec, Handed)> {
@@ -495,7 +485,7 @@ fn child(spec: &SetupSpec, mounts: Mounts, ready: RawFd) -> StepResult<std::conv
     let mut env = vec![
         CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").unwrap(),
         CString::new(format!("FORKD_SANDBOX_ID={}", spec.id)).unwrap(),
-        CString::new(format!("{}={ready}", crate::init::READY_FD_ENV)).unwrap(),
+        CString::new(format!("{}={ready}", crate::layout::READY_FD_ENV)).unwrap(),
     ];
     if crate::rseq_off() {
         let (k, v) = crate::RSEQ_OFF;

@@ -191,11 +191,10 @@ pub(super) fn check_egress(criu: Option<&Path>) -> Check {
             ),
         );
     }
-    let pool =
-        std::env::var("FORKD_EGRESS_POOL").unwrap_or_else(|_| forkd_net::DEFAULT_POOL.into());
-    let pool: forkd_net::Net4 = match pool.parse() {
-        Ok(p) => p,
-        Err(e) => return Check::not_ok(NAME, false, format!("FORKD_EGRESS_POOL: {e}")),
+    // The pool the daemon would take, from the same settings.
+    let pool = match crate::daemon::config::Config::from_env() {
+        Ok(c) => c.egress_pool,
+        Err(e) => return Check::not_ok(NAME, false, e.to_string()),
     };
     let taken = nix::ifaddrs::getifaddrs()
         .map(|all| {

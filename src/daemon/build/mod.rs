@@ -240,8 +240,11 @@ impl Daemon {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         self.volume_usable(&format!("build of {}", req.name))?;
         let mut req = req;
-        req.limits =
-            crate::daemon::sandboxes::default_limits(&req.limits, self.disk_quotas.is_ok())?;
+        req.limits = crate::daemon::sandboxes::default_limits(
+            &req.limits,
+            &self.config,
+            self.disk_quotas.is_ok(),
+        );
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;

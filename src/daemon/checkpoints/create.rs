@@ -207,7 +207,7 @@ impl Daemon {
                     return Err(e);
                 }
             }
-        } else if rec.lowers.len() + 1 > max_stack() {
+        } else if rec.lowers.len() + 1 > max_stack(self.config.max_layers) {
             // Deep chains: flatten everything below this checkpoint's own layer into one
             // layer, so branches stay within overlayfs's stack limit.
             let t = Instant::now();

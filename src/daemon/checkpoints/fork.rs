@@ -21,20 +21,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How many branches of one fork request are restored at once (`FORKD_FORK_PARALLEL`,
-/// default: the number of CPUs).
-pub fn fork_parallelism() -> usize {
-    std::env::var("FORKD_FORK_PARALLEL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n >= 1)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-}
-
 /// What every branch of one fork request shares, settled before the first starts.
 struct Plan<'a> {
     c: &'a Checkpoint,
@@ -115,7 +101,7 @@ impl Daemon {
             self.spare_layers
                 .prepare(&self.layer_source(&plan.layer, &plan.base.id), count);
         }
-        let results = on_workers(count, fork_parallelism(), || self.fork_branch(&plan));
+        let results = on_workers(count, self.config.fork_parallel, || self.fork_branch(&plan));
         let mut branches = Vec::with_capacity(count);
         let mut first_error = None;
         for r in results {

@@ -48,18 +48,12 @@ mod hash;
 mod remove;
 mod tree;
 
-pub use fork::fork_parallelism;
-
 /// The deepest layer stack a checkpoint may have before it is squashed (overlayfs takes
-/// at most 500 lower layers; `FORKD_MAX_LAYERS` lowers the bound, e.g. for tests). On a
+/// at most 500 lower layers; `FORKD_MAX_LAYERS`, `max_layers` here, lowers the bound). On a
 /// kernel without `lowerdir+` one overlay takes at most
 /// [`forkd_sys::lowerdir::MAX_LINKED_LOWERS`], which then bounds it too.
-fn max_stack() -> usize {
-    let n = std::env::var("FORKD_MAX_LAYERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n >= 2)
-        .unwrap_or(128);
+fn max_stack(max_layers: usize) -> usize {
+    let n = max_layers;
     match forkd_sys::mount::lower_mode() {
         forkd_sys::mount::LowerMode::Links => n.min(forkd_sys::lowerdir::MAX_LINKED_LOWERS),
         forkd_sys::mount::LowerMode::Append => n,

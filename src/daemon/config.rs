@@ -1,0 +1,424 @@
+//! The daemon's settings: every `FORKD_*` variable it reads, read once at start into
+//! typed values and checked there, so that a bad value stops the daemon with an error
+//! naming the variable instead of failing requests later. The rest of the daemon takes
+//! its values from a [`Config`]; nothing else reads the environment. docs/SETTINGS.md
+//! lists them (a test keeps it in step with [`SETTINGS`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One setting as docs/SETTINGS.md shows it.
+pub struct Setting {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub unit: &'static str,
+    pub what: &'static str,
+}
+
+macro_rules! settings {
+    ($($name:literal, $default:literal, $unit:literal, $what:literal;)*) => {
+        /// Every setting the daemon reads.
+        pub const SETTINGS: &[Setting] = &[
+            $(Setting { name: $name, default: $default, unit: $unit, what: $what },)*
+        ];
+    };
+}
+
+settings! {
+    "FORKD_CGROUP_FAVOR_DYNMODS", "1", "0 or 1", "0 leaves cgroup2's favordynmods mount option as the host has it";
+    "FORKD_CGROUP_POOL", "32", "cgroups", "free cgroups kept ready for the next sandboxes (0 keeps none)";
+    "FORKD_CRIU_ROOT", "base", "base or pivot", "pivot leaves a restored namespace's root to CRIU's pivot_root";
+    "FORKD_DEFAULT_DISK", "0", "size (512m, 2g)", "disk limit of a sandbox whose request sets none (0: none)";
+    "FORKD_DEFAULT_MEMORY", "0", "size (512m, 2g)", "memory limit of a sandbox whose request sets none (0: none)";
+    "FORKD_DEFAULT_PIDS", "2048", "tasks", "task limit of a sandbox whose request sets none (0: none)";
+    "FORKD_DISK_QUOTAS", "off", "on or off", "on allows disk limits (btrfs simple quotas) when the volume is the host's own btrfs";
+    "FORKD_EGRESS_POOL", "10.213.0.0/16", "IPv4 network, /8 to /29", "addresses of the sandboxes' network links";
+    "FORKD_FORK_PARALLEL", "the CPU count", "branches", "branches of one fork request restored at once";
+    "FORKD_INIT", "forkd-init beside forkd", "path", "the program every sandbox runs as /.forkd/init";
+    "FORKD_KSM", "ask", "ask, on or off", "memory merged between branches: when a fork asks, for every fork, or never";
+    "FORKD_KSM_BOOST_PAGES", "4000", "pages", "pages KSM scans a round right after a fork that shares";
+    "FORKD_KSM_BOOST_SECS", "30", "seconds", "how long KSM scans at the boosted pace";
+    "FORKD_KSM_IDLE_PAGES", "100", "pages", "pages KSM scans a round otherwise";
+    "FORKD_KSM_SLEEP_MS", "20", "milliseconds", "KSM's sleep between rounds";
+    "FORKD_MAX_COPY_BYTES", "1073741824", "bytes", "the largest archive cp carries into or out of a sandbox";
+    "FORKD_MAX_LAYERS", "128", "layers (at least 2)", "the deepest layer stack of a checkpoint before it is squashed";
+    "FORKD_MEMCG", "limited", "limited or each", "each gives every sandbox a memory cgroup of its own (cgroup v1 shares one otherwise)";
+    "FORKD_PULL_PARALLEL", "3", "pulls", "image pulls and builds run at once";
+    "FORKD_SANDBOXES_MEMORY", "memory less a tenth", "size, 0 for none", "the memory all sandboxes together may use";
+    "FORKD_SPARE_LAYERS", "1", "0 to 16", "writable layers made ahead for each recent image or checkpoint";
+    "FORKD_SPARE_NETNS", "4", "0 to 64", "network namespaces made ahead";
+    "FORKD_TEMPLATES", "on", "on or off", "restore templates: branches share their checkpoint's memory";
+    "FORKD_TEMPLATE_MIB", "a quarter of memory", "MiB", "the memory restore templates may hold together";
+}
+
+/// An error in a setting: names the variable and what it expects.
+#[derive(Debug)]
+pub struct SettingError(pub String);
+
+impl std::fmt::Display for SettingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SettingError {}
+
+/// How sandboxes without a memory limit get memory cgroups (`FORKD_MEMCG`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryCgroups {
+    /// Only a sandbox with a memory limit has one of its own; `said` when the variable
+    /// asked for it.
+    Limited { said: bool },
+    /// Every sandbox has one.
+    Each,
+}
+
+/// The bound on all sandboxes' memory (`FORKD_SANDBOXES_MEMORY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxesMemory {
+    /// The machine's memory less a tenth (at least 1 GiB).
+    Default,
+    None,
+    Bytes(u64),
+}
+
+/// Every setting, read once.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub cgroup_favor_dynmods: bool,
+    pub cgroup_pool: usize,
+    /// `FORKD_CRIU_ROOT=pivot`: restores leave the namespace's root to CRIU's `pivot_root`.
+    pub criu_pivot_root: bool,
+    pub default_pids: Option<u64>,
+    pub default_memory: Option<u64>,
+    pub default_disk: Option<u64>,
+    pub disk_quotas_on_host: bool,
+    pub egress_pool: forkd_net::Net4,
+    pub fork_parallel: usize,
+    pub init: Option<PathBuf>,
+    pub ksm: super::sharing::Settings,
+    pub max_copy_bytes: usize,
+    pub max_layers: usize,
+    pub memory_cgroups: MemoryCgroups,
+    pub pull_parallel: usize,
+    pub sandboxes_memory: SandboxesMemory,
+    pub spare_layers: usize,
+    pub spare_netns: usize,
+    pub templates: bool,
+    /// `FORKD_TEMPLATE_MIB` in bytes; `None`: a quarter of the machine's memory.
+    pub template_budget: Option<u64>,
+}
+
+/// Reads variables, and says which were asked for (a test holds them against
+/// [`SETTINGS`]).
+struct Vars<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+    asked: std::cell::RefCell<Vec<String>>,
+}
+
+impl Vars<'_> {
+    /// The value of `name`, trimmed; an empty one counts as unset.
+    fn get(&self, name: &str) -> Option<String> {
+        self.asked.borrow_mut().push(name.to_string());
+        (self.get)(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn parsed<T: std::str::FromStr>(
+        &self,
+        name: &str,
+        default: T,
+        expect: &str,
+        ok: impl Fn(&T) -> bool,
+    ) -> Result<T, SettingError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<T>()
+                .ok()
+                .filter(|n| ok(n))
+                .ok_or_else(|| SettingError(format!("{name}={v:?}: expected {expect}"))),
+        }
+    }
+
+    fn size(&self, name: &str) -> Result<Option<u64>, SettingError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => forkd_api::parse_size(&v)
+                .map(Some)
+                .map_err(|e| SettingError(format!("{name}={v:?}: {e}"))),
+        }
+    }
+
+    /// A size where `0` means none.
+    fn size_or_none(&self, name: &str) -> Result<Option<u64>, SettingError> {
+        Ok(self.size(name)?.filter(|&n| n > 0))
+    }
+
+    fn choice<T: Copy>(
+        &self,
+        name: &str,
+        default: T,
+        choices: &[(&str, T)],
+    ) -> Result<T, SettingError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => choices
+                .iter()
+                .find(|(c, _)| *c == v)
+                .map(|(_, t)| *t)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = choices.iter().map(|(c, _)| *c).collect();
+                    SettingError(format!("{name}={v:?}: expected {}", names.join(", ")))
+                }),
+        }
+    }
+
+    fn path(&self, name: &str) -> Option<PathBuf> {
+        self.get(name).map(PathBuf::from)
+    }
+}
+
+impl Config {
+    /// The daemon's settings from its environment.
+    pub fn from_env() -> Result<Config, SettingError> {
+        Config::read(&|name| std::env::var(name).ok())
+    }
+
+    /// The settings from `get`, which answers a variable's value.
+    pub fn read(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, SettingError> {
+        Config::read_asked(get).map(|(c, _)| c)
+    }
+
+    fn read_asked(
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(Config, Vec<String>), SettingError> {
+        use super::sharing::Mode;
+        let v = Vars {
+            get,
+            asked: Default::default(),
+        };
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let count = |name: &str, default: usize, most: usize| {
+            v.parsed(
+                name,
+                default,
+                &format!("a count from 0 to {most}"),
+                |n: &usize| *n <= most,
+            )
+        };
+        let positive = |name: &str, default: u64| {
+            v.parsed(name, default, "a positive integer", |n: &u64| *n > 0)
+        };
+        let egress_pool = {
+            let text = v
+                .get("FORKD_EGRESS_POOL")
+                .unwrap_or_else(|| forkd_net::DEFAULT_POOL.into());
+            let pool: forkd_net::Net4 = text
+                .parse()
+                .map_err(|e| SettingError(format!("FORKD_EGRESS_POOL={text:?}: {e}")))?;
+            if !(8..=29).contains(&pool.prefix) {
+                return Err(SettingError(format!(
+                    "FORKD_EGRESS_POOL={text:?}: the prefix length must be 8 to 29"
+                )));
+            }
+            pool
+        };
+        let sandboxes_memory = match v.get("FORKD_SANDBOXES_MEMORY").as_deref() {
+            None => SandboxesMemory::Default,
+            Some("0") => SandboxesMemory::None,
+            Some(_) => {
+                SandboxesMemory::Bytes(v.size("FORKD_SANDBOXES_MEMORY")?.unwrap_or_default())
+            }
+        };
+        let config = Config {
+            cgroup_favor_dynmods: v.get("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Some("0"),
+            cgroup_pool: v.parsed(
+                "FORKD_CGROUP_POOL",
+                32,
+                "a number of cgroups (0 keeps none)",
+                |_| true,
+            )?,
+            criu_pivot_root: v.choice(
+                "FORKD_CRIU_ROOT",
+                false,
+                &[("base", false), ("pivot", true)],
+            )?,
+            default_pids: match v.get("FORKD_DEFAULT_PIDS").as_deref() {
+                Some("0") => None,
+                _ => Some(v.parsed(
+                    "FORKD_DEFAULT_PIDS",
+                    super::sandboxes::DEFAULT_PIDS,
+                    "a number of tasks",
+                    |_| true,
+                )?),
+            },
+            default_memory: v.size_or_none("FORKD_DEFAULT_MEMORY")?,
+            default_disk: v.size_or_none("FORKD_DEFAULT_DISK")?,
+            disk_quotas_on_host: v.choice(
+                "FORKD_DISK_QUOTAS",
+                false,
+                &[("off", false), ("on", true)],
+            )?,
+            egress_pool,
+            fork_parallel: v.parsed(
+                "FORKD_FORK_PARALLEL",
+                cpus,
+                "at least 1 branch",
+                |n: &usize| *n >= 1,
+            )?,
+            init: v.path("FORKD_INIT"),
+            ksm: super::sharing::Settings {
+                mode: v.choice(
+                    "FORKD_KSM",
+                    Mode::Ask,
+                    &[
+                        ("ask", Mode::Ask),
+                        ("on", Mode::On),
+                        ("1", Mode::On),
+                        ("off", Mode::Off),
+                        ("0", Mode::Off),
+                    ],
+                )?,
+                boost_pages: positive("FORKD_KSM_BOOST_PAGES", 4000)?,
+                idle_pages: positive("FORKD_KSM_IDLE_PAGES", 100)?,
+                sleep_ms: positive("FORKD_KSM_SLEEP_MS", 20)?,
+                boost: Duration::from_secs(positive("FORKD_KSM_BOOST_SECS", 30)?),
+            },
+            max_copy_bytes: v.parsed(
+                "FORKD_MAX_COPY_BYTES",
+                super::http::DEFAULT_MAX_COPY,
+                "a positive number of bytes",
+                |n: &usize| *n > 0,
+            )?,
+            max_layers: v.parsed("FORKD_MAX_LAYERS", 128, "at least 2 layers", |n: &usize| {
+                *n >= 2
+            })?,
+            memory_cgroups: v.choice(
+                "FORKD_MEMCG",
+                MemoryCgroups::Limited { said: false },
+                &[
+                    ("limited", MemoryCgroups::Limited { said: true }),
+                    ("each", MemoryCgroups::Each),
+                ],
+            )?,
+            pull_parallel: v.parsed("FORKD_PULL_PARALLEL", 3, "at least 1 pull", |n: &usize| {
+                *n >= 1
+            })?,
+            sandboxes_memory,
+            spare_layers: count("FORKD_SPARE_LAYERS", super::spare_layers::DEFAULT_SPARE, 16)?,
+            spare_netns: count("FORKD_SPARE_NETNS", super::spare_netns::DEFAULT_SPARE, 64)?,
+            templates: v.choice("FORKD_TEMPLATES", true, &[("on", true), ("off", false)])?,
+            template_budget: match v.get("FORKD_TEMPLATE_MIB") {
+                None => None,
+                Some(_) => Some(v.parsed("FORKD_TEMPLATE_MIB", 0u64, "MiB", |_| true)? << 20),
+            },
+        };
+        let asked = v.asked.into_inner();
+        Ok((config, asked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<Config, SettingError> {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::read(&move |n| map.get(n).cloned())
+    }
+
+    #[test]
+    fn defaults_hold_without_variables() {
+        let c = with(&[]).unwrap();
+        assert_eq!(c.default_pids, Some(2048));
+        assert_eq!(c.default_memory, None);
+        assert_eq!(c.max_layers, 128);
+        assert!(c.templates);
+        assert_eq!(c.template_budget, None);
+        assert_eq!(c.memory_cgroups, MemoryCgroups::Limited { said: false });
+        assert_eq!(c.sandboxes_memory, SandboxesMemory::Default);
+    }
+
+    #[test]
+    fn values_are_typed() {
+        let c = with(&[
+            ("FORKD_DEFAULT_PIDS", "0"),
+            ("FORKD_DEFAULT_MEMORY", "256m"),
+            ("FORKD_TEMPLATE_MIB", "64"),
+            ("FORKD_MEMCG", "each"),
+            ("FORKD_SANDBOXES_MEMORY", "0"),
+            ("FORKD_KSM", "on"),
+            ("FORKD_KSM_BOOST_PAGES", "5000"),
+            ("FORKD_SPARE_NETNS", " 8 "),
+        ])
+        .unwrap();
+        assert_eq!(c.default_pids, None);
+        assert_eq!(c.default_memory, Some(256 << 20));
+        assert_eq!(c.template_budget, Some(64 << 20));
+        assert_eq!(c.memory_cgroups, MemoryCgroups::Each);
+        assert_eq!(c.sandboxes_memory, SandboxesMemory::None);
+        assert_eq!(c.ksm.mode, super::super::sharing::Mode::On);
+        assert_eq!((c.ksm.boost_pages, c.ksm.idle_pages), (5000, 100));
+        assert_eq!(c.spare_netns, 8);
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        for (name, value) in [
+            ("FORKD_DEFAULT_PIDS", "many"),
+            ("FORKD_DEFAULT_MEMORY", "lots"),
+            ("FORKD_MAX_LAYERS", "1"),
+            ("FORKD_FORK_PARALLEL", "0"),
+            ("FORKD_TEMPLATES", "maybe"),
+            ("FORKD_MEMCG", "some"),
+            ("FORKD_EGRESS_POOL", "10.0.0.0/30"),
+            ("FORKD_CRIU_ROOT", "chroot"),
+            ("FORKD_SPARE_LAYERS", "17"),
+            ("FORKD_SPARE_LAYERS", "two"),
+            ("FORKD_SPARE_NETNS", "65"),
+            ("FORKD_SPARE_NETNS", "-1"),
+            ("FORKD_KSM_SLEEP_MS", "0"),
+            ("FORKD_KSM", "sometimes"),
+            ("FORKD_MAX_COPY_BYTES", "0"),
+            ("FORKD_SANDBOXES_MEMORY", "x"),
+        ] {
+            let e = with(&[(name, value)]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{name}=")), "{name}: {e}");
+        }
+    }
+
+    /// Every variable read is in the table, every one in the table is read, and
+    /// docs/SETTINGS.md shows each.
+    #[test]
+    fn the_table_and_the_docs_name_every_setting() {
+        let (_, asked) = Config::read_asked(&|_| None).unwrap();
+        let mut asked: Vec<&str> = asked
+            .iter()
+            .map(String::as_str)
+            .filter(|n| n.starts_with("FORKD_"))
+            .collect();
+        asked.sort();
+        asked.dedup();
+        let mut table: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        table.sort();
+        assert_eq!(asked, table);
+        let docs = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/SETTINGS.md"),
+        )
+        .unwrap();
+        for s in SETTINGS {
+            assert!(
+                docs.contains(&format!("`{}`", s.name)),
+                "docs/SETTINGS.md lacks {}",
+                s.name
+            );
+        }
+    }
+}
