@@ -356,7 +356,8 @@ fn mechanism(n: usize, report: &mut Report) -> Result<()> {
     let mut lines = Vec::new();
     for mode in ["none", "simple quotas", "qgroups"] {
         let state = common::unique_temp_dir("forkd-bench-walls-vol")?;
-        let vol = Volume::open(&state).map_err(|e| anyhow!("open a volume: {e}"))?;
+        let vol = Volume::open(&state, &forkd::daemon::config::Config::from_env()?.volume)
+            .map_err(|e| anyhow!("open a volume: {e}"))?;
         let done = (|| -> Result<()> {
             match mode {
                 "simple quotas" => vol.enable_quotas().map_err(|e| anyhow!(e))?,

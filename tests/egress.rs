@@ -136,13 +136,27 @@ fn can_run_egress(name: &str) -> bool {
     } else if Command::new("python3").arg("-V").output().is_err() {
         Some("needs python3 (the remote's HTTP server)".to_string())
     } else {
-        forkd_net::locate_nft(None).err()
+        forkd_net::locate_nft(
+            forkd::daemon::config::Config::from_env()
+                .unwrap()
+                .nft
+                .as_deref(),
+            None,
+        )
+        .err()
     };
     require(name, missing.is_none(), missing.as_deref().unwrap_or(""))
 }
 
 fn nft_has_table(table: &str) -> bool {
-    let nft = forkd_net::locate_nft(None).unwrap();
+    let nft = forkd_net::locate_nft(
+        forkd::daemon::config::Config::from_env()
+            .unwrap()
+            .nft
+            .as_deref(),
+        None,
+    )
+    .unwrap();
     Command::new(nft)
         .args(["list", "table", "inet", table])
         .stdout(Stdio::null())
@@ -493,7 +507,14 @@ fn no_rule_or_link_outlives_a_daemon_kill() {
     assert_eq!(code, 0, "egress after the restart: {err}");
     assert!(out.contains("remote-64"));
     assert!(!link_exists(&nl.link));
-    let nft = forkd_net::locate_nft(None).unwrap();
+    let nft = forkd_net::locate_nft(
+        forkd::daemon::config::Config::from_env()
+            .unwrap()
+            .nft
+            .as_deref(),
+        None,
+    )
+    .unwrap();
     let rules = Command::new(&nft)
         .args(["list", "table", "inet", &nk.table])
         .output()

@@ -82,7 +82,7 @@ pub fn fork_checks(report: &mut Report, cfg: &Config, debian: bool) {
     // The largest fork's per-branch latency is that of restores run by several workers at
     // once; next to it, podman's restores run as many at a time.
     if largest > 1 {
-        let parallel = forkd::daemon::config::Config::from_env()?.fork_parallel;
+        let parallel = forkd::daemon::config::Config::from_env().map_or(1, |c| c.fork_parallel);
         for t in &trees {
             let r = ratio(
                 report,

@@ -115,13 +115,14 @@ fn run() -> Result<()> {
         );
     }
     let podman = Podman::detect()?;
-    let criu = match forkd_criu::Criu::locate(None) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            common::skip("live checkpoints and forks (parts 2-4)", &e.to_string())?;
-            None
-        }
-    };
+    let criu =
+        match forkd_criu::Criu::locate(None, &forkd::daemon::config::Config::from_env()?.criu) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                common::skip("live checkpoints and forks (parts 2-4)", &e.to_string())?;
+                None
+            }
+        };
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_forkd"));
     let date = common::utc_now();
     let load_start = common::load_average();

@@ -36,7 +36,7 @@ pub fn env_count(name: &str, default: usize) -> Result<usize> {
 
 /// True when running in CI, where nothing may be skipped silently.
 pub fn in_ci() -> bool {
-    forkd_sys::testing::in_ci()
+    forkd_testing::in_ci()
 }
 
 /// Reports that `what` cannot be measured here. Outside CI this prints a `SKIP` line

@@ -248,7 +248,12 @@ impl<'a> RawCriuPeer<'a> {
             .arg("--pidfile")
             .arg(&pidfile)
             // forkd's log level.
-            .arg(format!("-v{}", forkd_criu::log_level()))
+            .arg(format!(
+                "-v{}",
+                forkd::daemon::config::Config::from_env()
+                    .map(|c| c.criu.log_level)
+                    .unwrap_or(forkd_criu::DEFAULT_LOG_LEVEL)
+            ))
             // The images mark the sandbox's network namespace as external: like forkd,
             // hand the tree a new one with loopback up.
             .arg("--inherit-fd")

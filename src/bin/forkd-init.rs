@@ -26,7 +26,12 @@ fn main() {
     let args: Vec<String> = std::env::args().take(3).collect();
     let arg = || args.get(2).map(String::as_str).unwrap_or("");
     match args.get(1).map(String::as_str) {
-        Some("__init") => forkd_sandbox::init::init_main(),
+        Some("__init") => {
+            // Where a fresh init says it listens; gone before anything it starts runs.
+            let ready = std::env::var(forkd_sandbox::layout::READY_FD_ENV).ok();
+            std::env::remove_var(forkd_sandbox::layout::READY_FD_ENV);
+            forkd_sandbox::init::init_main(ready.and_then(|v| v.parse().ok()))
+        }
         Some("__tar") => forkd_sandbox::files::tar_main(arg()),
         Some("__untar") => forkd_sandbox::files::untar_main(arg()),
         Some("__mkdirs") => forkd_sandbox::files::mkdirs_main(arg()),

@@ -27,6 +27,15 @@ macro_rules! settings {
 settings! {
     "FORKD_CGROUP_FAVOR_DYNMODS", "1", "0 or 1", "0 leaves cgroup2's favordynmods mount option as the host has it";
     "FORKD_CGROUP_POOL", "32", "cgroups", "free cgroups kept ready for the next sandboxes (0 keeps none)";
+    "FORKD_CRIU", "the bundle, then criu in /usr/sbin, /usr/bin and the like", "path", "the CRIU binary checkpoints and restores use";
+    "FORKD_CRIU_DEBUG", "unset", "any value", "prints CRIU's stderr after each call to the daemon's";
+    "FORKD_CRIU_LOG_LEVEL", "2", "0 to 4", "CRIU's log level (4 logs every step and slows restores)";
+    "FORKD_CRIU_TIMEOUT_SECS", "600", "seconds", "the longest one CRIU call may take before CRIU is killed";
+    "FORKD_DIRTY_LIMIT", "32M", "size (binary units), 0 for none", "dirty data the volume's loop device may hold";
+    "FORKD_HOST_RESERVE", "5% of the disk, at most 1 GiB", "size (binary units)", "disk space the volume image leaves free under it";
+    "FORKD_NFT", "beside CRIU, then nft in /usr/sbin and the like", "path", "the nft binary egress rules are set with";
+    "FORKD_OVERLAY_LOWERS", "by the kernel", "append or links", "how an overlay is handed its lower layers (lowerdir+ from Linux 6.8)";
+    "FORKD_VOLUME_SIZE", "256G", "size (binary units)", "the most a new volume image may grow to";
     "FORKD_CRIU_ROOT", "base", "base or pivot", "pivot leaves a restored namespace's root to CRIU's pivot_root";
     "FORKD_DEFAULT_DISK", "0", "size (512m, 2g)", "disk limit of a sandbox whose request sets none (0: none)";
     "FORKD_DEFAULT_MEMORY", "0", "size (512m, 2g)", "memory limit of a sandbox whose request sets none (0: none)";
@@ -89,6 +98,11 @@ pub struct Config {
     pub cgroup_pool: usize,
     /// `FORKD_CRIU_ROOT=pivot`: restores leave the namespace's root to CRIU's `pivot_root`.
     pub criu_pivot_root: bool,
+    pub criu: forkd_criu::Settings,
+    pub nft: Option<PathBuf>,
+    /// `None`: decided by the kernel.
+    pub overlay_lowers: Option<forkd_sys::mount::LowerMode>,
+    pub volume: forkd_volume::Settings,
     pub default_pids: Option<u64>,
     pub default_memory: Option<u64>,
     pub default_disk: Option<u64>,
@@ -175,6 +189,19 @@ impl Vars<'_> {
         }
     }
 
+    /// A size as the volume takes it (binary units, `T` and `TiB` too).
+    fn volume_size(&self, name: &str) -> Result<Option<u64>, SettingError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) if v == "0" => Ok(Some(0)),
+            Some(v) => forkd_volume::parse_size(&v).map(Some).ok_or_else(|| {
+                SettingError(format!(
+                    "{name}={v:?}: expected a size: bytes, or a number with K, M, G or T"
+                ))
+            }),
+        }
+    }
+
     fn path(&self, name: &str) -> Option<PathBuf> {
         self.get(name).map(PathBuf::from)
     }
@@ -247,6 +274,39 @@ impl Config {
                 false,
                 &[("base", false), ("pivot", true)],
             )?,
+            criu: forkd_criu::Settings {
+                program: v.path("FORKD_CRIU"),
+                log_level: v.parsed(
+                    "FORKD_CRIU_LOG_LEVEL",
+                    forkd_criu::DEFAULT_LOG_LEVEL,
+                    "0 to 4",
+                    |l: &i32| (0..=4).contains(l),
+                )?,
+                timeout: Duration::from_secs(v.parsed(
+                    "FORKD_CRIU_TIMEOUT_SECS",
+                    forkd_criu::DEFAULT_TIMEOUT.as_secs(),
+                    "a positive number of seconds",
+                    |n: &u64| *n > 0,
+                )?),
+                debug: v.get("FORKD_CRIU_DEBUG").is_some(),
+            },
+            nft: v.path("FORKD_NFT"),
+            overlay_lowers: v.choice(
+                "FORKD_OVERLAY_LOWERS",
+                None,
+                &[
+                    ("append", Some(forkd_sys::mount::LowerMode::Append)),
+                    ("links", Some(forkd_sys::mount::LowerMode::Links)),
+                ],
+            )?,
+            volume: {
+                let d = forkd_volume::Settings::default();
+                forkd_volume::Settings {
+                    size: v.volume_size("FORKD_VOLUME_SIZE")?.unwrap_or(d.size),
+                    dirty: v.volume_size("FORKD_DIRTY_LIMIT")?.unwrap_or(d.dirty),
+                    host_reserve: v.volume_size("FORKD_HOST_RESERVE")?,
+                }
+            },
             default_pids: match v.get("FORKD_DEFAULT_PIDS").as_deref() {
                 Some("0") => None,
                 _ => Some(v.parsed(
@@ -341,6 +401,9 @@ mod tests {
         assert_eq!(c.default_memory, None);
         assert_eq!(c.max_layers, 128);
         assert!(c.templates);
+        assert_eq!(c.criu, forkd_criu::Settings::default());
+        assert_eq!(c.volume, forkd_volume::Settings::default());
+        assert_eq!(c.overlay_lowers, None);
         assert_eq!(c.template_budget, None);
         assert_eq!(c.memory_cgroups, MemoryCgroups::Limited { said: false });
         assert_eq!(c.sandboxes_memory, SandboxesMemory::Default);
@@ -356,6 +419,10 @@ mod tests {
             ("FORKD_SANDBOXES_MEMORY", "0"),
             ("FORKD_KSM", "on"),
             ("FORKD_KSM_BOOST_PAGES", "5000"),
+            ("FORKD_OVERLAY_LOWERS", "links"),
+            ("FORKD_VOLUME_SIZE", "1TiB"),
+            ("FORKD_DIRTY_LIMIT", "0"),
+            ("FORKD_CRIU_TIMEOUT_SECS", "30"),
             ("FORKD_SPARE_NETNS", " 8 "),
         ])
         .unwrap();
@@ -367,6 +434,9 @@ mod tests {
         assert_eq!(c.ksm.mode, super::super::sharing::Mode::On);
         assert_eq!((c.ksm.boost_pages, c.ksm.idle_pages), (5000, 100));
         assert_eq!(c.spare_netns, 8);
+        assert_eq!(c.overlay_lowers, Some(forkd_sys::mount::LowerMode::Links));
+        assert_eq!((c.volume.size, c.volume.dirty), (1 << 40, 0));
+        assert_eq!(c.criu.timeout, Duration::from_secs(30));
     }
 
     #[test]
@@ -388,6 +458,11 @@ mod tests {
             ("FORKD_KSM", "sometimes"),
             ("FORKD_MAX_COPY_BYTES", "0"),
             ("FORKD_SANDBOXES_MEMORY", "x"),
+            ("FORKD_CRIU_LOG_LEVEL", "9"),
+            ("FORKD_CRIU_TIMEOUT_SECS", "0"),
+            ("FORKD_VOLUME_SIZE", "big"),
+            ("FORKD_HOST_RESERVE", "-1"),
+            ("FORKD_OVERLAY_LOWERS", "both"),
         ] {
             let e = with(&[(name, value)]).unwrap_err().to_string();
             assert!(e.starts_with(&format!("{name}=")), "{name}: {e}");

@@ -300,7 +300,11 @@ impl Daemon {
                 forkd_sandbox::setup::OOM_SCORE_ADJ
             )),
         }
-        let volume = forkd_volume::Volume::open(&cfg.root).context("open the data volume")?;
+        if let Some(mode) = config.overlay_lowers {
+            forkd_sys::mount::set_lower_mode(mode);
+        }
+        let volume = forkd_volume::Volume::open(&cfg.root, &config.volume)
+            .context("open the data volume")?;
         let data = volume.path().to_path_buf();
         match volume.tune() {
             Ok(done) if !done.is_empty() => log::info(&format!("volume: {}", done.join("; "))),
@@ -381,7 +385,7 @@ impl Daemon {
                 )
             })?
         };
-        let criu = forkd_criu::Criu::locate(None)
+        let criu = forkd_criu::Criu::locate(None, &config.criu)
             .map(|mut c| {
                 // Without it CRIU works, just some 40 ms slower per call.
                 if let Err(e) = c.use_private_run(&cfg.root.join("criu-run")) {
@@ -467,7 +471,10 @@ impl Daemon {
                 "cgroup: removed {swept} free cgroups an earlier daemon kept"
             ));
         }
-        let nft = forkd_net::locate_nft(criu.as_ref().ok().map(|c| c.path.as_path()));
+        let nft = forkd_net::locate_nft(
+            config.nft.as_deref(),
+            criu.as_ref().ok().map(|c| c.path.as_path()),
+        );
         let egress = forkd_net::Egress::new(config.egress_pool, &tag, nft);
         let sharing = sharing::Sharing::new(config.ksm.clone())?;
         // The socket's directory (/run/forkd by default) is gone after every boot; the

@@ -200,7 +200,10 @@ pub fn can_run_criu(name: &str) -> bool {
     if !can_run(name) {
         return false;
     }
-    match forkd_criu::Criu::locate(None) {
+    match forkd_criu::Criu::locate(
+        None,
+        &forkd::daemon::config::Config::from_env().unwrap().criu,
+    ) {
         Ok(_) => true,
         Err(e) => require(name, false, &e.to_string()),
     }
@@ -312,7 +315,7 @@ pub fn endpoint(py: &str, script: &Path) -> Endpoint {
 /// `true` when `ok`; otherwise prints `SKIP name: why` and returns `false`, or fails the
 /// test under CI=true, where nothing is skipped.
 pub fn require(name: &str, ok: bool, why: &str) -> bool {
-    forkd_sys::testing::require(name, ok, why)
+    forkd_testing::require(name, ok, why)
 }
 
 /// Whether `program` is on the PATH, or a SKIP (in CI a failure) naming it: a test that
@@ -481,7 +484,12 @@ pub struct HangingCriu {
 
 impl HangingCriu {
     pub fn new(tag: &str) -> HangingCriu {
-        let real = forkd_criu::Criu::locate(None).expect("criu").path;
+        let real = forkd_criu::Criu::locate(
+            None,
+            &forkd::daemon::config::Config::from_env().unwrap().criu,
+        )
+        .expect("criu")
+        .path;
         let dir =
             std::env::temp_dir().join(format!("forkd-hang-criu-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("bin")).unwrap();

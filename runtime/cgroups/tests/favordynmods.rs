@@ -10,7 +10,7 @@ fn favordynmods_on() -> Option<bool> {
         .map(|m| m.super_options.split(',').any(|o| o == "favordynmods"))
 }
 
-use forkd_sys::testing::skip;
+use forkd_testing::skip;
 
 #[test]
 fn favordynmods_is_set_again_after_another_cgroup2_mount_clears_it() {

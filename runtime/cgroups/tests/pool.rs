@@ -3,7 +3,7 @@
 //! into a limit, or one over the pool's capacity, is removed.
 
 use forkd_cgroups::{Cgroup, Hierarchy, Limits, Pool};
-use forkd_sys::testing::skip;
+use forkd_testing::skip;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};

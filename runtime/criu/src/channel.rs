@@ -35,13 +35,6 @@ pub(crate) fn wait_readable(f: &std::fs::File, deadline: Instant) -> std::io::Re
     }
 }
 
-/// CRIU's log level: `FORKD_CRIU_LOG_LEVEL` (0 to 4), default 2: errors and warnings,
-/// which is what a failure report needs. Level 4 (debug) logs every step and costs
-/// some 7 ms of a 35 ms restore.
-pub fn log_level() -> i32 {
-    std::env::var("FORKD_CRIU_LOG_LEVEL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|l| (0..=4).contains(l))
-        .unwrap_or(2)
-}
+/// CRIU's default log level: errors and warnings, which is what a failure report
+/// needs. Level 4 (debug) logs every step and costs some 7 ms of a 35 ms restore.
+pub const DEFAULT_LOG_LEVEL: i32 = 2;

@@ -29,7 +29,7 @@ mod template;
 
 use bundle::*;
 use cgroups::*;
-pub use channel::log_level;
+pub use channel::DEFAULT_LOG_LEVEL;
 use channel::*;
 pub use diagnose::log_tail;
 use diagnose::*;
@@ -99,21 +99,37 @@ pub struct Criu {
     /// processes do (a task in uninterruptible sleep, one CRIU waits on for ever), the
     /// request ends.
     pub timeout: Duration,
+    /// CRIU's log level (0 to 4).
+    log_level: i32,
+    /// Whether CRIU's stderr is printed (to the caller's stderr) after each call.
+    debug: bool,
+}
+
+/// What the caller decides about CRIU (the daemon from its settings: `FORKD_CRIU`,
+/// `FORKD_CRIU_LOG_LEVEL`, `FORKD_CRIU_TIMEOUT_SECS`, `FORKD_CRIU_DEBUG`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Tried before the bundle and the system's program directories.
+    pub program: Option<PathBuf>,
+    pub log_level: i32,
+    pub timeout: Duration,
+    pub debug: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            program: None,
+            log_level: DEFAULT_LOG_LEVEL,
+            timeout: DEFAULT_TIMEOUT,
+            debug: false,
+        }
+    }
 }
 
 /// The default bound on one CRIU exchange: ten minutes, well above the dump of a
 /// guest of several GiB here.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// `FORKD_CRIU_TIMEOUT_SECS`, or the default.
-pub fn timeout_from_env() -> Duration {
-    std::env::var("FORKD_CRIU_TIMEOUT_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_TIMEOUT)
-}
 
 /// The tmpfs every CRIU sees as its `/run`, and the cgroup yard restores are given.
 #[derive(Debug, Clone)]
@@ -229,10 +245,11 @@ pub struct RestoreReport {
 }
 
 impl Criu {
-    /// Finds CRIU: `explicit`, then `$FORKD_CRIU`, then the bundle installed by
-    /// `fixtures/setup.sh criu`, then `criu` on PATH; checks its version.
-    pub fn locate(explicit: Option<&Path>) -> Result<Criu, CriuError> {
-        let path = Self::candidates(explicit)
+    /// Finds CRIU: `explicit`, then `settings.program`, then the bundle installed by
+    /// `fixtures/setup.sh criu`, then `criu` in the system's program directories; checks
+    /// its version.
+    pub fn locate(explicit: Option<&Path>, settings: &Settings) -> Result<Criu, CriuError> {
+        let path = Self::candidates(explicit, settings)
             .into_iter()
             .find(|p| p.is_file())
             .ok_or_else(|| {
@@ -240,27 +257,28 @@ impl Criu {
                     "criu not found (set FORKD_CRIU or run fixtures/setup.sh criu)".into(),
                 )
             })?;
-        Self::at(path)
+        Self::at(path, settings)
     }
 
-    /// Where [`Criu::locate`] looks, in order: `explicit`, `$FORKD_CRIU`, the bundle
-    /// installed by `fixtures/setup.sh criu`, then `criu` in each `PATH` directory.
-    pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
+    /// Where [`Criu::locate`] looks, in order: `explicit`, `settings.program`, the bundle
+    /// installed by `fixtures/setup.sh criu`, then `criu` in each of the system's program
+    /// directories.
+    pub fn candidates(explicit: Option<&Path>, settings: &Settings) -> Vec<PathBuf> {
         explicit
             .map(Path::to_path_buf)
             .into_iter()
-            .chain(std::env::var_os("FORKD_CRIU").map(PathBuf::from))
+            .chain(settings.program.clone())
             .chain([PathBuf::from("/opt/forkd/criu/bin/criu")])
-            .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
-                std::env::split_paths(&p)
-                    .map(|d| d.join("criu"))
-                    .collect::<Vec<_>>()
-            }))
+            .chain(
+                forkd_sys::PROGRAM_DIRS
+                    .iter()
+                    .map(|d| Path::new(d).join("criu")),
+            )
             .collect()
     }
 
     /// CRIU at `path`, version-checked.
-    fn at(path: PathBuf) -> Result<Criu, CriuError> {
+    fn at(path: PathBuf, settings: &Settings) -> Result<Criu, CriuError> {
         let out = Command::new(&path)
             .arg("--version")
             .stdin(Stdio::null())
@@ -283,7 +301,9 @@ impl Criu {
             private_run: None,
             root_base: None,
             launch,
-            timeout: timeout_from_env(),
+            timeout: settings.timeout,
+            log_level: settings.log_level,
+            debug: settings.debug,
         })
     }
 
@@ -407,7 +427,7 @@ impl Criu {
     ) -> Result<DumpReport, CriuError> {
         let start = Instant::now();
         let images = open_dir(&opts.images_dir)?;
-        let mut o = base_opts(&images, &opts.log_file);
+        let mut o = base_opts(&images, &opts.log_file, self.log_level);
         o.set_pid(opts.pid);
         o.set_root(opts.root.display().to_string());
         o.set_leave_running(opts.leave_running);
@@ -477,7 +497,7 @@ impl Criu {
         let start = Instant::now();
         let work = open_dir(&opts.work_dir)?;
         let images = open_dir(&opts.images_dir)?;
-        let mut o = base_opts(&images, &opts.log_file);
+        let mut o = base_opts(&images, &opts.log_file, self.log_level);
         o.set_root(opts.root.display().to_string());
         o.set_rst_sibling(true);
         o.set_work_dir_fd(work.as_raw_fd());

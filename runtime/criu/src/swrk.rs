@@ -151,7 +151,7 @@ impl Criu {
             }
             mut other => other.wait(),
         }
-        if std::env::var_os("FORKD_CRIU_DEBUG").is_some() {
+        if self.debug {
             eprintln!("criu stderr: {stderr}");
         }
         result.map_err(|e| match e {
@@ -279,11 +279,11 @@ pub(crate) fn is_criu_helper(cmdline: &[u8]) -> bool {
 
 /// Options common to every request. CRIU reaches the directories through the caller's
 /// own descriptors (`/proc/<caller>/fd/N`), so they stay open, close-on-exec, here.
-pub(crate) fn base_opts(images: &OwnedFd, log_file: &str) -> rpc::Criu_opts {
+pub(crate) fn base_opts(images: &OwnedFd, log_file: &str, log_level: i32) -> rpc::Criu_opts {
     let mut o = rpc::Criu_opts::new();
     o.set_images_dir_fd(images.as_raw_fd());
     o.set_log_file(log_file.to_string());
-    o.set_log_level(log_level());
+    o.set_log_level(log_level);
     // Sandboxes have no outside network: nothing to lock, and no iptables dependency.
     o.set_network_lock(rpc::Criu_network_lock_method::SKIP);
     o.set_file_locks(true);

@@ -57,7 +57,7 @@ impl Criu {
         let (mine, theirs) = seqpacket_pair()?;
         let mut cmd = Command::new(&self.launch.program);
         cmd.args(&self.launch.args)
-            .arg(format!("-v{}", log_level()))
+            .arg(format!("-v{}", self.log_level))
             .arg("template")
             .arg("3")
             .arg(images_dir)

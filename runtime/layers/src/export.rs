@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn exported_tree_imports_to_the_same_hash() {
-        if !forkd_sys::testing::require_root("exported_tree_imports_to_the_same_hash") {
+        if !forkd_testing::require_root("exported_tree_imports_to_the_same_hash") {
             return;
         }
         let base = std::env::temp_dir().join(format!("forkd-export-{}", std::process::id()));

@@ -171,7 +171,7 @@ fn overlay_view(st: &State, layers: &[LayerId]) {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !forkd_sys::testing::require("overlay view", ok, "cannot mount overlayfs here") {
+    if !forkd_testing::require("overlay view", ok, "cannot mount overlayfs here") {
         return;
     }
     let view = || {

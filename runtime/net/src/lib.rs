@@ -152,18 +152,19 @@ pub struct Egress {
     table_made: std::sync::Mutex<bool>,
 }
 
-/// Finds `nft`: `FORKD_NFT`, beside the CRIU bundle's wrapper, then `PATH`.
-pub fn locate_nft(criu: Option<&Path>) -> Result<PathBuf, String> {
-    let candidates = std::env::var_os("FORKD_NFT")
-        .map(PathBuf::from)
+/// Finds `nft`: `explicit` (the daemon's `FORKD_NFT`), beside the CRIU bundle's wrapper,
+/// then in the system's program directories.
+pub fn locate_nft(explicit: Option<&Path>, criu: Option<&Path>) -> Result<PathBuf, String> {
+    let candidates = explicit
+        .map(Path::to_path_buf)
         .into_iter()
         .chain(criu.and_then(Path::parent).map(|d| d.join("nft")))
         .chain([PathBuf::from("/opt/forkd/criu/bin/nft")])
-        .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("nft"))
-                .collect::<Vec<_>>()
-        }));
+        .chain(
+            forkd_sys::PROGRAM_DIRS
+                .iter()
+                .map(|d| Path::new(d).join("nft")),
+        );
     for c in candidates {
         if c.is_file() {
             return Ok(c);

@@ -32,28 +32,24 @@ use std::os::unix::net::UnixListener;
 
 const SOCKET: &str = crate::layout::CONTROL_SOCKET_PATH;
 
-pub use crate::layout::READY_FD_ENV;
-
-/// Tells the set-up that the control socket listens, if it asked (a fresh init; a
-/// restored one has no such descriptor), and forgets the descriptor's number, so that
-/// nothing this init starts inherits either.
-fn say_listening() {
-    let Some(fd) = std::env::var(READY_FD_ENV)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-    else {
+/// Tells the set-up that the control socket listens on `ready`, the descriptor a fresh
+/// init is handed (a restored one has none), and closes it, so that nothing this init
+/// starts inherits it.
+fn say_listening(ready: Option<i32>) {
+    let Some(fd) = ready else {
         return;
     };
-    std::env::remove_var(READY_FD_ENV);
     if fd > 2 && nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_ok() {
         let f = forkd_sys::own_fd(fd);
         let _ = nix::unistd::write(&f, b"1");
     }
 }
 
-/// Entry point of `/.forkd/init __init`. Never returns.
-pub fn init_main() -> ! {
-    match serve() {
+/// Entry point of `/.forkd/init __init`: `ready` is the descriptor on which a fresh init
+/// tells its set-up that it listens (one byte; [`crate::layout::READY_FD_ENV`]). Never
+/// returns.
+pub fn init_main(ready: Option<i32>) -> ! {
+    match serve(ready) {
         Ok(()) => std::process::exit(0),
         Err(e) => {
             eprintln!("forkd-init: {e}");
@@ -62,7 +58,7 @@ pub fn init_main() -> ! {
     }
 }
 
-fn serve() -> std::io::Result<()> {
+fn serve(ready: Option<i32>) -> std::io::Result<()> {
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -78,7 +74,7 @@ fn serve() -> std::io::Result<()> {
     let listener = UnixListener::bind(SOCKET)?;
     std::fs::set_permissions(SOCKET, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
-    say_listening();
+    say_listening(ready);
     let (handover_rx, handover_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
     let mut detached = Handovers {

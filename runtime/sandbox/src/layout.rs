@@ -13,7 +13,8 @@ pub const LOG_DIR: &str = "/.forkd/logs";
 /// The init's control socket, as the init inside the sandbox opens it.
 pub const CONTROL_SOCKET_PATH: &str = "/.forkd/run/init.sock";
 /// The environment variable naming the descriptor on which a fresh init tells its set-up
-/// that it listens (one byte, then the descriptor is closed).
+/// that it listens (one byte, then the descriptor is closed). The program's entry point
+/// reads it and hands it to [`crate::init::init_main`].
 pub const READY_FD_ENV: &str = "FORKD_READY_FD";
 /// The most a set-up spec may take on the wire.
 pub const SPEC_LIMIT: usize = 64 * 1024;

@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn a_confined_command_runs_as_its_user_and_sees_only_its_own_directory() {
-        if !crate::testing::require_root(
+        if !forkd_testing::require_root(
             "a_confined_command_runs_as_its_user_and_sees_only_its_own_directory",
         ) {
             return;

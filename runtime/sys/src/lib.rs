@@ -20,7 +20,6 @@ pub mod mount;
 pub mod mountinfo;
 pub mod probe;
 pub mod proc_events;
-pub mod testing;
 
 /// Turns a raw `-1`-on-error return code into an `io::Result`.
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
@@ -765,6 +764,28 @@ pub fn flag_interrupts() -> io::Result<()> {
 /// Whether SIGINT or SIGTERM arrived since [`flag_interrupts`].
 pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// The system's program directories, where the tools forkd runs (mount, losetup,
+/// mkfs.btrfs, nft, criu) are looked for when no setting names them.
+pub const PROGRAM_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// `name` in the first of [`PROGRAM_DIRS`] that has it as an executable file.
+pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    PROGRAM_DIRS
+        .iter()
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 #[cfg(test)]

@@ -199,7 +199,7 @@ mod tests {
     /// byte the option strings give a meaning to.
     #[test]
     fn linked_lowers_give_the_trees_lowerdir_plus_gives() {
-        if !crate::testing::require_root("linked_lowers_give_the_trees_lowerdir_plus_gives") {
+        if !forkd_testing::require_root("linked_lowers_give_the_trees_lowerdir_plus_gives") {
             return;
         }
         let scratch = std::env::temp_dir().join(format!("forkd-sys-links-{}", std::process::id()));

@@ -144,19 +144,44 @@ impl LowerMode {
     }
 }
 
-/// The mode this process uses, decided on first use: `FORKD_OVERLAY_LOWERS=append|links`,
-/// else `lowerdir+` on Linux 6.8 and later, else whether a probe overlay takes it.
+static LOWER_MODE: std::sync::OnceLock<LowerMode> = std::sync::OnceLock::new();
+
+/// The mode this process uses: the one [`set_lower_mode`] gave, else decided on first
+/// use from the kernel: `lowerdir+` on Linux 6.8 and later, else whether a probe overlay
+/// takes it.
 pub fn lower_mode() -> LowerMode {
-    static MODE: std::sync::OnceLock<LowerMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("FORKD_OVERLAY_LOWERS").as_deref() {
-        Ok("append") => LowerMode::Append,
-        Ok("links") => LowerMode::Links,
-        _ if kernel_version(&kernel_release()).is_some_and(|v| v >= LOWERDIR_PLUS_KERNEL) => {
+    *LOWER_MODE.get_or_init(|| {
+        if kernel_version(&kernel_release()).is_some_and(|v| v >= LOWERDIR_PLUS_KERNEL)
+            || lowerdir_plus() == Some(true)
+        {
             LowerMode::Append
+        } else {
+            LowerMode::Links
         }
-        _ if crate::probe::lowerdir_plus() == Some(true) => LowerMode::Append,
-        _ => LowerMode::Links,
     })
+}
+
+/// Sets the mode before any overlay is made (the daemon's `FORKD_OVERLAY_LOWERS`). The
+/// mode a process has used stays: false if one was already in use and differs.
+pub fn set_lower_mode(mode: LowerMode) -> bool {
+    *LOWER_MODE.get_or_init(|| mode) == mode
+}
+
+/// Whether overlayfs takes `lowerdir+` (Linux 6.8): a throw-away read-only overlay of two
+/// empty directories is built with it. `None` without the privilege to mount.
+pub fn lowerdir_plus() -> Option<bool> {
+    // SAFETY: geteuid only reads this process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("forkd-lowerdir-probe-{}", std::process::id()));
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let made = std::fs::create_dir_all(&a).and_then(|()| std::fs::create_dir_all(&b));
+    let works = made
+        .and_then(|()| overlay_with(&[&a, &b], None, LowerMode::Append))
+        .is_ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(works)
 }
 
 /// [`overlay`] with the lower layers handed over as `mode` says.
@@ -660,7 +685,7 @@ mod tests {
     }
 
     fn root_or_skip(name: &str) -> bool {
-        crate::testing::require_root(name)
+        forkd_testing::require_root(name)
     }
 
     fn chain(e: &io::Error) -> String {

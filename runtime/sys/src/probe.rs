@@ -84,23 +84,7 @@ pub fn btrfs_simple_quotas() -> Option<bool> {
         .then(|| features.join("simple_quota").exists())
 }
 
-/// Whether overlayfs takes `lowerdir+` (Linux 6.8): a throw-away read-only overlay of two
-/// empty directories is built with it. `None` without the privilege to mount.
-pub fn lowerdir_plus() -> Option<bool> {
-    use crate::mount::{overlay_with, LowerMode};
-    // SAFETY: geteuid only reads this process's credentials.
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    let dir = std::env::temp_dir().join(format!("forkd-lowerdir-probe-{}", std::process::id()));
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    let made = std::fs::create_dir_all(&a).and_then(|()| std::fs::create_dir_all(&b));
-    let works = made
-        .and_then(|()| overlay_with(&[&a, &b], None, LowerMode::Append))
-        .is_ok();
-    let _ = std::fs::remove_dir_all(&dir);
-    Some(works)
-}
+pub use crate::mount::lowerdir_plus;
 
 /// `PR_SET_MEMORY_MERGE` (Linux 6.4): `PR_GET_MEMORY_MERGE` answers rather than failing
 /// `EINVAL`.

@@ -35,8 +35,6 @@ pub enum VolumeError {
         status: ExitStatus,
         stderr: String,
     },
-    #[error("{name}={value:?} is not a size: give bytes, or a number with K, M, G or T")]
-    BadSize { name: &'static str, value: String },
     #[error(
         "the volume image {} is not allocated under its filesystem ({} MiB missing, {} MiB free on the disk): a full disk would make the volume read-only; free space on that disk or set FORKD_VOLUME_SIZE lower for a new volume",
         image.display(), missing >> 20, free >> 20

@@ -39,7 +39,6 @@ use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,6 +59,28 @@ pub const DIRTY_ENV: &str = "FORKD_DIRTY_LIMIT";
 /// The bound when [`DIRTY_ENV`] is not set.
 pub const DEFAULT_DIRTY: &str = "32M";
 
+/// What the caller decides about the volume (the daemon from its settings:
+/// `FORKD_VOLUME_SIZE`, `FORKD_DIRTY_LIMIT`, `FORKD_HOST_RESERVE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The most a new image may grow to.
+    pub size: u64,
+    /// The dirty data the loop device may hold (0: no bound).
+    pub dirty: u64,
+    /// The disk space left free under the image; `None`: 5% of the disk, at most 1 GiB.
+    pub host_reserve: Option<u64>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            size: parse_size(DEFAULT_SIZE).expect("the default size parses"),
+            dirty: parse_size(DEFAULT_DIRTY).expect("the default bound parses"),
+            host_reserve: None,
+        }
+    }
+}
+
 const IMAGE_NAME: &str = "volume.img";
 const MOUNT_DIR: &str = "vol";
 const LOCK_NAME: &str = "volume.lock";
@@ -67,8 +88,6 @@ const LOCK_NAME: &str = "volume.lock";
 /// 64 KiB.
 const SIGNATURE_OFFSET: u64 = 0x1_0040;
 const SIGNATURE: &[u8; 8] = b"_BHRfS_M";
-/// Where btrfs-progs lives when the caller's `PATH` lacks the sbin directories.
-const SBIN_DIRS: [&str; 4] = ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin"];
 
 /// The btrfs filesystem under a state root.
 #[derive(Debug, Clone)]
@@ -79,12 +98,13 @@ pub struct Volume {
     loop_image: Option<PathBuf>,
     /// `/sys/fs/btrfs/<uuid>` of the filesystem, found once (`quota`).
     sysfs: std::sync::OnceLock<Option<PathBuf>>,
+    settings: Settings,
 }
 
 impl Volume {
     /// Opens (and if needed creates and mounts) the btrfs volume for `state_root`.
     /// Idempotent: opening again reuses the mount.
-    pub fn open(state_root: &Path) -> Result<Volume, VolumeError> {
+    pub fn open(state_root: &Path, settings: &Settings) -> Result<Volume, VolumeError> {
         fs::create_dir_all(state_root).map_err(VolumeError::io("create", state_root))?;
         // mountinfo lists canonical paths.
         let state_root =
@@ -110,6 +130,7 @@ impl Volume {
                 root: mount_dir,
                 loop_image: ours.then_some(image),
                 sysfs: Default::default(),
+                settings: settings.clone(),
             });
         }
         if btrfs::is_btrfs(&state_root).map_err(VolumeError::io("statfs", &state_root))? {
@@ -117,11 +138,12 @@ impl Volume {
                 root: state_root,
                 loop_image: None,
                 sysfs: Default::default(),
+                settings: settings.clone(),
             });
         }
 
         if !image_is_formatted(&image)? {
-            make_image(&image, image_size()?)?;
+            make_image(&image, settings.size, settings.host_reserve)?;
         }
         fs::create_dir_all(&mount_dir).map_err(VolumeError::io("create", &mount_dir))?;
         run(
@@ -139,6 +161,7 @@ impl Volume {
             root: mount_dir,
             loop_image: Some(image),
             sysfs: Default::default(),
+            settings: settings.clone(),
         })
     }
 
@@ -185,14 +208,7 @@ impl Volume {
             }
             done.push(format!("direct I/O on {device}"));
         }
-        let value = std::env::var(DIRTY_ENV).unwrap_or_else(|_| DEFAULT_DIRTY.to_owned());
-        let limit = match value.trim() {
-            "0" => 0,
-            v => parse_size(v).ok_or(VolumeError::BadSize {
-                name: DIRTY_ENV,
-                value: value.clone(),
-            })?,
-        };
+        let limit = self.settings.dirty;
         let Some(bdi) = devices.iter().find_map(|d| bdi_of_device(d)) else {
             return Ok(done);
         };
@@ -381,17 +397,8 @@ pub fn require_tools() -> Result<(), VolumeError> {
     Ok(())
 }
 
-/// The image size from [`SIZE_ENV`], or [`DEFAULT_SIZE`].
-fn image_size() -> Result<u64, VolumeError> {
-    let value = std::env::var(SIZE_ENV).unwrap_or_else(|_| DEFAULT_SIZE.to_owned());
-    parse_size(&value).ok_or(VolumeError::BadSize {
-        name: SIZE_ENV,
-        value,
-    })
-}
-
 /// Parses `4096`, `512M`, `256G`, `1TiB` and the like (binary units).
-fn parse_size(text: &str) -> Option<u64> {
+pub fn parse_size(text: &str) -> Option<u64> {
     let text = text.trim();
     let digits = text
         .find(|c: char| !c.is_ascii_digit())
@@ -435,7 +442,7 @@ fn image_is_formatted(image: &Path) -> Result<bool, VolumeError> {
 
 /// Formats an image of `size` bytes (a filesystem of at most [`INITIAL_SIZE`], allocated)
 /// under a temporary name and renames it to `image` once it is complete and synced.
-fn make_image(image: &Path, size: u64) -> Result<(), VolumeError> {
+fn make_image(image: &Path, size: u64, host_reserve: Option<u64>) -> Result<(), VolumeError> {
     require_tools()?;
     let partial = image.with_extension("img.partial");
     for stale in [image, partial.as_path()] {
@@ -448,7 +455,7 @@ fn make_image(image: &Path, size: u64) -> Result<(), VolumeError> {
     // The filesystem starts smaller than the image, within what the disk can spare, and
     // grows as the image is allocated under it (see `space`).
     let dir = image.parent().unwrap_or(Path::new("/"));
-    let budget = space::host_budget(dir)?;
+    let budget = space::host_budget(dir, host_reserve)?;
     let initial = size.min(INITIAL_SIZE).min(budget) & !((1 << 20) - 1);
     if initial < space::MIN_INITIAL {
         return Err(VolumeError::NoRoom {
@@ -621,15 +628,9 @@ fn loop_devices_of(image: &Path) -> Vec<String> {
     devices
 }
 
-/// Finds `program` on `PATH` or in the sbin directories.
+/// Finds `program` in the system's program directories.
 fn find_program(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(SBIN_DIRS.iter().map(PathBuf::from))
-        .map(|dir| dir.join(program))
-        .find(|candidate| {
-            fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
-        })
+    forkd_sys::find_program(program)
 }
 
 /// Runs `program` to completion; a failure carries its command line and stderr.
@@ -683,6 +684,7 @@ mod tests {
             root: PathBuf::from("/state/vol"),
             loop_image: None,
             sysfs: Default::default(),
+            settings: Settings::default(),
         };
         assert_eq!(
             volume.resolve(Path::new("a/b")).unwrap(),

@@ -24,7 +24,7 @@
 //! volume that is the host's own btrfs is not managed here: btrfs answers `ENOSPC`
 //! itself there.
 
-use crate::{parse_size, Volume, VolumeError};
+use crate::{Volume, VolumeError};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
@@ -155,23 +155,16 @@ fn statvfs(path: &Path) -> Result<nix::sys::statvfs::Statvfs, VolumeError> {
 }
 
 /// The host's reserve on a disk of `host_bytes`.
-fn host_reserve(host_bytes: u64) -> Result<u64, VolumeError> {
-    match std::env::var(HOST_RESERVE_ENV) {
-        Ok(v) if v.trim() == "0" => Ok(0),
-        Ok(v) => parse_size(&v).ok_or(VolumeError::BadSize {
-            name: HOST_RESERVE_ENV,
-            value: v,
-        }),
-        Err(_) => Ok((host_bytes / HOST_RESERVE_SHARE).min(HOST_RESERVE_MAX)),
-    }
+fn host_reserve(setting: Option<u64>, host_bytes: u64) -> u64 {
+    setting.unwrap_or((host_bytes / HOST_RESERVE_SHARE).min(HOST_RESERVE_MAX))
 }
 
 /// What the disk holding `dir` can give the volume: its free space less the host's
 /// reserve.
-pub(crate) fn host_budget(dir: &Path) -> Result<u64, VolumeError> {
+pub(crate) fn host_budget(dir: &Path, reserve: Option<u64>) -> Result<u64, VolumeError> {
     let v = statvfs(dir)?;
     let frsize = v.fragment_size();
-    let reserve = host_reserve(v.blocks() * frsize)?;
+    let reserve = host_reserve(reserve, v.blocks() * frsize);
     Ok((v.blocks_available() * frsize).saturating_sub(reserve))
 }
 
@@ -218,7 +211,7 @@ impl Volume {
             backed_bytes: meta.blocks() * 512,
             host_bytes,
             host_free: host.blocks_available() * host_frsize,
-            host_reserve: host_reserve(host_bytes)?,
+            host_reserve: host_reserve(self.settings.host_reserve, host_bytes),
         })
     }
 

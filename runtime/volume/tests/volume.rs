@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use forkd_sys::mount::mount_overlay;
-use forkd_volume::{mountinfo, Volume, VolumeError};
+use forkd_volume::{mountinfo, Settings, Volume, VolumeError};
 
 /// True when running as root. Otherwise prints `SKIP <name>: needs root`, or panics
 /// when `CI=true` so nothing is skipped silently there.
 fn root_or_skip(name: &str) -> bool {
-    if !forkd_sys::testing::require_root(name) {
+    if !forkd_testing::require_root(name) {
         return false;
     }
     forkd_volume::require_tools().expect("btrfs tools");
@@ -79,7 +79,7 @@ fn subvolumes_and_read_only_snapshots() {
         return;
     }
     let state = StateRoot::new();
-    let volume = Volume::open(&state.path()).unwrap();
+    let volume = Volume::open(&state.path(), &Settings::default()).unwrap();
     assert_eq!(volume.path(), state.path().join("vol"));
     assert_eq!(
         volume.loop_image(),
@@ -142,7 +142,7 @@ fn delete_handles_nested_subvolumes_and_plain_trees() {
         return;
     }
     let state = StateRoot::new();
-    let volume = Volume::open(&state.path()).unwrap();
+    let volume = Volume::open(&state.path(), &Settings::default()).unwrap();
     let sandbox = volume.path().join("sandbox");
     fs::create_dir_all(sandbox.join("meta/deep")).unwrap();
     fs::write(sandbox.join("meta/deep/file"), "x").unwrap();
@@ -167,12 +167,12 @@ fn open_is_idempotent_and_unmount_releases_the_loop_device() {
         return;
     }
     let state = StateRoot::new();
-    let first = Volume::open(&state.path()).unwrap();
+    let first = Volume::open(&state.path(), &Settings::default()).unwrap();
     fs::write(first.path().join("marker"), "1").unwrap();
     let image = first.loop_image().unwrap().to_path_buf();
     assert_eq!(loop_devices_listing(&image).len(), 1);
 
-    let second = Volume::open(&state.path()).unwrap();
+    let second = Volume::open(&state.path(), &Settings::default()).unwrap();
     assert_eq!(second.path(), first.path());
     assert_eq!(second.loop_image(), first.loop_image());
     let mounts_at_vol = mountinfo::mounts()
@@ -185,7 +185,7 @@ fn open_is_idempotent_and_unmount_releases_the_loop_device() {
 
     // A state root that is itself on btrfs is used as it is.
     let nested = first.path().join("nested-state");
-    let direct = Volume::open(&nested).unwrap();
+    let direct = Volume::open(&nested, &Settings::default()).unwrap();
     assert_eq!(direct.path(), nested);
     assert_eq!(direct.loop_image(), None);
     direct.create_subvolume(Path::new("sub")).unwrap();
@@ -223,7 +223,7 @@ fn open_is_idempotent_and_unmount_releases_the_loop_device() {
     );
 
     // The data survives a remount.
-    let again = Volume::open(&state.path()).unwrap();
+    let again = Volume::open(&state.path(), &Settings::default()).unwrap();
     assert_eq!(
         fs::read_to_string(again.path().join("marker")).unwrap(),
         "1"
@@ -246,15 +246,13 @@ fn a_half_made_image_is_made_again() {
         .unwrap();
     fs::write(state.path().join("volume.img.partial"), "junk").unwrap();
 
-    let volume = Volume::open(&state.path()).unwrap();
+    let volume = Volume::open(&state.path(), &Settings::default()).unwrap();
     assert!(!state.path().join("volume.img.partial").exists());
     volume.create_subvolume(Path::new("works")).unwrap();
     // As long as the most it may grow to, allocated only under its filesystem (which
     // starts at INITIAL_SIZE), so a full disk cannot fail a write btrfs already made.
     let meta = fs::metadata(&image).unwrap();
-    if std::env::var_os("FORKD_VOLUME_SIZE").is_none() {
-        assert_eq!(meta.len(), 256 << 30, "default size");
-    }
+    assert_eq!(meta.len(), 256 << 30, "default size");
     let initial = forkd_volume::INITIAL_SIZE.min(meta.len());
     let allocated = meta.blocks() * 512;
     assert!(
@@ -273,7 +271,7 @@ fn overlay_on_snapshots_writes_into_the_upper_subvolume() {
         return;
     }
     let state = StateRoot::new();
-    let volume = Volume::open(&state.path()).unwrap();
+    let volume = Volume::open(&state.path(), &Settings::default()).unwrap();
     let v = volume.path().to_path_buf();
     let merged = v.join("merged");
     fs::create_dir(&merged).unwrap();
@@ -334,7 +332,7 @@ fn work_dir_outside_the_upper_subvolume_breaks_copy_up() {
         return;
     }
     let state = StateRoot::new();
-    let volume = Volume::open(&state.path()).unwrap();
+    let volume = Volume::open(&state.path(), &Settings::default()).unwrap();
     let v = volume.path().to_path_buf();
     volume.create_subvolume(Path::new("base")).unwrap();
     fs::write(v.join("base/file"), "base").unwrap();
@@ -401,7 +399,7 @@ fn snapshot_time_does_not_grow_with_the_data() {
         return;
     }
     let state = StateRoot::new();
-    let volume = Volume::open(&state.path()).unwrap();
+    let volume = Volume::open(&state.path(), &Settings::default()).unwrap();
     for (name, bytes) in [("small", 1usize << 20), ("large", 1 << 30)] {
         volume.create_subvolume(Path::new(name)).unwrap();
         fill(&volume.path().join(name), bytes);

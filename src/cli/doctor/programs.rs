@@ -92,17 +92,28 @@ pub(super) fn check_templates(explicit: Option<&Path>) -> Check {
     }
 }
 
+/// The daemon's settings as a daemon started here would read them; defaults where they
+/// do not read (the egress check names the bad one).
+fn daemon_settings() -> crate::daemon::config::Config {
+    crate::daemon::config::Config::from_env()
+        .unwrap_or_else(|_| crate::daemon::config::Config::read(&|_| None).expect("defaults"))
+}
+
 /// The CRIU to use, found by the daemon's own rules (`forkd_criu::Criu::locate`: the
-/// explicit path, `$FORKD_CRIU`, the pinned install, `PATH`). Its version is checked
-/// below with a bounded wait, and so is not required of the locator.
+/// explicit path, `FORKD_CRIU`, the pinned install, the system's program directories).
+/// Its version is checked below with a bounded wait, and so is not required of the
+/// locator.
 pub(super) fn resolve_criu(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    match forkd_criu::Criu::locate(explicit) {
+    let settings = daemon_settings().criu;
+    match forkd_criu::Criu::locate(explicit, &settings) {
         Ok(c) => Ok(c.path),
         // Found but too old: reported with its version by the check itself.
-        Err(forkd_criu::CriuError::TooOld { .. }) => forkd_criu::Criu::candidates(explicit)
-            .into_iter()
-            .find(|p| p.is_file())
-            .context("criu not found"),
+        Err(forkd_criu::CriuError::TooOld { .. }) => {
+            forkd_criu::Criu::candidates(explicit, &settings)
+                .into_iter()
+                .find(|p| p.is_file())
+                .context("criu not found")
+        }
         Err(e) => Err(anyhow::anyhow!("{e}")),
     }
 }
@@ -165,7 +176,7 @@ pub(super) fn criu_check_summary<'a>(
 pub(super) fn check_egress(criu: Option<&Path>) -> Check {
     const NAME: &str = "egress";
     let criu = resolve_criu(criu).ok();
-    let nft = match forkd_net::locate_nft(criu.as_deref()) {
+    let nft = match forkd_net::locate_nft(daemon_settings().nft.as_deref(), criu.as_deref()) {
         Ok(n) => n,
         Err(e) => {
             return Check::not_ok(

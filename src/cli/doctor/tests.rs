@@ -180,7 +180,7 @@ fn all_checks_render_and_agree_with_the_exit_code() {
     println!("{text}");
     // As root on a machine set up as the README says (CI is one), every required
     // check passes.
-    if forkd_sys::testing::require_root("doctor_required_checks_pass_as_root") {
+    if forkd_testing::require_root("doctor_required_checks_pass_as_root") {
         let failed: Vec<_> = checks
             .iter()
             .filter(|c| c.required && c.status == Status::Fail)

@@ -13,7 +13,7 @@ use tar::{EntryType, Header};
 /// True when running as root. Otherwise prints `SKIP <name>: needs root`,
 /// or panics when `CI=true` so nothing is skipped silently there.
 pub fn root_or_skip(name: &str) -> bool {
-    forkd_sys::testing::require_root(name)
+    forkd_testing::require_root(name)
 }
 
 pub struct State {

@@ -4,7 +4,7 @@ use super::*;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 fn root_or_skip(name: &str) -> bool {
-    forkd_sys::testing::require(name, forkd_sys::testing::is_root(), "needs root (mknod)")
+    forkd_testing::require(name, forkd_testing::is_root(), "needs root (mknod)")
 }
 
 fn assert_dev(root: &Path) {
