@@ -32,14 +32,60 @@
 //! stands on the same one. A base is removed by `gc` once no sandbox or checkpoint
 //! names it.
 
-use super::checkpoints::Lower;
 use super::{log, Lock};
 use crate::api::ApiError;
+use forkd_layers::LayerId;
+use forkd_sandbox::CheckpointId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// One layer of an overlay stack: a layer of the content-addressed store, or the
+/// filesystem snapshot of a checkpoint. Written as `layer:<hex>` / `checkpoint:<id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Lower {
+    Layer(LayerId),
+    Checkpoint(CheckpointId),
+}
+
+impl FromStr for Lower {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some(("layer", id)) => id.parse().map(Lower::Layer).map_err(|e| format!("{e}")),
+            Some(("checkpoint", id)) => {
+                id.parse().map(Lower::Checkpoint).map_err(|e| e.to_string())
+            }
+            _ => Err(format!("invalid layer reference {s:?}")),
+        }
+    }
+}
+
+impl TryFrom<String> for Lower {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Lower> for String {
+    fn from(l: Lower) -> String {
+        l.to_string()
+    }
+}
+
+impl std::fmt::Display for Lower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lower::Layer(id) => write!(f, "layer:{id}"),
+            Lower::Checkpoint(id) => write!(f, "checkpoint:{id}"),
+        }
+    }
+}
 
 const RECORD_VERSION: u32 = 1;
 const TREE: &str = "tree";

@@ -7,6 +7,19 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The task limit a sandbox gets when its request sets none, as podman's. Memory and
+/// disk have none unless set; the disk default applies only where disk limits can be
+/// held.
+pub const DEFAULT_PIDS: u64 = 2048;
+/// Spares kept for each source unless `FORKD_SPARE_LAYERS` says otherwise: one covers a
+/// create or a single fork arriving at a time; batches make their own side by side.
+pub const DEFAULT_SPARE_LAYERS: usize = 1;
+/// How many namespaces are kept ready unless `FORKD_SPARE_NETNS` says otherwise. Each is
+/// ~200 KiB of kernel memory; a few cover creates and single forks arriving one at a time.
+pub const DEFAULT_SPARE_NETNS: usize = 4;
+/// Largest archive `cp` moves either way by default; `FORKD_MAX_COPY_BYTES` sets it.
+pub const DEFAULT_MAX_COPY: usize = 1 << 30;
+
 /// One setting as docs/SETTINGS.md shows it.
 pub struct Setting {
     pub name: &'static str,
@@ -311,7 +324,7 @@ impl Config {
                 Some("0") => None,
                 _ => Some(v.parsed(
                     "FORKD_DEFAULT_PIDS",
-                    super::sandboxes::DEFAULT_PIDS,
+                    DEFAULT_PIDS,
                     "a number of tasks",
                     |_| true,
                 )?),
@@ -350,7 +363,7 @@ impl Config {
             },
             max_copy_bytes: v.parsed(
                 "FORKD_MAX_COPY_BYTES",
-                super::http::DEFAULT_MAX_COPY,
+                DEFAULT_MAX_COPY,
                 "a positive number of bytes",
                 |n: &usize| *n > 0,
             )?,
@@ -369,8 +382,8 @@ impl Config {
                 *n >= 1
             })?,
             sandboxes_memory,
-            spare_layers: count("FORKD_SPARE_LAYERS", super::spare_layers::DEFAULT_SPARE, 16)?,
-            spare_netns: count("FORKD_SPARE_NETNS", super::spare_netns::DEFAULT_SPARE, 64)?,
+            spare_layers: count("FORKD_SPARE_LAYERS", DEFAULT_SPARE_LAYERS, 16)?,
+            spare_netns: count("FORKD_SPARE_NETNS", DEFAULT_SPARE_NETNS, 64)?,
             templates: v.choice("FORKD_TEMPLATES", true, &[("on", true), ("off", false)])?,
             template_budget: match v.get("FORKD_TEMPLATE_MIB") {
                 None => None,

@@ -231,13 +231,20 @@ fn untraversable(dir: &Path) -> Option<(PathBuf, u32)> {
     })
 }
 
+/// A grant's listening socket, to be served until the grant ends (`stopped`).
+pub struct GrantSocket {
+    pub listener: std::os::unix::net::UnixListener,
+    pub grant: Arc<Grant>,
+    pub stopped: tokio::sync::watch::Receiver<bool>,
+}
+
 impl Daemon {
-    /// Makes a grant on `sandbox` and starts serving its socket.
+    /// Makes a grant on `sandbox`: its socket listens, and the caller serves it.
     pub fn grant(
         self: &Arc<Self>,
         sb: &super::Sandbox,
         req: &GrantRequest,
-    ) -> Result<GrantInfo, ApiError> {
+    ) -> Result<(GrantInfo, GrantSocket), ApiError> {
         if req.uid == 0 {
             return Err(ApiError::bad_request(
                 "grant: uid 0 is root, which needs no grant (give an unprivileged uid)",
@@ -288,7 +295,7 @@ impl Daemon {
             .map_err(|e| fail("set non-blocking", e))?;
         std::fs::rename(&staged, &socket)
             .map_err(|e| fail(&format!("rename to {}", socket.display()), e))?;
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         let grant = Arc::new(Grant {
             id: id.clone(),
             sandbox: sb.id.clone(),
@@ -303,30 +310,6 @@ impl Daemon {
             stop,
         });
         g.table.locked().insert(id.clone(), grant.clone());
-        let daemon = self.clone();
-        let served = grant.clone();
-        self.runtime.spawn(async move {
-            let listener = match tokio::net::UnixListener::from_std(listener) {
-                Ok(l) => l,
-                Err(e) => {
-                    log::warn(&format!("grant {}: serve: {e}", served.id));
-                    return;
-                }
-            };
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => {
-                            let d = daemon.clone();
-                            let g = served.clone();
-                            tokio::spawn(async move { super::routes::serve(d, stream, Some(g)).await });
-                        }
-                        Err(e) => log::warn(&format!("grant {}: accept: {e}", served.id)),
-                    },
-                    _ = stopped.changed() => break,
-                }
-            }
-        });
         log::info(&format!(
             "grant {id}: sandbox {} to uid {} (steps {})",
             sb.id,
@@ -335,7 +318,14 @@ impl Daemon {
                 .map(|m| m.to_string())
                 .unwrap_or_else(|| "unlimited".into())
         ));
-        Ok(grant.info())
+        Ok((
+            grant.info(),
+            GrantSocket {
+                listener,
+                grant,
+                stopped,
+            },
+        ))
     }
 
     /// Ends a grant: its socket goes, requests already admitted finish.

@@ -10,8 +10,6 @@ use tokio::net::UnixStream;
 const MAX_HEAD: usize = 64 * 1024;
 /// Largest JSON request body accepted (an exec's stdin included).
 pub const MAX_JSON_BODY: usize = 64 << 20;
-/// Largest archive `cp` moves either way by default; `FORKD_MAX_COPY_BYTES` sets it.
-pub const DEFAULT_MAX_COPY: usize = 1 << 30;
 
 /// The largest body a request to `path` may carry: uploads (a tar for `cp`) are
 /// binary and may be as large as `copy_limit`, every other body is JSON.

@@ -1,4 +1,4 @@
-//! A sandbox's record behind its lock, with the description a list shows of it kept,
+//! A sandbox's record (`state.json`), and the record behind its lock, with the description a list shows of it kept,
 //! serialised, until the record changes.
 //!
 //! A list of thousands of sandboxes spent nearly all its time building and serialising
@@ -10,7 +10,78 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use super::sandboxes::SandboxRecord;
+use super::bases::BaseId;
+use super::checkpoints::Lower;
+use crate::api::SandboxStatus;
+use forkd_cgroups::{Cgroup, Limits};
+use forkd_layers::ImageConfig;
+use forkd_sandbox::{CheckpointId, SandboxId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The version of `state.json`; a record of another version is not loaded.
+pub const RECORD_VERSION: u32 = 1;
+
+/// What `state.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub version: u32,
+    pub id: SandboxId,
+    pub image: String,
+    /// The layers the sandbox stands on, topmost first: its image's (with the runtime
+    /// layer on top), or its checkpoint's. A checkpoint named here cannot be removed
+    /// while the sandbox exists.
+    pub lowers: Vec<Lower>,
+    /// The base whose tree is the overlay's one lower layer (see [`super::bases`]): the
+    /// writable layer, a snapshot of it, holds what the sandbox changed over that stack.
+    /// A record without one was made before bases: its `lowers` are stacked as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseId>,
+    /// The checkpoint this sandbox was forked from.
+    #[serde(default)]
+    pub parent: Option<CheckpointId>,
+    pub created: u64,
+    pub hostname: String,
+    pub limits: Limits,
+    pub labels: BTreeMap<String, String>,
+    pub status: SandboxStatus,
+    pub init_pid: Option<i32>,
+    /// Start time of the init (clock ticks since boot), to tell it from a reused pid.
+    pub init_start: Option<u64>,
+    pub cgroup: String,
+    /// The memory cgroup its processes share with other sandboxes (cgroup v1, a daemon
+    /// with `FORKD_MEMCG=limited`, no memory limit); without one it has its own, at
+    /// `cgroup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cgroup: Option<String>,
+    pub create_us: u64,
+    /// The image's run configuration: defaults (env, working directory, user) for
+    /// every exec the API runs in this sandbox.
+    #[serde(default)]
+    pub config: ImageConfig,
+    /// The network the sandbox asked for.
+    #[serde(default)]
+    pub network: forkd_net::Network,
+    /// Its lease while it runs with egress.
+    #[serde(default)]
+    pub lease: Option<forkd_net::Lease>,
+    /// Its system-call filter (a record without this field was made before there was
+    /// one, so its processes run without).
+    #[serde(default = "made_without_filter")]
+    pub seccomp: forkd_sandbox::Seccomp,
+}
+
+/// What a record written before the system-call filter existed says.
+pub(crate) fn made_without_filter() -> forkd_sandbox::Seccomp {
+    forkd_sandbox::Seccomp::Unconfined
+}
+
+impl SandboxRecord {
+    /// Its cgroup in `hierarchy`.
+    pub fn cgroup_in(&self, hierarchy: &forkd_cgroups::Hierarchy) -> Cgroup {
+        Cgroup::new(hierarchy, &self.cgroup).sharing_memory(self.memory_cgroup.as_deref())
+    }
+}
 
 struct Entry {
     rec: SandboxRecord,

@@ -3,7 +3,7 @@
 //! line with the request id and latency. Handlers return a [`Reply`]: what they answer,
 //! never how; the match over operations is exhaustive.
 
-use super::grants::Grant;
+use super::grants::{Grant, GrantSocket};
 use super::http::{self, Request, Response};
 use super::{log, Daemon};
 use crate::api::{self, Answer, ApiError, ExecBody, Operation, VersionInfo, EXEC_UPGRADE};
@@ -57,6 +57,39 @@ pub fn match_route(
             "no such endpoint: {method} {path}"
         )))
     }
+}
+
+/// Serves a grant's socket until the grant ends: each connection as [`serve`] does, with
+/// the grant.
+fn serve_grant(daemon: &Arc<Daemon>, socket: GrantSocket) {
+    let GrantSocket {
+        listener,
+        grant,
+        mut stopped,
+    } = socket;
+    let daemon = daemon.clone();
+    daemon.runtime.clone().spawn(async move {
+        let listener = match tokio::net::UnixListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn(&format!("grant {}: serve: {e}", grant.id));
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let d = daemon.clone();
+                        let g = grant.clone();
+                        tokio::spawn(async move { serve(d, stream, Some(g)).await });
+                    }
+                    Err(e) => log::warn(&format!("grant {}: accept: {e}", grant.id)),
+                },
+                _ = stopped.changed() => break,
+            }
+        }
+    });
 }
 
 /// Serves one connection: on the daemon's socket (`grant` is `None`), or on a grant's,
@@ -392,7 +425,9 @@ fn handle(
         O::GrantSandbox => {
             let sb = d.sandbox(&param("id"))?;
             let body: api::GrantRequest = req.json()?;
-            Ok(Reply::json(&d.grant(&sb, &body)?))
+            let (info, socket) = d.grant(&sb, &body)?;
+            serve_grant(d, socket);
+            Ok(Reply::json(&info))
         }
         O::InspectGrant => Ok(Reply::json(&d.grants.get(&param("grant"))?.info())),
         O::RevokeGrant => Ok(Reply::json(&d.revoke_grant(&param("grant"))?)),

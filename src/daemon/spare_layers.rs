@@ -4,7 +4,7 @@
 //! [`super::bases`]), and a btrfs snapshot commits the volume's transaction: 2-4 ms on a
 //! quiet volume, more while other sandboxes write, and it waits out a commit already
 //! running. A thread of the daemon keeps snapshots of the sources recently snapshotted
-//! ready (`FORKD_SPARE_LAYERS` each, default [`DEFAULT_SPARE`]; the
+//! ready (`FORKD_SPARE_LAYERS` each, default [`super::config::DEFAULT_SPARE_LAYERS`]; the
 //! [`MAX_SOURCES`] most recent sources), so a create or a fork renames one into place
 //! instead of committing. A fork of several branches makes the snapshots it lacks at
 //! once, side by side, where btrfs puts them in one commit.
@@ -25,9 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// Spares kept for each source unless `FORKD_SPARE_LAYERS` says otherwise: one covers a
-/// create or a single fork arriving at a time; batches make their own side by side.
-pub const DEFAULT_SPARE: usize = 1;
 /// Sources kept ready at most; the least recently used goes first.
 pub const MAX_SOURCES: usize = 16;
 /// Snapshots a batch makes at once.

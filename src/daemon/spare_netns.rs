@@ -16,10 +16,6 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// How many namespaces are kept ready unless `FORKD_SPARE_NETNS` says otherwise. Each is
-/// ~200 KiB of kernel memory; a few cover creates and single forks arriving one at a time.
-pub const DEFAULT_SPARE: usize = 4;
-
 /// How long the thread waits after a take before it makes the next namespace.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::id::LayerId;
+use crate::id::{InvalidHex, LayerId};
 
 /// Errors of the layer store, tree hashing and archive extraction.
 #[derive(Debug, Error)]
@@ -73,6 +73,12 @@ pub enum LayerError {
         #[source]
         original: Box<LayerError>,
     },
+}
+
+impl From<InvalidHex> for LayerError {
+    fn from(e: InvalidHex) -> LayerError {
+        LayerError::InvalidId { input: e.0 }
+    }
 }
 
 fn join_ids(ids: &[LayerId]) -> String {

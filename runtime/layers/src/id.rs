@@ -10,8 +10,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::LayerError;
-
 /// A SHA-256 digest of a directory tree in the canonical format described in
 /// [`crate::hash`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,14 +77,31 @@ impl fmt::Debug for TreeHash {
     }
 }
 
+/// A string that is not 64 lowercase hex characters (a [`LayerError::InvalidId`] once
+/// converted).
+///
+/// [`LayerError::InvalidId`]: crate::LayerError::InvalidId
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidHex(pub String);
+
+impl fmt::Display for InvalidHex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid layer id {:?}: expected 64 lowercase hex characters",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for InvalidHex {}
+
 impl FromStr for TreeHash {
-    type Err = LayerError;
+    type Err = InvalidHex;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         parse_hex32(s)
             .map(TreeHash)
-            .ok_or_else(|| LayerError::InvalidId {
-                input: s.to_owned(),
-            })
+            .ok_or_else(|| InvalidHex(s.to_owned()))
     }
 }
 
@@ -125,7 +140,7 @@ impl fmt::Debug for LayerId {
 }
 
 impl FromStr for LayerId {
-    type Err = LayerError;
+    type Err = InvalidHex;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         TreeHash::from_str(s).map(LayerId)
     }

@@ -37,7 +37,7 @@ pub use error::{ImageError, ImportError, LayerError};
 pub use export::export_tar;
 pub use extract::TarFlavor;
 pub use hash::{tree_hash, TREE_FORMAT};
-pub use id::{LayerId, TreeHash};
+pub use id::{InvalidHex, LayerId, TreeHash};
 pub use image::{validate_image_name, Image, ImageConfig, ImageStore};
 pub use import::{import_image, parse_image_config};
 pub use progress::{Progress, REPORT_EVERY};

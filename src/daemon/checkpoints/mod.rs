@@ -24,6 +24,7 @@
 //! computes a checkpoint's tree hash after it is made. This file holds the record, the
 //! table and what the verbs share (lookups, recovery at start-up, the squash).
 
+pub use super::bases::Lower;
 use super::{log, Daemon, Lock};
 use crate::api::{ApiError, CheckpointInfo};
 use forkd_cgroups::Limits;
@@ -32,7 +33,6 @@ use forkd_sandbox::{CheckpointId, SandboxId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 const RECORD_VERSION: u32 = 1;
@@ -57,50 +57,6 @@ fn max_stack(max_layers: usize) -> usize {
     match forkd_sys::mount::lower_mode() {
         forkd_sys::mount::LowerMode::Links => n.min(forkd_sys::lowerdir::MAX_LINKED_LOWERS),
         forkd_sys::mount::LowerMode::Append => n,
-    }
-}
-
-/// One layer of an overlay stack: a layer of the content-addressed store, or the
-/// filesystem snapshot of a checkpoint. Written as `layer:<hex>` / `checkpoint:<id>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Lower {
-    Layer(LayerId),
-    Checkpoint(CheckpointId),
-}
-
-impl FromStr for Lower {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once(':') {
-            Some(("layer", id)) => id.parse().map(Lower::Layer).map_err(|e| format!("{e}")),
-            Some(("checkpoint", id)) => {
-                id.parse().map(Lower::Checkpoint).map_err(|e| e.to_string())
-            }
-            _ => Err(format!("invalid layer reference {s:?}")),
-        }
-    }
-}
-
-impl TryFrom<String> for Lower {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
-    }
-}
-
-impl From<Lower> for String {
-    fn from(l: Lower) -> String {
-        l.to_string()
-    }
-}
-
-impl std::fmt::Display for Lower {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Lower::Layer(id) => write!(f, "layer:{id}"),
-            Lower::Checkpoint(id) => write!(f, "checkpoint:{id}"),
-        }
     }
 }
 
@@ -142,7 +98,7 @@ pub struct CheckpointRecord {
     #[serde(default)]
     pub lease: Option<forkd_net::Lease>,
     /// The source sandbox's system-call filter, which its branches keep.
-    #[serde(default = "crate::daemon::sandboxes::made_without_filter")]
+    #[serde(default = "crate::daemon::record::made_without_filter")]
     pub seccomp: forkd_sandbox::Seccomp,
 }
 
