@@ -156,21 +156,7 @@ impl Daemon {
     ) -> Result<ExportResult, ApiError> {
         let t = Instant::now();
         let _in_use = c.use_for("export")?;
-        if !dest.is_absolute() {
-            return Err(ApiError::bad_request(format!(
-                "export path {} must be absolute",
-                dest.display()
-            )));
-        }
-        match dest.parent() {
-            Some(p) if p.is_dir() => {}
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "export path {}: its directory does not exist",
-                    dest.display()
-                )))
-            }
-        }
+        super::paths::host_path("export path", dest, super::paths::Want::InDir)?;
         let tree_hash = self.wait_tree_hash(c)?;
         let rec = c.record.locked().clone();
         let partial = dest.with_file_name(format!(
@@ -283,12 +269,7 @@ impl Daemon {
 
     /// Imports an archive written by `export_checkpoint`; verifies all of it first.
     pub fn import_checkpoint(self: &Arc<Self>, src: &Path) -> Result<Arc<Checkpoint>, ApiError> {
-        if !src.is_absolute() {
-            return Err(ApiError::bad_request(format!(
-                "archive path {} must be absolute",
-                src.display()
-            )));
-        }
+        super::paths::host_path("archive path", src, super::paths::Want::Any)?;
         let file = std::fs::File::open(src).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => {
                 ApiError::not_found(format!("archive {} does not exist", src.display()))

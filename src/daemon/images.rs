@@ -38,19 +38,11 @@ impl Daemon {
     pub fn import_image(&self, req: ImportImageRequest) -> Result<ImageInfo, ApiError> {
         forkd_layers::validate_image_name(&req.name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let source = std::path::PathBuf::from(&req.source);
-        if !source.is_absolute() {
-            return Err(ApiError::bad_request(format!(
-                "image source {:?} must be an absolute path",
-                req.source
-            )));
-        }
-        if !source.exists() {
-            return Err(ApiError::not_found(format!(
-                "image source {} does not exist",
-                source.display()
-            )));
-        }
+        let source = super::paths::host_path(
+            "image source",
+            std::path::Path::new(&req.source),
+            super::paths::Want::Exists,
+        )?;
         if !self.users_of(&req.name).is_empty() {
             return Err(ApiError::conflict(format!(
                 "image {} is in use; remove its sandboxes or import under another name",

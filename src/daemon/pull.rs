@@ -27,7 +27,7 @@
 //! lock is held for reading throughout, so `gc` cannot take a layer sealed by this pull
 //! before the image refers to it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -43,7 +43,7 @@ use crate::api::{ApiError, ImageInfo, PullLayer, PullRequest, PullStatus};
 /// Pulls in progress, the daemon's bound on concurrent blob fetches, and the blobs
 /// being fetched now.
 pub struct Pulls {
-    jobs: Mutex<BTreeMap<u64, Arc<Mutex<PullStatus>>>>,
+    jobs: super::jobs::Jobs<u64, PullStatus>,
     next: std::sync::atomic::AtomicU64,
     slots: Slots,
     flights: Mutex<HashMap<String, Arc<Flight>>>,
@@ -85,7 +85,7 @@ impl Pulls {
     /// A table whose jobs run `n` at once (`FORKD_PULL_PARALLEL`).
     pub fn new(n: usize) -> Self {
         Pulls {
-            jobs: Mutex::new(BTreeMap::new()),
+            jobs: Default::default(),
             next: std::sync::atomic::AtomicU64::new(1),
             slots: Slots {
                 free: Mutex::new(n),
@@ -98,23 +98,7 @@ impl Pulls {
 
 impl Pulls {
     pub fn list(&self) -> Vec<PullStatus> {
-        self.jobs
-            .locked()
-            .values()
-            .map(|j| j.locked().clone())
-            .collect()
-    }
-}
-
-/// Removes a pull from the table however it ends.
-struct Registered<'a> {
-    pulls: &'a Pulls,
-    id: u64,
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.pulls.jobs.locked().remove(&self.id);
+        self.jobs.list()
     }
 }
 
@@ -250,18 +234,21 @@ impl Daemon {
             .pulls
             .next
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let status = Arc::new(Mutex::new(PullStatus {
-            reference: req.reference.clone(),
-            resolved: None,
-            started: forkd_sys::clock::now_secs(),
-            phase: "resolving".into(),
-            layers: Vec::new(),
-        }));
-        self.pulls.jobs.locked().insert(id, status.clone());
-        let _registered = Registered {
-            pulls: &self.pulls,
-            id,
-        };
+        let registered = self
+            .pulls
+            .jobs
+            .register(
+                id,
+                PullStatus {
+                    reference: req.reference.clone(),
+                    resolved: None,
+                    started: forkd_sys::clock::now_secs(),
+                    phase: "resolving".into(),
+                    layers: Vec::new(),
+                },
+            )
+            .expect("pull ids are never reused");
+        let status = registered.status.clone();
         let _store = self.store_lock.read_locked();
 
         let mut last: Option<RegistryError> = None;

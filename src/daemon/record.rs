@@ -71,6 +71,50 @@ pub struct SandboxRecord {
     pub seccomp: forkd_sandbox::Seccomp,
 }
 
+/// Where a new sandbox comes from: what its record takes from its image (a create) or
+/// its checkpoint (a fork).
+pub struct Origin {
+    pub image: String,
+    pub lowers: Vec<Lower>,
+    pub base: BaseId,
+    pub parent: Option<CheckpointId>,
+    pub hostname: String,
+    pub limits: Limits,
+    pub labels: BTreeMap<String, String>,
+    pub config: ImageConfig,
+    pub network: forkd_net::Network,
+    pub seccomp: forkd_sandbox::Seccomp,
+}
+
+impl SandboxRecord {
+    /// The record of sandbox `id`, starting now from `origin`; its processes' memory
+    /// cgroup is `memory_cgroup` when shared, its own otherwise.
+    pub fn starting(id: SandboxId, origin: Origin, memory_cgroup: Option<String>) -> SandboxRecord {
+        SandboxRecord {
+            version: RECORD_VERSION,
+            cgroup: format!("forkd/{id}"),
+            id,
+            image: origin.image,
+            lowers: origin.lowers,
+            base: Some(origin.base),
+            parent: origin.parent,
+            created: super::now_secs(),
+            hostname: origin.hostname,
+            limits: origin.limits,
+            labels: origin.labels,
+            status: SandboxStatus::Running,
+            init_pid: None,
+            init_start: None,
+            memory_cgroup,
+            create_us: 0,
+            config: origin.config,
+            network: origin.network,
+            lease: None,
+            seccomp: origin.seccomp,
+        }
+    }
+}
+
 /// What a record written before the system-call filter existed says.
 pub(crate) fn made_without_filter() -> forkd_sandbox::Seccomp {
     forkd_sandbox::Seccomp::Unconfined

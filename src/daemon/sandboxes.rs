@@ -308,28 +308,20 @@ impl Daemon {
         }
         let lowers = self.image_stack(&image.layers);
         let base = self.base_for(&lowers)?;
-        let record = SandboxRecord {
-            version: RECORD_VERSION,
-            id: id.clone(),
+        let origin = super::record::Origin {
             image: image.name.clone(),
             lowers,
-            base: Some(base.id.clone()),
-            created: super::now_secs(),
+            base: base.id.clone(),
+            parent: None,
             hostname,
             limits: req.limits.clone(),
             labels: req.labels.clone(),
-            parent: None,
-            status: SandboxStatus::Running,
-            init_pid: None,
-            init_start: None,
-            cgroup: format!("forkd/{id}"),
-            memory_cgroup: self.cgroups.shared_memory_for(&req.limits),
-            create_us: 0,
             config: image.config.clone(),
             network: req.network.clone(),
-            lease: None,
             seccomp: req.seccomp,
         };
+        let memory_cgroup = self.cgroups.shared_memory_for(&req.limits);
+        let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
         let dir = self.sandbox_dir(&id);
         let sb = self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {
             d.start_init_in(dir, rec, policy.as_ref())

@@ -10,7 +10,7 @@
 //! Every exec of every agent is logged by the daemon with timestamps: the trajectory.
 
 use super::brief::{AgentRun, Brief};
-use super::confine::{budget_refused, Confined};
+use super::confine::budget_refused;
 use super::harness::{MiniSweAgent, MINI_SWE_AGENT};
 use super::session::{InfraResult, Session};
 use forkd_sandbox::proto::ExecRequest;
@@ -211,13 +211,7 @@ pub fn run_agent(s: &Session, spec: &AgentSpec, b: &Brief) -> InfraResult<AgentR
 
 fn run_external(s: &Session, command: &str, b: &Brief) -> InfraResult<AgentRun> {
     let infra = |m: String| super::session::Infra(m);
-    let jail = Confined::prepare(
-        s,
-        b.sandbox,
-        b.max_steps,
-        &b.scratch.join("agent"),
-        b.hide.clone(),
-    )?;
+    let jail = b.confine(s)?;
     let instr = jail.give("instruction.md", b.instruction.as_bytes())?;
     let mut cmd = std::process::Command::new("/bin/sh");
     cmd.arg("-c")

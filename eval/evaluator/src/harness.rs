@@ -21,7 +21,7 @@
 //! `HOSTED_VLLM_API_BASE`, ...).
 
 use super::brief::{AgentRun, Brief};
-use super::confine::{budget_refused, Confined};
+use super::confine::budget_refused;
 use super::session::{Infra, InfraResult, Session};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -177,13 +177,7 @@ impl MiniSweAgent {
     /// run directory out of sight. Its configuration files are copied into its directory.
     pub fn run(&self, s: &Session, b: &Brief) -> InfraResult<AgentRun> {
         let infra = |m: String| Infra(format!("{}: {m}", self.name()));
-        let jail = Confined::prepare(
-            s,
-            b.sandbox,
-            b.max_steps,
-            &b.scratch.join("agent"),
-            b.hide.clone(),
-        )?;
+        let jail = b.confine(s)?;
         let dir = jail.dir.clone();
         let (brief_path, result_path) = (dir.join("brief.json"), dir.join("result.json"));
         let trajectory = dir.join("trajectory.json");

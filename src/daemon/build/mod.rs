@@ -36,7 +36,7 @@
 //! state and the job; `job.rs`: the stages and steps of one build (`impl Job`);
 //! `copy.rs`: COPY and ADD (their sources, `--chown`, archives unpacked).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,32 +64,7 @@ pub const BUILD_LABEL: &str = "forkd.build";
 const ERROR_TAIL_LINES: usize = 40;
 
 /// Builds in progress, by image name.
-#[derive(Default)]
-pub struct Builds {
-    jobs: Mutex<BTreeMap<String, Arc<Mutex<BuildStatus>>>>,
-}
-
-impl Builds {
-    pub fn list(&self) -> Vec<BuildStatus> {
-        self.jobs
-            .locked()
-            .values()
-            .map(|j| j.locked().clone())
-            .collect()
-    }
-}
-
-/// Removes a build from the table when it ends, however it ends.
-struct Registered<'a> {
-    builds: &'a Builds,
-    name: String,
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.builds.jobs.locked().remove(&self.name);
-    }
-}
+pub type Builds = super::jobs::Jobs<String, BuildStatus>;
 
 #[derive(Clone)]
 struct State {
@@ -248,19 +223,11 @@ impl Daemon {
         req.limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
-        let ctx_dir = PathBuf::from(&req.context);
-        if !ctx_dir.is_absolute() {
-            return Err(ApiError::bad_request(format!(
-                "build context {:?} must be an absolute path",
-                req.context
-            )));
-        }
-        if !ctx_dir.is_dir() {
-            return Err(ApiError::not_found(format!(
-                "build context {} is not a directory",
-                ctx_dir.display()
-            )));
-        }
+        let ctx_dir = super::paths::host_path(
+            "build context",
+            Path::new(&req.context),
+            super::paths::Want::Dir,
+        )?;
         let file = match &req.dockerfile {
             Some(f) if Path::new(f).is_absolute() => PathBuf::from(f),
             Some(f) => ctx_dir.join(f),
@@ -281,26 +248,21 @@ impl Daemon {
                 users.join(", ")
             )));
         }
-        let status = Arc::new(Mutex::new(BuildStatus {
-            name: req.name.clone(),
-            started: super::now_secs(),
-            steps: Vec::new(),
-            current: None,
-        }));
-        let _registered = {
-            let mut jobs = self.builds.jobs.locked();
-            if jobs.contains_key(&req.name) {
-                return Err(ApiError::conflict(format!(
-                    "image {} is being built already",
-                    req.name
-                )));
-            }
-            jobs.insert(req.name.clone(), status.clone());
-            Registered {
-                builds: &self.builds,
-                name: req.name.clone(),
-            }
-        };
+        let registered = self
+            .builds
+            .register(
+                req.name.clone(),
+                BuildStatus {
+                    name: req.name.clone(),
+                    started: super::now_secs(),
+                    steps: Vec::new(),
+                    current: None,
+                },
+            )
+            .ok_or_else(|| {
+                ApiError::conflict(format!("image {} is being built already", req.name))
+            })?;
+        let status = registered.status.clone();
         let _store = self.store_lock.read_locked();
         let mut made = Made {
             layers_before: self.layer_names(),

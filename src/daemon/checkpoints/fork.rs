@@ -7,9 +7,7 @@
 
 use super::{Checkpoint, CheckpointRecord, Lower};
 use crate::api::FORK_PHASES as FORK;
-use crate::api::{
-    self, record_phase, ApiError, BranchInfo, ForkRequest, ForkResult, SandboxStatus,
-};
+use crate::api::{self, record_phase, ApiError, BranchInfo, ForkRequest, ForkResult};
 use crate::daemon::bases::BaseId;
 use crate::daemon::sandboxes::LayerFrom;
 use crate::daemon::sandboxes::{SandboxRecord, ROOTFS};
@@ -252,30 +250,22 @@ impl Daemon {
         let started = Instant::now();
         let ck = &plan.record;
         let id = SandboxId::random();
-        let record = SandboxRecord {
-            version: crate::daemon::sandboxes::RECORD_VERSION,
-            id: id.clone(),
+        let origin = crate::daemon::record::Origin {
             image: ck.image.clone(),
             lowers: ck.lowers.clone(),
-            base: Some(plan.base.id.clone()),
+            base: plan.base.id.clone(),
             parent: Some(plan.c.id.clone()),
-            created: crate::daemon::now_secs(),
             hostname: ck.hostname.clone(),
             limits: ck.limits.clone(),
             labels: plan.labels.clone(),
-            status: SandboxStatus::Running,
-            init_pid: None,
-            init_start: None,
-            cgroup: format!("forkd/{id}"),
-            memory_cgroup: self.cgroups.shared_memory_for(&ck.limits),
-            create_us: 0,
             config: ck.config.clone(),
             network: plan.network.clone(),
-            lease: None,
             // A live branch's processes carry the filter CRIU restored; a fresh init
             // gets the same.
             seccomp: ck.seccomp,
         };
+        let memory_cgroup = self.cgroups.shared_memory_for(&ck.limits);
+        let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
         let dir = self.sandbox_dir(&id);
         let mut phases = BTreeMap::new();
         let mut prepared = None;

@@ -52,26 +52,9 @@ impl Interp {
                     },
                     false,
                 );
-                if p.has(&[
-                    "-l",
-                    "-L",
-                    "-c",
-                    "-q",
-                    "--name-only",
-                    "--files-with-matches",
-                    "--files-without-match",
-                    "--count",
-                    "--quiet",
-                    "-O",
-                    "--open-files-in-pager",
-                ]) {
+                let Some(ops) = p.searched(&["-L", "--name-only", "-O", "--open-files-in-pager"])
+                else {
                     return;
-                }
-                let pattern_given = p.has(&["-e", "-f", "--regexp", "--file"]);
-                let ops = if pattern_given {
-                    &p.positionals[..]
-                } else {
-                    p.positionals.get(1..).unwrap_or(&[])
                 };
                 let paths: Vec<Word> = ops
                     .iter()

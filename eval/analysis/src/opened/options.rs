@@ -22,6 +22,30 @@ impl Parsed {
         self.flags.iter().any(|(f, _)| names.contains(&f.as_str()))
     }
 
+    /// The files a search (grep, rg, git grep) shows the contents of: its operands after
+    /// the pattern (the first operand, unless `-e`/`-f` gave it); none when a flag that
+    /// prints names, counts or nothing instead of lines is set: one all three share, or
+    /// one of the tool's own in `listing`.
+    pub(super) fn searched(&self, listing: &[&str]) -> Option<&[Word]> {
+        const SHARED: &[&str] = &[
+            "-l",
+            "-c",
+            "-q",
+            "--files-with-matches",
+            "--files-without-match",
+            "--count",
+            "--quiet",
+        ];
+        if self.has(SHARED) || self.has(listing) {
+            return None;
+        }
+        Some(if self.has(&["-e", "-f", "--regexp", "--file"]) {
+            &self.positionals[..]
+        } else {
+            self.positionals.get(1..).unwrap_or(&[])
+        })
+    }
+
     pub(super) fn values<'a>(&'a self, names: &'a [&'a str]) -> impl Iterator<Item = &'a str> + 'a {
         self.flags
             .iter()

@@ -36,24 +36,8 @@ impl Interp {
             },
             false,
         );
-        if p.has(&[
-            "-l",
-            "-L",
-            "-c",
-            "-q",
-            "--files-with-matches",
-            "--files-without-match",
-            "--count",
-            "--quiet",
-            "--silent",
-        ]) {
+        let Some(ops) = p.searched(&["-L", "--silent"]) else {
             return;
-        }
-        let pattern_given = p.has(&["-e", "-f", "--regexp", "--file"]);
-        let ops = if pattern_given {
-            &p.positionals[..]
-        } else {
-            p.positionals.get(1..).unwrap_or(&[])
         };
         let recursive = p.has(&["-r", "-R", "--recursive", "--dereference-recursive"])
             || p.values(&["-d", "--directories"]).any(|v| v == "recurse");
@@ -118,25 +102,8 @@ impl Interp {
             },
             false,
         );
-        if p.has(&[
-            "-l",
-            "-c",
-            "-q",
-            "--files",
-            "--files-with-matches",
-            "--files-without-match",
-            "--count",
-            "--count-matches",
-            "--quiet",
-            "--type-list",
-        ]) {
+        let Some(ops) = p.searched(&["--files", "--count-matches", "--type-list"]) else {
             return;
-        }
-        let pattern_given = p.has(&["-e", "-f", "--regexp", "--file"]);
-        let ops = if pattern_given {
-            &p.positionals[..]
-        } else {
-            p.positionals.get(1..).unwrap_or(&[])
         };
         let mut filter = Filter::default();
         for g in p.values(&["-g", "--glob", "--iglob"]) {
