@@ -186,7 +186,7 @@ impl Client {
     pub fn exec_stream(
         &self,
         sandbox: &str,
-        req: &forkd_sandbox::proto::ExecRequest,
+        req: &forkd_proto::ExecRequest,
     ) -> Result<UnixStream, ClientError> {
         let mut s = self.connect()?;
         let body = serde_json::to_vec(req).expect("json");

@@ -7,21 +7,25 @@
 
 pub mod client;
 pub mod defaults;
+mod limits;
+mod network;
 mod ops;
 mod size;
 
+pub use limits::Limits;
+pub use network::{Network, NetworkMode, Seccomp};
 pub use ops::{Answer, OpSpec, Operation, RequestBody, GRANTED_OPERATIONS};
 pub use size::parse_size;
 
-use forkd_cgroups::Limits;
-use forkd_sandbox::proto::{ExecExit, ExecRequest};
+pub use forkd_proto as proto;
+pub use forkd_proto::{ExecExit, ExecRequest};
 use serde::{Deserialize, Serialize};
 
 /// Version of the API; bumped on incompatible changes.
 pub const API_VERSION: &str = "v1";
 
 /// The header a client sends on `POST /v1/sandboxes/{id}/exec` to switch the connection
-/// to the frame protocol (`forkd_sandbox::proto`) after a `101 Switching Protocols`.
+/// to the frame protocol ([`proto`]) after a `101 Switching Protocols`.
 pub const EXEC_UPGRADE: &str = "forkd-exec";
 
 /// Error kinds, each with one HTTP status (mapped in [`ApiError::status`] only).
@@ -261,23 +265,6 @@ pub struct ImageConfig {
     pub volumes: Vec<String>,
 }
 
-impl From<forkd_layers::ImageConfig> for ImageConfig {
-    fn from(c: forkd_layers::ImageConfig) -> Self {
-        ImageConfig {
-            env: c.env,
-            cmd: c.cmd,
-            entrypoint: c.entrypoint,
-            working_dir: c.working_dir,
-            user: c.user,
-            labels: c.labels,
-            exposed_ports: c.exposed_ports,
-            shell: c.shell,
-            stop_signal: c.stop_signal,
-            volumes: c.volumes,
-        }
-    }
-}
-
 /// `POST /v1/images/build`: build an image from a Dockerfile.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -368,14 +355,6 @@ pub struct CreateSandboxRequest {
     pub seccomp: Seccomp,
 }
 
-/// Whether a sandbox runs under forkd's system-call filter (docs/DESIGN.md, "The
-/// system-call filter").
-pub use forkd_sandbox::Seccomp;
-
-/// A sandbox's network: `{"mode": "none"}`, `{"mode": "egress"}` or
-/// `{"mode": "allowlist", "hosts": ["198.18.0.1", "pypi.example", "10.0.0.0/8"]}`.
-pub use forkd_net::{Mode as NetworkMode, Network};
-
 /// A sandbox's network as it is (absent for mode `none`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NetworkInfo {
@@ -392,20 +371,6 @@ pub struct NetworkInfo {
     /// The daemon's nftables table (`inet <table>`) holding its rules, in chain
     /// `sb_<link>`.
     pub table: String,
-}
-
-impl NetworkInfo {
-    pub fn of(l: &forkd_net::Lease, table: &str) -> NetworkInfo {
-        NetworkInfo {
-            table: table.to_string(),
-            mode: l.network.clone(),
-            address: l.address().to_string(),
-            gateway: l.gateway().to_string(),
-            link: l.link.clone(),
-            allowed: l.allowed.iter().map(|n| n.to_string()).collect(),
-            nameservers: l.nameservers.iter().map(|n| n.to_string()).collect(),
-        }
-    }
 }
 
 /// Where a sandbox is in its life. `running` and `stopped` are the settled states (the

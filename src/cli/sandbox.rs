@@ -73,7 +73,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
             "--rm and -d cannot be used together: a detached sandbox is removed with forkd rm"
         );
     }
-    let limits = forkd_cgroups::Limits {
+    let limits = crate::api::Limits {
         memory_bytes: super::parse_size_opt(args.memory.as_deref())?,
         pids: args.pids_limit,
         cpu_millis: args.cpus.map(|c| (c * 1000.0) as u64),

@@ -19,7 +19,7 @@ impl Daemon {
             created: img.created,
             source: img.source,
             digest: img.digest,
-            config: img.config.into(),
+            config: super::edge::image_config(img.config),
         }
     }
 

@@ -12,6 +12,7 @@ mod bases;
 mod build;
 mod checkpoints;
 pub mod config;
+mod edge;
 mod exec;
 mod files;
 mod gc;

@@ -12,8 +12,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use super::bases::BaseId;
 use super::checkpoints::Lower;
+use crate::api::Limits;
 use crate::api::SandboxStatus;
-use forkd_cgroups::{Cgroup, Limits};
+use forkd_cgroups::Cgroup;
 use forkd_layers::ImageConfig;
 use forkd_sandbox::{CheckpointId, SandboxId};
 use serde::{Deserialize, Serialize};

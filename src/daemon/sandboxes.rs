@@ -19,8 +19,9 @@
 
 use super::record::Record;
 use super::{Daemon, Lock};
+use crate::api::Limits;
 use crate::api::{ApiError, CreateSandboxRequest, MemoryCounted, SandboxInfo, SandboxStatus};
-use forkd_cgroups::{Cgroup, Limits};
+use forkd_cgroups::Cgroup;
 use forkd_sandbox::host;
 use forkd_sandbox::proto::ExecRequest;
 use forkd_sandbox::setup::SetupSpec;
@@ -246,8 +247,8 @@ impl Daemon {
             network: rec
                 .lease
                 .as_ref()
-                .map(|l| crate::api::NetworkInfo::of(l, &self.egress.table)),
-            seccomp: rec.seccomp,
+                .map(|l| super::edge::network_info(l, &self.egress.table)),
+            seccomp: super::edge::api_seccomp(rec.seccomp),
             disk_used_bytes: None,
         }
     }
@@ -295,7 +296,8 @@ impl Daemon {
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
         self.disk_limits_usable(&req.limits)?;
-        let policy = self.network_policy(&req.network)?;
+        let network = super::edge::network(&req.network);
+        let policy = self.network_policy(&network)?;
         let id = SandboxId::random();
         let hostname = req
             .hostname
@@ -317,10 +319,12 @@ impl Daemon {
             limits: req.limits.clone(),
             labels: req.labels.clone(),
             config: image.config.clone(),
-            network: req.network.clone(),
-            seccomp: req.seccomp,
+            network,
+            seccomp: super::edge::seccomp(req.seccomp),
         };
-        let memory_cgroup = self.cgroups.shared_memory_for(&req.limits);
+        let memory_cgroup = self
+            .cgroups
+            .shared_memory_for(&super::edge::cgroup_limits(&req.limits));
         let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
         let dir = self.sandbox_dir(&id);
         let sb = self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {
@@ -437,7 +441,7 @@ impl Daemon {
             .take(
                 &record.cgroup,
                 record.memory_cgroup.as_deref(),
-                &record.limits,
+                &super::edge::cgroup_limits(&record.limits),
             )
             .map_err(|e| ApiError::from_chain(&ctx("create cgroup"), &e))?;
         Ok(())

@@ -1,6 +1,7 @@
 //! The API's request and response types against their schemas: serialised samples of
 //! every answer, request JSON built from the schemas read back into the types.
 
+use forkd::api::Limits;
 use forkd::api::{
     self, ArchivePath, BranchInfo, BuildRequest, BuildResult, BuildStatus, BuildStep,
     CheckpointInfo, CheckpointRequest, CopyResult, CreateSandboxRequest, DetachedExec, ExecBody,
@@ -9,7 +10,6 @@ use forkd::api::{
     PullLayer, PullRequest, PullStatus, Refusal, Removed, SandboxInfo, SandboxStatus, StopRequest,
     VersionInfo,
 };
-use forkd_cgroups::Limits;
 use forkd_sandbox::proto::{ExecExit, ExecRequest, ExecStarted};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -13,7 +13,7 @@ use super::brief::{AgentRun, Brief};
 use super::confine::budget_refused;
 use super::harness::{MiniSweAgent, MINI_SWE_AGENT};
 use super::session::{InfraResult, Session};
-use forkd_sandbox::proto::ExecRequest;
+use forkd_api::ExecRequest;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

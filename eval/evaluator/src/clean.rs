@@ -243,7 +243,7 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
             );
         }
         for (i, line) in env.background.iter().enumerate() {
-            let req = forkd_sandbox::proto::ExecRequest {
+            let req = forkd_api::ExecRequest {
                 shell: Some(line.clone()),
                 cwd: Some(wd.into()),
                 detach: true,
@@ -262,7 +262,7 @@ pub fn clean_state(s: &Session, task: &Task, image_layers: &[String]) -> anyhow:
             if !img.config.entrypoint.is_empty() {
                 let mut argv = img.config.entrypoint.clone();
                 argv.extend(["sh", "-c", "sleep infinity"].map(String::from));
-                let req = forkd_sandbox::proto::ExecRequest {
+                let req = forkd_api::ExecRequest {
                     argv,
                     detach: true,
                     log: Some("entrypoint".into()),

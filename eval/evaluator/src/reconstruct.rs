@@ -20,7 +20,7 @@
 
 use super::session::{InfraResult, Session};
 use super::task::Task;
-use forkd_sandbox::proto::ExecRequest;
+use forkd_api::ExecRequest;
 
 pub use super::task_toml::{Reconstruct, DEFAULT_CARRY};
 

@@ -2,8 +2,8 @@
 //! is an infrastructure failure (the daemon, a sandbox, a fork), never the agent's.
 
 use forkd_api::client::Client;
+use forkd_api::ExecRequest;
 use forkd_api::{b64, CheckpointInfo, ExecResult, ForkResult, SandboxInfo};
-use forkd_sandbox::proto::ExecRequest;
 use std::path::Path;
 
 /// An infrastructure failure: retried, never counted against an agent.

@@ -57,7 +57,8 @@ fn io_err<'a>(path: &'a Path, step: &'static str) -> impl FnOnce(io::Error) -> C
     }
 }
 
-/// Resource limits of one sandbox. `None` means unlimited.
+/// What one sandbox's cgroups hold it to. `None` means unlimited. Checked against the
+/// kernel's ranges by the caller (the API's `Limits::validate`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Hard memory limit in bytes.
@@ -66,55 +67,6 @@ pub struct Limits {
     pub pids: Option<u64>,
     /// CPU quota in thousandths of one CPU (1000 = one full core).
     pub cpu_millis: Option<u64>,
-    /// What the sandbox's writable layer may hold, in bytes: what its processes write,
-    /// not the layers under it. Not a cgroup limit: the daemon sets it on the layer's
-    /// subvolume (`forkd_volume`, btrfs simple quotas).
-    #[serde(default)]
-    pub disk_bytes: Option<u64>,
-}
-
-impl Limits {
-    /// The smallest CPU quota: the kernel refuses a quota under 1 ms, and the period is
-    /// 100 ms.
-    pub const MIN_CPU_MILLIS: u64 = 10;
-    /// The largest: a thousand CPUs.
-    pub const MAX_CPU_MILLIS: u64 = 1_000_000;
-    /// The smallest disk limit: room for a few files' metadata.
-    pub const MIN_DISK_BYTES: u64 = 1 << 20;
-    /// The largest task count the kernel takes as a limit (`PID_MAX_LIMIT` on 64-bit
-    /// machines; `pids.max` refuses more).
-    pub const MAX_PIDS: u64 = 4 * 1024 * 1024;
-
-    /// Checks values the kernel would refuse, before anything is made; the error names
-    /// the field.
-    pub fn validate(&self) -> Result<(), String> {
-        if let Some(m) = self.cpu_millis {
-            if !(Self::MIN_CPU_MILLIS..=Self::MAX_CPU_MILLIS).contains(&m) {
-                return Err(format!(
-                    "cpu_millis {m} is out of range: from {} (1% of a CPU, the kernel's shortest quota) to {} (1000 CPUs)",
-                    Self::MIN_CPU_MILLIS,
-                    Self::MAX_CPU_MILLIS
-                ));
-            }
-        }
-        if let Some(d) = self.disk_bytes {
-            if d < Self::MIN_DISK_BYTES {
-                return Err(format!(
-                    "disk_bytes {d} is too small: at least {} (1 MiB)",
-                    Self::MIN_DISK_BYTES
-                ));
-            }
-        }
-        if let Some(p) = self.pids {
-            if p > Self::MAX_PIDS {
-                return Err(format!(
-                    "pids {p} is out of range: at most {} (the kernel's largest number of tasks)",
-                    Self::MAX_PIDS
-                ));
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Which cgroup hierarchy this machine uses.
@@ -706,37 +658,6 @@ fn stat_sum(text: &str, keys: &[&str]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
 
-    #[test]
-    fn cpu_quotas_the_kernel_refuses_are_refused_first() {
-        let cpu = |m| Limits {
-            cpu_millis: Some(m),
-            ..Limits::default()
-        };
-        assert!(cpu(10).validate().is_ok());
-        assert!(cpu(1_000_000).validate().is_ok());
-        assert!(Limits::default().validate().is_ok());
-        for bad in [0, 9, 1_000_001, u64::MAX] {
-            let e = cpu(bad).validate().unwrap_err();
-            assert!(
-                e.contains("cpu_millis") && e.contains(&bad.to_string()),
-                "{e}"
-            );
-        }
-    }
-
-    #[test]
-    fn task_limits_the_kernel_refuses_are_refused_first() {
-        let pids = |p| Limits {
-            pids: Some(p),
-            ..Limits::default()
-        };
-        assert!(pids(1).validate().is_ok());
-        assert!(pids(Limits::MAX_PIDS).validate().is_ok());
-        for bad in [Limits::MAX_PIDS + 1, 1 << 40, i64::MAX as u64] {
-            let e = pids(bad).validate().unwrap_err();
-            assert!(e.contains("pids") && e.contains(&bad.to_string()), "{e}");
-        }
-    }
     use super::*;
 
     #[test]

@@ -114,7 +114,6 @@ fn a_cgroup_given_back_serves_the_next_sandbox_with_its_limits() {
         memory_bytes: Some(64 << 20),
         pids: Some(50),
         cpu_millis: Some(500),
-        disk_bytes: None,
     };
     let a = pool.take(&parent.child("a"), None, &first).unwrap();
     assert!(a.exists());
@@ -147,7 +146,6 @@ fn a_cgroup_given_back_serves_the_next_sandbox_with_its_limits() {
         memory_bytes: None,
         pids: Some(7),
         cpu_millis: None,
-        disk_bytes: None,
     };
     let b = pool.take(&parent.child("b"), None, &second).unwrap();
     assert_eq!(pool.len(), 0);

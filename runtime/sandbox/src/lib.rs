@@ -14,7 +14,7 @@ pub mod host;
 pub mod id;
 pub mod init;
 pub mod layout;
-pub mod proto;
+pub use forkd_proto as proto;
 pub mod relay;
 pub mod seccomp;
 pub mod setup;

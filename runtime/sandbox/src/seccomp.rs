@@ -67,19 +67,6 @@ impl std::fmt::Display for Seccomp {
     }
 }
 
-impl std::str::FromStr for Seccomp {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Seccomp, String> {
-        match s {
-            "default" => Ok(Seccomp::Default),
-            "unconfined" => Ok(Seccomp::Unconfined),
-            other => Err(format!(
-                "seccomp {other:?} is not known: it is \"default\" (the system-call filter) or \"unconfined\" (none)"
-            )),
-        }
-    }
-}
-
 // x86-64 numbers the libc crate does not name yet.
 const SYS_IO_PGETEVENTS: i64 = 333;
 const SYS_CACHESTAT: i64 = 451;
@@ -494,13 +481,5 @@ mod tests {
             );
             assert_eq!(p[5].k, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32);
         }
-    }
-
-    #[test]
-    fn modes_parse_by_name() {
-        assert_eq!("default".parse::<Seccomp>(), Ok(Seccomp::Default));
-        assert_eq!("unconfined".parse::<Seccomp>(), Ok(Seccomp::Unconfined));
-        let e = "none".parse::<Seccomp>().unwrap_err();
-        assert!(e.contains("\"none\"") && e.contains("unconfined"), "{e}");
     }
 }

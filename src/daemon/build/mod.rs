@@ -359,7 +359,7 @@ impl Daemon {
         name: &str,
         layers: &[LayerId],
         config: &ImageConfig,
-        limits: &forkd_cgroups::Limits,
+        limits: &crate::api::Limits,
         network: bool,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
@@ -387,7 +387,9 @@ impl Daemon {
             init_pid: None,
             init_start: None,
             cgroup: format!("forkd/{id}"),
-            memory_cgroup: self.cgroups.shared_memory_for(limits),
+            memory_cgroup: self
+                .cgroups
+                .shared_memory_for(&crate::daemon::edge::cgroup_limits(limits)),
             create_us: 0,
             config: config.clone(),
             network,

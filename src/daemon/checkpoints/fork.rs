@@ -160,7 +160,11 @@ impl Daemon {
         // The branches' network: as asked, or the checkpointed sandbox's own policy (its
         // allowlist as resolved then, so that every branch allows the same addresses).
         let (network, policy) = match &req.network {
-            Some(n) => (n.clone(), self.network_policy(n)?),
+            Some(n) => {
+                let n = crate::daemon::edge::network(n);
+                let policy = self.network_policy(&n)?;
+                (n, policy)
+            }
             // A sandbox checkpointed while stopped held no lease: its mode, resolved now.
             None => match &ck.lease {
                 Some(l) => (ck.network.clone(), Some(forkd_net::Policy::of(l))),
@@ -264,7 +268,9 @@ impl Daemon {
             // gets the same.
             seccomp: ck.seccomp,
         };
-        let memory_cgroup = self.cgroups.shared_memory_for(&ck.limits);
+        let memory_cgroup = self
+            .cgroups
+            .shared_memory_for(&crate::daemon::edge::cgroup_limits(&ck.limits));
         let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
         let dir = self.sandbox_dir(&id);
         let mut phases = BTreeMap::new();

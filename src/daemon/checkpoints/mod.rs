@@ -26,8 +26,7 @@
 
 pub use super::bases::Lower;
 use super::{log, Daemon, Lock};
-use crate::api::{ApiError, CheckpointInfo};
-use forkd_cgroups::Limits;
+use crate::api::{ApiError, CheckpointInfo, Limits};
 use forkd_layers::LayerId;
 use forkd_sandbox::{CheckpointId, SandboxId};
 use serde::{Deserialize, Serialize};
