@@ -163,6 +163,18 @@ impl Client {
         Self::decode(resp)
     }
 
+    /// Sends a typed request (one of this crate's request types); decodes a JSON answer or
+    /// the daemon's typed error.
+    pub fn send<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).expect("json");
+        Self::decode(self.raw(method, path, &bytes)?)
+    }
+
     pub fn decode<T: serde::de::DeserializeOwned>(resp: HttpResponse) -> Result<T, ClientError> {
         if resp.status >= 400 {
             return Err(Self::api_error(&resp));

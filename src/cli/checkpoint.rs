@@ -81,8 +81,9 @@ pub struct ForkArgs {
     pub disk: Option<String>,
 }
 
-pub fn labels(list: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    let mut out = serde_json::Map::new();
+/// `KEY=VALUE` flags as a request's labels.
+pub fn labels(list: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut out = std::collections::BTreeMap::new();
     for l in list {
         let (k, v) = l
             .split_once('=')
@@ -96,12 +97,14 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
     match args.cmd {
         None => {
             let id = args.sandbox.expect("required by clap");
-            let body = serde_json::json!({ "live": args.live, "stop": args.stop, "labels": labels(&args.labels)? });
-            let c: CheckpointInfo = ctx.client.call(
-                "POST",
-                &format!("/v1/sandboxes/{id}/checkpoint"),
-                Some(&body),
-            )?;
+            let body = crate::api::CheckpointRequest {
+                live: args.live,
+                stop: args.stop,
+                labels: labels(&args.labels)?,
+            };
+            let c: CheckpointInfo =
+                ctx.client
+                    .send("POST", &format!("/v1/sandboxes/{id}/checkpoint"), &body)?;
             if ctx.json {
                 ctx.print_json(&c);
             } else {
@@ -161,20 +164,23 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
         }) => {
             let path = absolute(&file)?;
             eprintln!("exporting {checkpoint} to {} ...", path.display());
-            let r: serde_json::Value = ctx.client.call(
+            let r: crate::api::ExportResult = ctx.client.send(
                 "POST",
                 &format!("/v1/checkpoints/{checkpoint}/export"),
-                Some(&serde_json::json!({ "path": path, "thin": thin })),
+                &crate::api::ExportRequest {
+                    path: path.display().to_string(),
+                    thin,
+                },
             )?;
             if ctx.json {
                 ctx.print_json(&r);
             } else {
                 eprintln!(
                     "wrote {} bytes, {} files, in {:.2}s (tree hash {})",
-                    r["bytes"],
-                    r["files"],
-                    r["duration_us"].as_u64().unwrap_or(0) as f64 / 1e6,
-                    r["tree_hash"].as_str().unwrap_or("")
+                    r.bytes,
+                    r.files,
+                    r.duration_us as f64 / 1e6,
+                    r.tree_hash
                 );
                 println!("{}", path.display());
             }
@@ -182,10 +188,12 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
         Some(CheckpointCmd::Import { file }) => {
             let path = absolute(&file)?;
             eprintln!("importing and verifying {} ...", path.display());
-            let c: CheckpointInfo = ctx.client.call(
+            let c: CheckpointInfo = ctx.client.send(
                 "POST",
                 "/v1/checkpoints/import",
-                Some(&serde_json::json!({ "path": path })),
+                &crate::api::ArchivePath {
+                    path: path.display().to_string(),
+                },
             )?;
             if ctx.json {
                 ctx.print_json(&c);
@@ -211,10 +219,7 @@ pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
     let body = crate::api::ForkRequest {
         count: Some(args.count),
         lazy: args.lazy,
-        labels: labels(&args.labels)?
-            .into_iter()
-            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))
-            .collect(),
+        labels: labels(&args.labels)?,
         network: args.network.clone(),
         share_memory: match (args.share_memory, args.no_share_memory) {
             (true, _) => Some(true),
@@ -230,10 +235,10 @@ pub fn fork(ctx: &Ctx, args: ForkArgs) -> anyhow::Result<i32> {
             args.count, args.checkpoint
         );
     }
-    let r: ForkResult = ctx.client.call(
+    let r: ForkResult = ctx.client.send(
         "POST",
         &format!("/v1/checkpoints/{}/fork", args.checkpoint),
-        Some(&serde_json::to_value(&body)?),
+        &body,
     )?;
     if ctx.json {
         ctx.print_json(&r);

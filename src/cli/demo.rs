@@ -43,10 +43,13 @@ fn step(what: &str, t: Instant) {
 
 fn tour(c: &Client) -> anyhow::Result<()> {
     let exec = |id: &str, line: &str| -> anyhow::Result<String> {
-        let r: ExecResult = c.call(
+        let r: ExecResult = c.send(
             "POST",
             &format!("/v1/sandboxes/{id}/exec"),
-            Some(&serde_json::json!({ "shell": line })),
+            &crate::api::ExecRequest {
+                shell: Some(line.to_string()),
+                ..Default::default()
+            },
         )?;
         Ok(
             String::from_utf8_lossy(&crate::api::b64::decode(&r.stdout_b64).unwrap_or_default())
@@ -54,10 +57,18 @@ fn tour(c: &Client) -> anyhow::Result<()> {
         )
     };
     let t = Instant::now();
-    let sb: SandboxInfo = c.call(
+    let counter = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done";
+    let sb: SandboxInfo = c.send(
         "POST",
         "/v1/sandboxes",
-        Some(&serde_json::json!({ "image": "busybox", "command": { "shell": "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done" } })),
+        &crate::api::CreateSandboxRequest {
+            image: "busybox".into(),
+            command: Some(crate::api::ExecRequest {
+                shell: Some(counter.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     )?;
     step(&format!("create a sandbox ({})", &sb.id[..12]), t);
     let t = Instant::now();
@@ -65,17 +76,23 @@ fn tour(c: &Client) -> anyhow::Result<()> {
     step("exec round trip", t);
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
-    let ck: crate::api::CheckpointInfo = c.call(
+    let ck: crate::api::CheckpointInfo = c.send(
         "POST",
         &format!("/v1/sandboxes/{}/checkpoint", sb.id),
-        Some(&serde_json::json!({ "live": true })),
+        &crate::api::CheckpointRequest {
+            live: true,
+            ..Default::default()
+        },
     )?;
     step("live checkpoint (files + process tree)", t);
     let t = Instant::now();
-    let fork: ForkResult = c.call(
+    let fork: ForkResult = c.send(
         "POST",
         &format!("/v1/checkpoints/{}/fork", ck.id),
-        Some(&serde_json::json!({ "count": 4 })),
+        &crate::api::ForkRequest {
+            count: Some(4),
+            ..Default::default()
+        },
     )?;
     step("fork 4 branches (process trees restored)", t);
     std::thread::sleep(Duration::from_millis(300));

@@ -74,8 +74,11 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 .map_err(|e| anyhow::anyhow!("image source {source}: {e}"))?;
             eprintln!("importing {} as {name} ...", abs.display());
             let t = std::time::Instant::now();
-            let body = serde_json::json!({ "source": abs, "name": name });
-            let img: ImageInfo = ctx.client.call("POST", "/v1/images", Some(&body))?;
+            let body = crate::api::ImportImageRequest {
+                source: abs.display().to_string(),
+                name,
+            };
+            let img: ImageInfo = ctx.client.send("POST", "/v1/images", &body)?;
             if ctx.json {
                 ctx.print_json(&img);
             } else {

@@ -167,14 +167,15 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Eval(cmd) => eval::run(&socket, cmd, cli.json),
         Command::Checkpoint(args) => checkpoint::run(&ctx, args),
         Command::Gc => {
-            let r: serde_json::Value =
-                ctx.client
-                    .call("POST", "/v1/gc", Some(&serde_json::json!({})))?;
+            let r: crate::api::GcResult = ctx.client.call("POST", "/v1/gc", None)?;
             if ctx.json {
                 ctx.print_json(&r);
             } else {
-                let n = r["removed_layers"].as_array().map(Vec::len).unwrap_or(0);
-                println!("removed {n} layers, freed {} bytes", r["freed_bytes"]);
+                println!(
+                    "removed {} layers, freed {} bytes",
+                    r.removed_layers.len(),
+                    r.freed_bytes
+                );
             }
             Ok(0)
         }

@@ -79,20 +79,17 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
         cpu_millis: args.cpus.map(|c| (c * 1000.0) as u64),
         disk_bytes: super::parse_size_opt(args.disk.as_deref())?,
     };
-    let mut labels = serde_json::Map::new();
-    for l in &args.labels {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("label {l:?} is not KEY=VALUE"))?;
-        labels.insert(k.into(), v.into());
-    }
-    let seccomp = security_opts(&args.security_opt)?;
-    let mut body = serde_json::json!({ "image": args.image, "limits": limits, "labels": labels, "hostname": args.hostname, "network": args.network, "seccomp": seccomp });
     let detached_cmd = args.detach && !args.command.is_empty();
-    if detached_cmd {
-        body["command"] = serde_json::to_value(build_request(&args.opts, &args.command))?;
-    }
-    let info: SandboxInfo = match ctx.client.call("POST", "/v1/sandboxes", Some(&body)) {
+    let mut body = crate::api::CreateSandboxRequest {
+        image: args.image.clone(),
+        hostname: args.hostname.clone(),
+        limits,
+        labels: super::checkpoint::labels(&args.labels)?,
+        network: args.network.clone(),
+        seccomp: security_opts(&args.security_opt)?,
+        command: detached_cmd.then(|| build_request(&args.opts, &args.command)),
+    };
+    let info: SandboxInfo = match ctx.client.send("POST", "/v1/sandboxes", &body) {
         // As `docker run` does: an image that is not here is pulled, then created again.
         Err(crate::client::ClientError::Api(e))
             if args.pull == "missing"
@@ -100,11 +97,13 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
                 && e.message.contains("no such image") =>
         {
             eprintln!("{}; pulling it", e.message);
-            let pull = serde_json::json!({ "reference": args.image });
-            let img: crate::api::ImageInfo =
-                ctx.client.call("POST", "/v1/images/pull", Some(&pull))?;
-            body["image"] = img.name.into();
-            ctx.client.call("POST", "/v1/sandboxes", Some(&body))?
+            let pull = crate::api::PullRequest {
+                reference: args.image.clone(),
+                ..Default::default()
+            };
+            let img: crate::api::ImageInfo = ctx.client.send("POST", "/v1/images/pull", &pull)?;
+            body.image = img.name;
+            ctx.client.send("POST", "/v1/sandboxes", &body)?
         }
         other => other?,
     };
@@ -128,10 +127,12 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
     } else {
         format!("/v1/sandboxes/{}/stop", info.id)
     };
-    let method = if args.rm { "DELETE" } else { "POST" };
-    let _: serde_json::Value = ctx
-        .client
-        .call(method, &path, Some(&serde_json::json!({})))?;
+    let _: serde_json::Value = if args.rm {
+        ctx.client.call("DELETE", &path, None)?
+    } else {
+        ctx.client
+            .send("POST", &path, &crate::api::StopRequest::default())?
+    };
     code
 }
 
@@ -247,10 +248,12 @@ pub fn logs(ctx: &Ctx, id: &str, name: &str) -> anyhow::Result<i32> {
 
 pub fn stop(ctx: &Ctx, grace: u64, ids: &[String]) -> anyhow::Result<i32> {
     for id in ids {
-        let body = serde_json::json!({ "grace_secs": grace });
-        let _: SandboxInfo =
-            ctx.client
-                .call("POST", &format!("/v1/sandboxes/{id}/stop"), Some(&body))?;
+        let body = crate::api::StopRequest {
+            grace_secs: Some(grace),
+        };
+        let _: SandboxInfo = ctx
+            .client
+            .send("POST", &format!("/v1/sandboxes/{id}/stop"), &body)?;
         println!("{id}");
     }
     Ok(0)
