@@ -17,22 +17,29 @@ pub mod harness;
 pub mod reconstruct;
 pub mod records;
 pub mod residual;
+mod results;
 pub mod review;
+mod reviewing;
 pub mod run;
 pub mod session;
 pub mod shard;
 pub mod slurm;
 pub mod task;
 pub mod task_toml;
+mod validate;
 
 use agent::AgentSpec;
 use forkd_analysis::{Condition, Outcome, TrialRow};
 use records::{Manifest, RunConfig};
+pub use results::{summary, write_csv};
+pub use reviewing::review_command;
+use reviewing::reviewed;
 use run::{Ctx, TrialSpec};
 use session::Session;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+pub use validate::{validate, Validity};
 
 /// What to run.
 pub struct RunOptions {
@@ -87,113 +94,6 @@ impl Said {
         self.code = code;
         self
     }
-}
-
-/// One task's verdict in `forkd eval validate`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Validity {
-    pub task: String,
-    /// Graded with its processes (a live fork of the state), as terminal tasks are.
-    pub live: bool,
-    /// `fails`, `passes` or `error` (the unchanged start could not be graded).
-    pub start: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_error: Option<String>,
-    /// The reference solution's outcome, as a trial's.
-    pub solution: Outcome,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub solution_error: Option<String>,
-    /// The start fails and the solution passes.
-    pub valid: bool,
-}
-
-/// `forkd eval validate`: the reference solution passes and the unchanged start fails.
-pub fn validate(socket: &Path, suite: &Path) -> anyhow::Result<Said> {
-    let tasks = task::load_suite(suite)?;
-    let s = Session::new(socket);
-    let images = clean::ensure_images(&s, &tasks)?;
-    let agents = vec![AgentSpec::Oracle];
-    let dir = std::env::temp_dir().join(format!("forkd-validate-{}", std::process::id()));
-    let ctx = Ctx {
-        socket: socket.to_path_buf(),
-        run_dir: dir.clone(),
-        run_id: "validate".into(),
-        tasks: &tasks,
-        agents: &agents,
-        retries: 1,
-        results: Mutex::new(()),
-        reconstruct: None,
-        shard: None,
-    };
-    let mut verdicts = Vec::new();
-    for (i, t) in tasks.iter().enumerate() {
-        let clean = clean::clean_state(&s, t, &images[&t.config.task.image])?;
-        let start = grade::grade(&s, t, &clean);
-        let spec = TrialSpec {
-            id: format!("validate.{}", t.name),
-            task: i,
-            condition: Condition::Clean,
-            start_state: "clean".into(),
-            start_checkpoint: clean,
-            predecessor: None,
-            agent: 0,
-            replicate: 0,
-        };
-        let (row, _) = run::run_trial(&ctx, &spec, false);
-        let solution_error = (row.outcome == Outcome::InfraError)
-            .then(|| {
-                std::fs::read_to_string(dir.join("trials").join(&spec.id).join("infra_error.txt"))
-                    .ok()
-            })
-            .flatten();
-        let (start_word, start_error) = match &start {
-            Ok(g) if g.passed => ("passes", None),
-            Ok(_) => ("fails", None),
-            Err(e) => ("error", Some(e.0.clone())),
-        };
-        verdicts.push(Validity {
-            task: t.name.clone(),
-            live: t.config.live(),
-            start: start_word.into(),
-            start_error,
-            solution: row.outcome,
-            solution_error,
-            valid: start_word == "fails" && row.outcome == Outcome::Pass,
-        });
-    }
-    session::drain();
-    let _ = std::fs::remove_dir_all(&dir);
-    let invalid = verdicts.iter().filter(|v| !v.valid).count();
-    let mut text = format!(
-        "{:<32} {:<6} {:<10} {:<12} VERDICT\n",
-        "TASK", "GRADED", "START", "SOLUTION"
-    );
-    for v in &verdicts {
-        let why = match (&v.start_error, &v.solution_error) {
-            (Some(e), _) => format!(" (start: {e})"),
-            (None, Some(e)) => format!(" (solution: {})", e.trim()),
-            _ => String::new(),
-        };
-        text.push_str(&format!(
-            "{:<32} {:<6} {:<10} {:<12} {}{why}\n",
-            v.task,
-            if v.live { "live" } else { "files" },
-            v.start,
-            outcome_word(v.solution),
-            if v.valid {
-                "valid"
-            } else {
-                "INVALID (the start must fail and the solution pass)"
-            }
-        ));
-    }
-    let json = serde_json::json!({
-        "suite": std::path::absolute(suite).unwrap_or_else(|_| suite.to_path_buf()),
-        "tasks": verdicts,
-        "valid": verdicts.len() - invalid,
-        "invalid": invalid,
-    });
-    Ok(Said::new(json, text).with_code(if invalid == 0 { 0 } else { 1 }))
 }
 
 /// An outcome as rows and JSON spell it (`infra_error`, `budget_exhausted`, ...).
@@ -633,261 +533,6 @@ pub fn execute(socket: &Path, opts: &RunOptions, resume: bool) -> anyhow::Result
 }
 
 pub use forkd_sys::clock::{now_ms, now_secs};
-
-pub fn write_csv(path: &Path, rows: &[TrialRow]) -> anyhow::Result<()> {
-    let mut out = String::from(
-        "run_id,trial_id,task,condition,start_state,predecessor,agent,replicate,outcome,submitted,tests_passed,tests_failed,steps,wall_ms,infra_attempts,tests\n",
-    );
-    for r in rows {
-        let v = serde_json::to_value(r)?;
-        let passed = r
-            .tests
-            .values()
-            .filter(|t| **t == forkd_analysis::TestResult::Pass)
-            .count();
-        let fields = [
-            r.run_id.clone(),
-            r.trial_id.clone(),
-            r.task.clone(),
-            v["condition"].as_str().unwrap_or_default().to_string(),
-            r.start_state.clone(),
-            r.predecessor.clone().unwrap_or_default(),
-            r.agent.clone(),
-            r.replicate.to_string(),
-            v["outcome"].as_str().unwrap_or_default().to_string(),
-            r.submitted.to_string(),
-            passed.to_string(),
-            (r.tests.len() - passed).to_string(),
-            r.steps.to_string(),
-            r.wall_ms.to_string(),
-            r.infra_attempts.to_string(),
-            serde_json::to_string(&v["tests"])?,
-        ];
-        out.push_str(
-            &fields
-                .iter()
-                .map(|f| forkd_analysis::csv_field(f))
-                .collect::<Vec<_>>()
-                .join(","),
-        );
-        out.push('\n');
-    }
-    std::fs::write(path, out)?;
-    Ok(())
-}
-
-/// Trials per condition and agent: passes, failures, infrastructure failures and the
-/// success rate among graded trials; as JSON cells and as a table.
-pub fn summary(rows: &[TrialRow]) -> (serde_json::Value, String) {
-    let mut cells: BTreeMap<(String, String), (u32, u32, u32)> = BTreeMap::new();
-    for r in rows {
-        let cond = serde_json::to_value(r.condition)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
-        let e = cells.entry((cond, r.agent.clone())).or_default();
-        match r.outcome {
-            Outcome::Pass => e.0 += 1,
-            Outcome::InfraError => e.2 += 1,
-            _ => e.1 += 1,
-        }
-    }
-    let mut text = format!(
-        "{:<18} {:<20} {:>6} {:>6} {:>6} {:>8}\n",
-        "CONDITION", "AGENT", "PASS", "FAIL", "INFRA", "SUCCESS"
-    );
-    let mut json = Vec::new();
-    for ((cond, agent), (p, f, i)) in cells {
-        let rate = (p + f > 0).then(|| p as f64 / (p + f) as f64);
-        let shown = rate
-            .map(|r| format!("{:.0}%", 100.0 * r))
-            .unwrap_or_else(|| "-".into());
-        text.push_str(&format!(
-            "{cond:<18} {agent:<20} {p:>6} {f:>6} {i:>6} {shown:>8}\n"
-        ));
-        json.push(
-            serde_json::json!({ "condition": cond, "agent": agent, "pass": p,
-            "fail": f, "infra_error": i, "success": rate }),
-        );
-    }
-    (serde_json::Value::Array(json), text)
-}
-
-/// The residual states a run goes on with. With review: those whose candidates were
-/// accepted. Rejections are recorded as losses (stage `review`, once). While a candidate
-/// awaits a decision the run stops before its trials (`Err`: the candidates pending),
-/// saying what to do; when the trials start, the decisions are fingerprinted into the
-/// manifest, and a later resume whose decisions differ is refused.
-fn reviewed(
-    run_dir: &Path,
-    policy: review::Policy,
-    states: Vec<records::StateRecord>,
-    states_only: bool,
-) -> anyhow::Result<Result<Vec<records::StateRecord>, Vec<String>>> {
-    if policy.reviewers == 0 {
-        return Ok(Ok(states));
-    }
-    let names: Vec<String> = states.iter().map(|s| s.state_id.clone()).collect();
-    // Once trials have started from reviewed states, their decisions are fixed.
-    let fp = review::fingerprint(run_dir, &names);
-    let path = run_dir.join("manifest.json");
-    let mut m: records::Manifest = serde_json::from_slice(&std::fs::read(&path)?)?;
-    if let Some(old) = &m.review_fingerprint {
-        anyhow::ensure!(
-            *old == fp,
-            "the review decisions of run {} changed after its trials started (fingerprint {old} then, {fp} now): start a new run",
-            run_dir.display()
-        );
-    }
-    let verdicts = review::verdicts(run_dir, policy, &names);
-    let lines =
-        std::fs::read_to_string(run_dir.join("states/candidates.jsonl")).unwrap_or_default();
-    let recorded = |c: &str| {
-        lines
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .any(|v| v["candidate"] == c && v["stage"] == "review")
-    };
-    let mut pending = Vec::new();
-    let mut accepted = Vec::new();
-    for st in states {
-        match &verdicts[&st.state_id] {
-            review::Verdict::Accepted => {
-                if !recorded(&st.state_id) {
-                    records::append_jsonl(
-                        &run_dir.join("states/candidates.jsonl"),
-                        &serde_json::json!({ "candidate": st.state_id, "task": st.task, "predecessor": st.predecessor,
-                            "kept": true, "stage": "review", "reason": "accepted by review" }),
-                    )?;
-                }
-                accepted.push(st);
-            }
-            review::Verdict::Rejected { criteria, reasons } => {
-                if !recorded(&st.state_id) {
-                    records::append_jsonl(
-                        &run_dir.join("states/candidates.jsonl"),
-                        &serde_json::json!({ "candidate": st.state_id, "task": st.task, "predecessor": st.predecessor,
-                            "kept": false, "stage": "review", "criteria": criteria,
-                            "reason": format!("rejected by review ({}): {}", criteria.join(", "), reasons.join("; ")) }),
-                    )?;
-                }
-            }
-            review::Verdict::Pending { decided, needed } => {
-                pending.push(format!("{} ({decided} of {needed} reviews)", st.state_id))
-            }
-        }
-    }
-    if !pending.is_empty() {
-        eprintln!(
-            "[eval] {} candidate(s) await review: {}
-[eval] write the sheets and decide with `forkd eval review {}`, then `forkd eval resume {}`",
-            pending.len(),
-            pending.join(", "),
-            run_dir.display(),
-            run_dir.display()
-        );
-        return Ok(Err(pending));
-    }
-    if states_only {
-        return Ok(Ok(accepted));
-    }
-    // The trials start from these states: fix the decisions that chose them.
-    if m.review_fingerprint.is_none() {
-        m.review_fingerprint = Some(fp.clone());
-        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
-        records::decision(
-            run_dir,
-            "review-fixed",
-            serde_json::json!({ "fingerprint": fp, "states": accepted.len() }),
-        )?;
-    }
-    Ok(Ok(accepted))
-}
-
-/// `forkd eval review RUN [--candidate C --reviewer R --accept|--reject ...]`.
-#[allow(clippy::too_many_arguments)]
-pub fn review_command(
-    run_dir: &Path,
-    candidate: Option<String>,
-    reviewer: Option<String>,
-    accept: bool,
-    reject: bool,
-    criteria: Vec<String>,
-    reason: String,
-) -> anyhow::Result<Said> {
-    let m: Manifest = serde_json::from_slice(
-        &std::fs::read(run_dir.join("manifest.json"))
-            .map_err(|e| anyhow::anyhow!("{} is not a run directory: {e}", run_dir.display()))?,
-    )?;
-    let policy = m.config.review;
-    let mut json = serde_json::json!({ "run": run_dir });
-    if let (Some(c), Some(r)) = (candidate, reviewer) {
-        anyhow::ensure!(accept || reject, "say --accept or --reject");
-        anyhow::ensure!(
-            policy.reviewers > 0,
-            "run {} was started without review (--reviewers): its candidates are not reviewed",
-            run_dir.display()
-        );
-        let decision = review::Decision {
-            candidate: c.clone(),
-            reviewer: r,
-            accept,
-            criteria,
-            reason,
-        };
-        review::record(run_dir, policy, m.review_fingerprint.is_some(), &decision)?;
-        json["recorded"] = serde_json::to_value(&decision)?;
-        eprintln!(
-            "[eval] recorded; continue the run with `forkd eval resume {}`",
-            run_dir.display()
-        );
-    } else {
-        anyhow::ensure!(
-            !accept && !reject && criteria.is_empty(),
-            "a decision needs --candidate and --reviewer"
-        );
-        let tasks = task::load_suite(&m.config.suite).unwrap_or_default();
-        let instructions = tasks
-            .iter()
-            .map(|t| (t.name.clone(), t.instruction.clone()))
-            .collect();
-        let sheets = review::write_sheets(run_dir, &instructions)?;
-        json["sheets"] = serde_json::to_value(&sheets)?;
-        eprintln!(
-            "[eval] {} review sheet(s) in {}",
-            sheets.len(),
-            run_dir.join("review").display()
-        );
-    }
-    let names: Vec<String> = review::candidates(run_dir)?
-        .into_iter()
-        .map(|r| r.state_id)
-        .collect();
-    let mut text = format!("{:<48} VERDICT\n", "CANDIDATE");
-    let mut listed = Vec::new();
-    for (c, v) in review::verdicts(run_dir, policy, &names) {
-        let (shown, entry) = match v {
-            review::Verdict::Accepted => (
-                "accepted".to_string(),
-                serde_json::json!({ "candidate": c, "verdict": "accepted" }),
-            ),
-            review::Verdict::Rejected { criteria, reasons } => (
-                format!("rejected ({})", criteria.join(", ")),
-                serde_json::json!({ "candidate": c, "verdict": "rejected",
-                    "criteria": criteria, "reasons": reasons }),
-            ),
-            review::Verdict::Pending { decided, needed } => (
-                format!("pending ({decided} of {needed})"),
-                serde_json::json!({ "candidate": c, "verdict": "pending",
-                    "decided": decided, "needed": needed }),
-            ),
-        };
-        text.push_str(&format!("{c:<48} {shown}\n"));
-        listed.push(entry);
-    }
-    json["candidates"] = serde_json::Value::Array(listed);
-    Ok(Said::new(json, text))
-}
 
 /// Reconstructs the options of an existing run from its manifest (for `resume`).
 pub fn options_of(run_dir: &Path, parallel: usize) -> anyhow::Result<RunOptions> {

@@ -53,6 +53,9 @@ pub enum TarFlavor {
     Overlay,
 }
 
+mod links;
+mod paths;
+
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
@@ -461,110 +464,6 @@ impl Extractor {
             && (name == b"trusted.overlay.opaque" || name == b"trusted.overlay.redirect")
     }
 
-    /// Resolves (and with `create`, makes) the directory `comps` below the
-    /// root, one component at a time, refusing symlinks and non-directories.
-    fn parent(
-        &mut self,
-        comps: &[&[u8]],
-        create: bool,
-        raw: &[u8],
-    ) -> Result<Rc<OwnedFd>, LayerError> {
-        match self.resolve(comps, create, raw)? {
-            Some(fd) => Ok(fd),
-            None => Err(LayerError::entry(raw, "parent directory does not exist")),
-        }
-    }
-
-    /// Like [`Self::parent`] without creating anything; `None` when a
-    /// component does not exist.
-    fn existing(&mut self, comps: &[&[u8]], raw: &[u8]) -> Result<Option<Rc<OwnedFd>>, LayerError> {
-        self.resolve(comps, false, raw)
-    }
-
-    fn resolve(
-        &mut self,
-        comps: &[&[u8]],
-        create: bool,
-        raw: &[u8],
-    ) -> Result<Option<Rc<OwnedFd>>, LayerError> {
-        let key = join(comps);
-        if let Some((k, fd)) = &self.cache {
-            if *k == key {
-                return Ok(Some(fd.clone()));
-            }
-        }
-        let mut cur: Option<OwnedFd> = None;
-        for (i, c) in comps.iter().enumerate() {
-            let at = cur.as_ref().map(|f| f.as_fd()).unwrap_or(self.root.as_fd());
-            let name =
-                fsx::cstr(c).map_err(|_| LayerError::entry(raw, "path contains a NUL byte"))?;
-            let next = match fsx::open_dir_at(at, &name) {
-                Ok(fd) => fd,
-                Err(Errno::NOENT) if create => {
-                    rfs::mkdirat(at, &name, Mode::from_raw_mode(0o755))
-                        .map_err(|e| self.io("creating directory", &join(&comps[..=i]), e))?;
-                    // mkdirat applies the umask; implicit parents are 0755.
-                    let fd = fsx::open_dir_at(at, &name)
-                        .map_err(|e| self.io("opening directory", &join(&comps[..=i]), e))?;
-                    rfs::fchmod(&fd, Mode::from_raw_mode(0o755))
-                        .map_err(|e| self.io("setting mode of", &join(&comps[..=i]), e))?;
-                    fd
-                }
-                Err(Errno::NOENT) => return Ok(None),
-                Err(Errno::LOOP | Errno::NOTDIR) => {
-                    let prefix = String::from_utf8_lossy(&join(&comps[..=i])).into_owned();
-                    let is_link = fsx::lstat_at(at, &name)
-                        .map(|st| fsx::file_type(&st) == FileType::Symlink)
-                        .unwrap_or(false);
-                    return Err(LayerError::entry(
-                        raw,
-                        if is_link {
-                            format!("path goes through the symlink {prefix:?}")
-                        } else {
-                            format!("path goes through the non-directory {prefix:?}")
-                        },
-                    ));
-                }
-                Err(e) => return Err(self.io("opening directory", &join(&comps[..=i]), e)),
-            };
-            cur = Some(next);
-        }
-        let fd = Rc::new(match cur {
-            Some(fd) => fd,
-            None => self
-                .root
-                .try_clone()
-                .map_err(|e| self.io("duplicating", b"", e))?,
-        });
-        self.cache = Some((key, fd.clone()));
-        Ok(Some(fd))
-    }
-
-    /// Makes room for a new entry at `dir/name`.
-    fn prepare(
-        &mut self,
-        dir: &OwnedFd,
-        name: &CString,
-        rel: &[u8],
-        new_is_dir: bool,
-    ) -> Result<Slot, LayerError> {
-        let st = match fsx::lstat_at(dir.as_fd(), name) {
-            Ok(st) => st,
-            Err(Errno::NOENT) => return Ok(Slot::Empty),
-            Err(e) => return Err(self.io("inspecting", rel, e)),
-        };
-        let is_dir = fsx::file_type(&st) == FileType::Directory;
-        if is_dir && new_is_dir {
-            return Ok(Slot::ExistingDir);
-        }
-        if is_dir {
-            // The cached parent may live below the directory being removed.
-            self.cache = None;
-        }
-        fsx::remove_at(dir.as_fd(), name).map_err(|e| self.io("replacing", rel, e))?;
-        Ok(Slot::Empty)
-    }
-
     fn copy<R: Read>(
         &mut self,
         from: &mut R,
@@ -624,127 +523,6 @@ impl Extractor {
         .map_err(|e| self.io("changing owner of", rel, e))
     }
 
-    fn hardlink(
-        &mut self,
-        parent_comps: &[&[u8]],
-        name: &CString,
-        rel: &[u8],
-        target_raw: &[u8],
-        raw: &[u8],
-    ) -> Result<(), LayerError> {
-        let tcomps = normalize(target_raw)
-            .map_err(|r| LayerError::entry(raw, format!("hard link target: {r}")))?;
-        if tcomps.is_empty() {
-            return Err(LayerError::entry(raw, "hard link to the root directory"));
-        }
-        if join(&tcomps) == rel {
-            return Err(LayerError::entry(raw, "hard link to itself"));
-        }
-        let (tparent, tname) = tcomps.split_at(tcomps.len() - 1);
-        let tname =
-            fsx::cstr(tname[0]).map_err(|_| LayerError::entry(raw, "NUL in hard link target"))?;
-        let not_yet = || {
-            LayerError::entry(
-                raw,
-                format!(
-                    "hard link target {:?} is not an entry extracted earlier",
-                    String::from_utf8_lossy(target_raw)
-                ),
-            )
-        };
-        let tdir = self.link_target_dir(tparent, raw)?.ok_or_else(not_yet)?;
-        let st = match fsx::lstat_at(tdir.as_fd(), &tname) {
-            Ok(st) => st,
-            Err(Errno::NOENT) => return Err(not_yet()),
-            Err(e) => return Err(self.io("inspecting", &join(&tcomps), e)),
-        };
-        match fsx::file_type(&st) {
-            FileType::RegularFile | FileType::Symlink | FileType::Fifo => {}
-            _ => {
-                return Err(LayerError::entry(
-                    raw,
-                    "hard link target is not a regular file, symlink or fifo",
-                ))
-            }
-        }
-        let dir = self.parent(parent_comps, true, raw)?;
-        self.prepare(&dir, name, rel, false)?;
-        // The target's parent may have been replaced by `prepare`: resolve again.
-        let tdir = self.link_target_dir(tparent, raw)?.ok_or_else(not_yet)?;
-        let dir = self.parent(parent_comps, true, raw)?;
-        rfs::linkat(&*tdir, &tname, &*dir, name, AtFlags::empty()).map_err(|e| match e {
-            Errno::NOENT => not_yet(),
-            e => self.io("creating hard link", rel, e),
-        })
-    }
-
-    fn link_target_dir(
-        &mut self,
-        comps: &[&[u8]],
-        raw: &[u8],
-    ) -> Result<Option<Rc<OwnedFd>>, LayerError> {
-        self.existing(comps, raw).map_err(|e| match e {
-            LayerError::BadEntry { entry, reason } => LayerError::BadEntry {
-                entry,
-                reason: format!("hard link target: {reason}"),
-            },
-            e => e,
-        })
-    }
-
-    /// Makes `comps` a whiteout unless this layer already has an entry there.
-    fn whiteout(
-        &mut self,
-        comps: &[&[u8]],
-        raw: &[u8],
-        meta: Option<&Meta>,
-    ) -> Result<(), LayerError> {
-        let (parent, name) = comps.split_at(comps.len() - 1);
-        let rel = join(comps);
-        let name =
-            fsx::cstr(name[0]).map_err(|_| LayerError::entry(raw, "path contains a NUL byte"))?;
-        let dir = self.parent(parent, true, raw)?;
-        match fsx::lstat_at(dir.as_fd(), &name) {
-            Ok(_) if self.flavor == TarFlavor::OciLayer => return Ok(()),
-            Ok(_) => {
-                self.prepare(&dir, &name, &rel, false)?;
-            }
-            Err(Errno::NOENT) => {}
-            Err(e) => return Err(self.io("inspecting", &rel, e)),
-        }
-        rfs::mknodat(
-            &*dir,
-            &name,
-            FileType::CharacterDevice,
-            Mode::empty(),
-            rfs::makedev(0, 0),
-        )
-        .map_err(|e| self.io("creating whiteout", &rel, e))?;
-        // OCI whiteouts look like the kernel's (mode 0, root-owned); an
-        // overlay-form archive says exactly what it had, so it round-trips.
-        let (mode, uid, gid) = meta.map_or((0, 0, 0), |m| (m.mode, m.uid, m.gid));
-        rfs::chownat(
-            &*dir,
-            &name,
-            Some(Uid::from_raw(uid)),
-            Some(Gid::from_raw(gid)),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(|e| self.io("changing owner of", &rel, e))?;
-        if mode != 0 {
-            rfs::chmodat(&*dir, &name, Mode::from_raw_mode(mode), AtFlags::empty())
-                .map_err(|e| self.io("setting mode of", &rel, e))?;
-        }
-        Ok(())
-    }
-
-    /// Marks the directory `comps` opaque (creating it if needed).
-    fn opaque(&mut self, comps: &[&[u8]], raw: &[u8]) -> Result<(), LayerError> {
-        let dir = self.parent(comps, true, raw)?;
-        fsx::write_xattr(XattrOf::Fd(dir.as_fd()), OPAQUE_XATTR, b"y")
-            .map_err(|e| self.io("marking opaque", &join(comps), e))
-    }
-
     fn finish(&mut self) -> Result<(), LayerError> {
         let times = std::mem::take(&mut self.dir_times);
         for (rel, mtime) in times.iter().rev() {
@@ -786,28 +564,4 @@ fn set_times_at(dir: &OwnedFd, name: &CString, mtime: i64) -> Result<(), Errno> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn normalize_strips_and_rejects() {
-        assert_eq!(normalize(b"./a/b").unwrap(), vec![&b"a"[..], b"b"]);
-        assert_eq!(
-            normalize(b"/etc//passwd").unwrap(),
-            vec![&b"etc"[..], b"passwd"]
-        );
-        assert!(normalize(b"./").unwrap().is_empty());
-        assert!(normalize(b"../evil").is_err());
-        assert!(normalize(b"/abs/../../evil").is_err());
-        assert!(normalize(b"a/..").is_err());
-        assert!(normalize(b"a\0b").is_err());
-    }
-
-    #[test]
-    fn sniffs_compression() {
-        assert_eq!(sniff(&[0x1f, 0x8b, 8, 0]), Compression::Gzip);
-        assert_eq!(sniff(&[0x28, 0xb5, 0x2f, 0xfd, 0]), Compression::Zstd);
-        assert_eq!(sniff(b"\xfd7zXZ\0"), Compression::Xz);
-        assert_eq!(sniff(b"etc/"), Compression::None);
-    }
-}
+mod tests;
