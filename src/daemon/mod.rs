@@ -7,6 +7,7 @@
 //! holds up other requests. Every request gets an id that appears in its log line and in
 //! its error body; every operation's latency is recorded in [`metrics`].
 
+mod admission;
 mod archive;
 mod bases;
 mod build;

@@ -19,7 +19,6 @@
 
 use super::record::Record;
 use super::{Daemon, Lock};
-use crate::api::Limits;
 use crate::api::{ApiError, CreateSandboxRequest, MemoryCounted, SandboxInfo, SandboxStatus};
 use forkd_cgroups::Cgroup;
 use forkd_sandbox::host;
@@ -40,26 +39,6 @@ mod layer;
 pub(super) use layer::LayerFrom;
 
 pub(super) use super::record::{SandboxRecord, RECORD_VERSION};
-
-/// `limits` with the operator's defaults where it sets nothing (a fork's branches keep
-/// their checkpoint's limits, defaults included).
-pub(crate) fn default_limits(
-    limits: &Limits,
-    config: &super::config::Config,
-    disk_quotas: bool,
-) -> Limits {
-    let mut out = limits.clone();
-    if out.pids.is_none() {
-        out.pids = config.default_pids;
-    }
-    if out.memory_bytes.is_none() {
-        out.memory_bytes = config.default_memory;
-    }
-    if out.disk_bytes.is_none() && disk_quotas {
-        out.disk_bytes = config.default_disk;
-    }
-    out
-}
 
 /// Below a sandbox's directory: where its root is attached, and its overlay's upper
 /// directory.
@@ -145,24 +124,23 @@ impl Daemon {
         super::find_by_prefix(self.sandboxes.locked().by_id(), id, "sandbox")
     }
 
-    /// Refuses a disk limit where the volume cannot enforce one, saying why.
-    pub(crate) fn disk_limits_usable(&self, limits: &Limits) -> Result<(), ApiError> {
-        match (&limits.disk_bytes, &self.disk_quotas) {
-            (Some(_), Err(why)) => Err(ApiError::bad_request(format!("disk_bytes: {why}"))),
-            _ => Ok(()),
-        }
-    }
-
     /// Creates and starts a sandbox from an image.
     pub fn create_sandbox(
         self: &Arc<Self>,
         req: CreateSandboxRequest,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
-        self.volume_usable("create")?;
-        self.can_watch(1)?;
-        // An init and the command it starts.
-        self.within_ceilings("create", 1, 2)?;
+        let mut req = req;
+        self.admit(
+            super::admission::Ask {
+                what: "create",
+                sandboxes: 1,
+                // An init and the command it starts.
+                tasks_each: 2,
+                defaults: true,
+            },
+            &mut req.limits,
+        )?;
         let image = self.local_image(&req.image).map_err(|e| match e {
             forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
                 "no such image: {} (pull it with `forkd image pull {}`)",
@@ -173,7 +151,6 @@ impl Daemon {
             }
             other => ApiError::from_chain("read image", &other),
         })?;
-        let mut req = req;
         if let Some(cmd) = &mut req.command {
             if cmd.tty || cmd.stdin {
                 return Err(ApiError::bad_request("command: the command given at create runs detached; it cannot have a tty or stdin"));
@@ -183,11 +160,6 @@ impl Daemon {
             cmd.validate()
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
-        req.limits = default_limits(&req.limits, &self.config, self.disk_quotas.is_ok());
-        req.limits
-            .validate()
-            .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
-        self.disk_limits_usable(&req.limits)?;
         let network = super::edge::network(&req.network);
         let policy = self.network_policy(&network)?;
         let id = SandboxId::random();

@@ -213,16 +213,16 @@ impl Daemon {
         let started = Instant::now();
         forkd_layers::validate_image_name(&req.name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        self.volume_usable(&format!("build of {}", req.name))?;
         let mut req = req;
-        req.limits = crate::daemon::sandboxes::default_limits(
-            &req.limits,
-            &self.config,
-            self.disk_quotas.is_ok(),
-        );
-        req.limits
-            .validate()
-            .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
+        self.admit(
+            super::admission::Ask {
+                what: &format!("build of {}", req.name),
+                sandboxes: 1,
+                tasks_each: 2,
+                defaults: true,
+            },
+            &mut req.limits,
+        )?;
         let ctx_dir = super::paths::host_path(
             "build context",
             Path::new(&req.context),

@@ -89,11 +89,22 @@ impl Daemon {
                 "branch count {count} must be between 1 and 10000"
             )));
         }
-        self.volume_usable(&format!("fork of checkpoint {}", c.id))?;
-        self.can_watch(count)?;
-        self.within_ceilings(&format!("fork of checkpoint {}", c.id), count, c.tasks())?;
+        // The branches keep the checkpoint's limits, a disk limit of their own aside.
+        let mut limits = c.record.locked().limits.clone();
+        if let Some(d) = req.disk_bytes {
+            limits.disk_bytes = Some(d);
+        }
+        self.admit(
+            crate::daemon::admission::Ask {
+                what: &format!("fork of checkpoint {}", c.id),
+                sandboxes: count,
+                tasks_each: c.tasks(),
+                defaults: false,
+            },
+            &mut limits,
+        )?;
         let _in_use = c.use_for("fork")?;
-        let plan = self.plan_fork(c, req)?;
+        let plan = self.plan_fork(c, req, limits)?;
         if count > 1 {
             // The branches' layers, made side by side: btrfs commits them together.
             self.spare_layers
@@ -137,15 +148,15 @@ impl Daemon {
     }
 
     /// Checks the request against the checkpoint and settles what the branches share.
-    fn plan_fork<'a>(&'a self, c: &'a Checkpoint, req: &ForkRequest) -> Result<Plan<'a>, ApiError> {
+    /// `limits` are the branches' ([`Daemon::admit`] took them).
+    fn plan_fork<'a>(
+        &'a self,
+        c: &'a Checkpoint,
+        req: &ForkRequest,
+        limits: crate::api::Limits,
+    ) -> Result<Plan<'a>, ApiError> {
         let mut ck = c.record.locked().clone();
-        if let Some(d) = req.disk_bytes {
-            ck.limits.disk_bytes = Some(d);
-            ck.limits
-                .validate()
-                .map_err(|e| ApiError::bad_request(format!("disk_bytes: {e}")))?;
-        }
-        self.disk_limits_usable(&ck.limits)?;
+        ck.limits = limits;
         if req.lazy && req.fresh {
             return Err(ApiError::bad_request(
                 "lazy and fresh exclude each other: a fresh branch restores no memory",
