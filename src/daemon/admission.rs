@@ -26,12 +26,12 @@ impl Daemon {
         self.can_watch(ask.sandboxes)?;
         self.within_ceilings(ask.what, ask.sandboxes, ask.tasks_each)?;
         if ask.defaults {
-            *limits = default_limits(limits, &self.config, self.disk_quotas.is_ok());
+            *limits = default_limits(limits, &self.config, self.node.disk_quotas.is_ok());
         }
         limits
             .validate()
             .map_err(|e| ApiError::bad_request(format!("limits: {e}")))?;
-        match (&limits.disk_bytes, &self.disk_quotas) {
+        match (&limits.disk_bytes, &self.node.disk_quotas) {
             (Some(_), Err(why)) => Err(ApiError::bad_request(format!("disk_bytes: {why}"))),
             _ => Ok(()),
         }

@@ -166,7 +166,7 @@ impl Daemon {
                 .unwrap_or_default(),
             std::process::id()
         ));
-        let tmpdir = self.data.join("tmp");
+        let tmpdir = self.node.data.join("tmp");
         std::fs::create_dir_all(&tmpdir).map_err(io_err("create", &tmpdir))?;
         let result = (|| -> Result<usize, ApiError> {
             let out = std::fs::File::create(&partial).map_err(io_err("create", &partial))?;
@@ -276,9 +276,13 @@ impl Daemon {
             }
             _ => ApiError::internal(format!("open {}: {e}", src.display())),
         })?;
-        let _store = self.store_lock.read_locked();
+        let _store = self.images.store_lock.read_locked();
         let id = CheckpointId::random();
-        let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
+        let stage = self
+            .node
+            .data
+            .join("checkpoints")
+            .join(format!(".stage-{id}"));
         let mut added_layers: Vec<LayerId> = Vec::new();
         let result = self.import_into(src, file, &stage, &id, &mut added_layers);
         match result {
@@ -286,7 +290,7 @@ impl Daemon {
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&stage);
                 for l in added_layers {
-                    if let Err(e) = self.layers.remove(&l) {
+                    if let Err(e) = self.images.layers.remove(&l) {
                         log::warn(&format!("remove layer {l} of a failed import: {e}"));
                     }
                 }
@@ -308,7 +312,7 @@ impl Daemon {
             manifest,
             lowers,
             tree,
-        } = unpack_and_verify(&self.layers, src, file, stage, added_layers)?;
+        } = unpack_and_verify(&self.images.layers, src, file, stage, added_layers)?;
         if manifest.checkpoint.version != 1 {
             return Err(bad(format!(
                 "checkpoint record version {} is not supported (this build reads 1)",
@@ -331,10 +335,13 @@ impl Daemon {
         let body = serde_json::to_vec_pretty(&rec).expect("record serialises");
         std::fs::write(stage.join("meta.json"), body)
             .map_err(io_err("write meta.json in", stage))?;
-        let dir = self.data.join("checkpoints").join(id.as_str());
+        let dir = self.node.data.join("checkpoints").join(id.as_str());
         std::fs::rename(stage, &dir).map_err(io_err("rename into place", &dir))?;
         let c = Arc::new(Checkpoint::new(dir, rec));
-        self.checkpoints.locked().insert(id.clone(), c.clone());
+        self.checkpoints
+            .table
+            .locked()
+            .insert(id.clone(), c.clone());
         Ok(c)
     }
 }

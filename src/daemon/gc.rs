@@ -15,19 +15,20 @@ use forkd_layers::LayerId;
 impl Daemon {
     /// Removes store layers that no image, sandbox or checkpoint uses.
     pub fn gc(&self) -> Result<GcResult, ApiError> {
-        let _store = self.store_lock.write_locked();
+        let _store = self.images.store_lock.write_locked();
         let mut used: std::collections::HashSet<LayerId> = std::collections::HashSet::new();
         let mut bases: std::collections::HashSet<String> = std::collections::HashSet::new();
-        used.insert(self.runtime_layer);
+        used.insert(self.images.runtime_layer);
         for img in self
             .images
+            .store
             .list()
             .map_err(|e| ApiError::from_chain("list images", &e))?
         {
             bases.insert(BaseId::of(&self.image_stack(&img.layers)).to_string());
             used.extend(img.layers);
         }
-        for sb in self.sandboxes.locked().values() {
+        for sb in self.sandboxes.table.locked().values() {
             let rec = sb.record.locked();
             for l in &rec.lowers {
                 if let Lower::Layer(id) = l {
@@ -36,7 +37,7 @@ impl Daemon {
             }
             bases.extend(rec.base.as_ref().map(|b| b.to_string()));
         }
-        for c in self.checkpoints.locked().values() {
+        for c in self.checkpoints.table.locked().values() {
             let rec = c.record.locked();
             for l in &rec.lowers {
                 if let Lower::Layer(id) = l {
@@ -46,25 +47,29 @@ impl Daemon {
             bases.extend(rec.base.as_ref().map(|b| b.to_string()));
         }
         self.layers_named_on_disk(&mut used, &mut bases)?;
-        for base in self.bases.list() {
+        for base in self.images.bases.list() {
             if !bases.contains(base.as_str()) {
                 // A base pinned by a request in flight stays; one that cannot be removed
                 // is said, and the layers are still collected.
                 let named = |id: &BaseId| {
                     let some = Some(id);
                     self.sandboxes
+                        .table
                         .locked()
                         .values()
                         .any(|sb| sb.record.locked().base.as_ref() == some)
                         || self
                             .checkpoints
+                            .table
                             .locked()
                             .values()
                             .any(|c| c.record.locked().base.as_ref() == some)
                 };
-                match self.bases.remove(&self.volume, &base, named) {
+                match self.images.bases.remove(&self.node.volume, &base, named) {
                     Ok(true) => {
-                        self.spare_layers.forget(&self.bases.subvolume(&base));
+                        self.images
+                            .spare_layers
+                            .forget(&self.images.bases.subvolume(&base));
                         log::info(&format!("gc: removed base {base}"));
                     }
                     Ok(false) => {}
@@ -75,6 +80,7 @@ impl Daemon {
         let mut removed = Vec::new();
         let mut freed = 0u64;
         for info in self
+            .images
             .layers
             .list()
             .map_err(|e| ApiError::from_chain("list layers", &e))?
@@ -82,23 +88,25 @@ impl Daemon {
             if used.contains(&info.id) {
                 continue;
             }
-            self.layers
+            self.images
+                .layers
                 .remove(&info.id)
                 .map_err(|e| ApiError::from_chain(&format!("remove layer {}", info.id), &e))?;
             freed += info.size_bytes;
             removed.push(info.id.to_string());
         }
         // Pull index entries (blob -> diff_id -> layer) whose layer is gone.
-        self.layers
+        self.images
+            .layers
             .prune_index()
             .map_err(|e| ApiError::from_chain("prune the layer index", &e))?;
         // Runtime-layer cache entries pointing at removed layers.
-        if let Ok(rd) = std::fs::read_dir(self.data.join("runtime")) {
+        if let Ok(rd) = std::fs::read_dir(self.node.data.join("runtime")) {
             for e in rd.flatten() {
                 let stale = std::fs::read_to_string(e.path())
                     .ok()
                     .and_then(|t| t.trim().parse::<LayerId>().ok())
-                    .is_some_and(|id| !self.layers.exists(&id));
+                    .is_some_and(|id| !self.images.layers.exists(&id));
                 if stale {
                     let _ = std::fs::remove_file(e.path());
                 }
@@ -119,11 +127,12 @@ impl Daemon {
         used: &mut std::collections::HashSet<LayerId>,
         bases: &mut std::collections::HashSet<String>,
     ) -> Result<(), ApiError> {
-        let dir = self.data.join("checkpoints");
+        let dir = self.node.data.join("checkpoints");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| ApiError::internal(format!("gc: read {}: {e}", dir.display())))?;
         let known: std::collections::HashSet<String> = self
             .checkpoints
+            .table
             .locked()
             .keys()
             .map(|k| k.to_string())

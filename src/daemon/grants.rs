@@ -267,7 +267,7 @@ impl Daemon {
                 sb.id
             )));
         }
-        let g = &self.grants;
+        let g = &self.sandboxes.grants;
         if let Some((dir, mode)) = untraversable(&g.dir) {
             return Err(ApiError::conflict(format!(
                 "grant sockets live in {}, which uid {} cannot reach: {} has mode {mode:04o} (give it o+x, or put the daemon's socket elsewhere)",
@@ -330,8 +330,8 @@ impl Daemon {
 
     /// Ends a grant: its socket goes, requests already admitted finish.
     pub fn revoke_grant(&self, id: &str) -> Result<GrantInfo, ApiError> {
-        let grant = self.grants.get(id)?;
-        self.grants.table.locked().remove(id);
+        let grant = self.sandboxes.grants.get(id)?;
+        self.sandboxes.grants.table.locked().remove(id);
         grant.active.store(false, Ordering::SeqCst);
         let _ = grant.stop.send(true);
         if let Err(e) = std::fs::remove_file(&grant.socket) {
@@ -347,7 +347,7 @@ impl Daemon {
 
     /// Revokes every grant on a sandbox that is going away.
     pub(super) fn revoke_grants_of(&self, sandbox: &SandboxId) {
-        for g in self.grants.of(sandbox) {
+        for g in self.sandboxes.grants.of(sandbox) {
             let _ = self.revoke_grant(&g.id);
         }
     }

@@ -69,13 +69,13 @@ impl Daemon {
 
     /// One look: grow if filling, then note pressure and problems (each change logged).
     fn look_at_volume(&self) {
-        let (space, grew) = match self.volume.keep_ahead() {
+        let (space, grew) = match self.node.volume.keep_ahead() {
             Ok(a) => (a.space, a.grew),
             Err(e) => {
                 // Growing failed (the host filled between the look and the allocation):
                 // say so, and look again next time.
                 log::warn(&format!("volume: could not grow: {e}"));
-                (self.volume.space().unwrap_or_default(), None)
+                (self.node.volume.space().unwrap_or_default(), None)
             }
         };
         if let Some((from, to)) = grew {
@@ -86,7 +86,7 @@ impl Daemon {
                 space.host_free >> 20
             ));
         }
-        let held = if self.disk_quotas.is_ok() {
+        let held = if self.node.disk_quotas.is_ok() {
             self.hold_back_writers(&space)
         } else {
             Vec::new()
@@ -102,8 +102,8 @@ impl Daemon {
             )),
             (None, true) => None,
         };
-        let problems = self.volume.problems();
-        let mut st = self.volume_watch.state.locked();
+        let problems = self.node.volume.problems();
+        let mut st = self.node.volume_watch.state.locked();
         if pressure != st.pressure {
             match &pressure {
                 Some(p) => log::warn(&format!(
@@ -127,13 +127,13 @@ impl Daemon {
     /// lets every writer stopped so write again once twice the reserve is free. Returns
     /// what is said of the writers held back now.
     fn hold_back_writers(&self, space: &forkd_volume::Space) -> Vec<String> {
-        let mut held = self.volume_watch.held.locked();
-        let mut first_use = self.volume_watch.first_use.locked();
+        let mut held = self.node.volume_watch.held.locked();
+        let mut first_use = self.node.volume_watch.first_use.locked();
         let near = space.fs_free < 2 * space.reserve() && !space.can_grow();
         if near {
             // What each holds now, and how much it grew since the volume came near (its
             // charges made current first).
-            if let Err(e) = self.volume.settle_charges() {
+            if let Err(e) = self.node.volume.settle_charges() {
                 log::warn(&format!("volume: {e}"));
             }
             let first_look = first_use.is_empty();
@@ -142,7 +142,7 @@ impl Daemon {
                 .into_iter()
                 .filter(|sb| !held.contains_key(&sb.id))
                 .filter_map(|sb| {
-                    let used = self.volume.disk_use(&sb.dir.join("layer"))?.used_bytes;
+                    let used = self.node.volume.disk_use(&sb.dir.join("layer"))?.used_bytes;
                     let was = *first_use.entry(sb.id.clone()).or_insert(used);
                     Some((used.saturating_sub(was), used, sb))
                 })
@@ -163,6 +163,7 @@ impl Daemon {
                 if let Some((_, used, sb)) = writer {
                     let had = sb.record.locked().limits.disk_bytes;
                     match self
+                        .node
                         .volume
                         .set_disk_limit(&sb.dir.join("layer"), Some(*used))
                     {
@@ -185,12 +186,12 @@ impl Daemon {
             first_use.clear();
         }
         if !held.is_empty() && (space.fs_free > 2 * space.reserve() || space.can_grow()) {
-            let table = self.sandboxes.locked();
+            let table = self.sandboxes.table.locked();
             for (id, (had, _)) in held.drain() {
                 let Some(sb) = table.by_id().get(&id) else {
                     continue;
                 };
-                if let Err(e) = self.volume.set_disk_limit(&sb.dir.join("layer"), had) {
+                if let Err(e) = self.node.volume.set_disk_limit(&sb.dir.join("layer"), had) {
                     log::warn(&format!(
                         "volume: could not give sandbox {id} its disk limit back: {e}"
                     ));
@@ -204,12 +205,16 @@ impl Daemon {
     /// Gives every sandbox the disk limit its record says, at start: one a daemon held
     /// back before it stopped (`hold_back_writers`) would otherwise stay stopped.
     pub(crate) fn restore_disk_limits(&self) {
-        if self.disk_quotas.is_err() {
+        if self.node.disk_quotas.is_err() {
             return;
         }
         for sb in self.sandboxes_in_order() {
             let limit = sb.record.locked().limits.disk_bytes;
-            if let Err(e) = self.volume.set_disk_limit(&sb.dir.join("layer"), limit) {
+            if let Err(e) = self
+                .node
+                .volume
+                .set_disk_limit(&sb.dir.join("layer"), limit)
+            {
                 log::warn(&format!("sandbox {}: set its disk limit: {e}", sb.id));
             }
         }
@@ -217,7 +222,7 @@ impl Daemon {
 
     /// Refuses what would write a new sandbox to a volume that is full or unusable.
     pub(crate) fn volume_usable(&self, what: &str) -> Result<(), ApiError> {
-        let st = self.volume_watch.state.locked().clone();
+        let st = self.node.volume_watch.state.locked().clone();
         if let Some(p) = st.problems.first() {
             return Err(ApiError::unavailable(format!("{what} refused: {p}")));
         }
@@ -250,12 +255,12 @@ impl Daemon {
                 .collect(),
             Err(_) => Vec::new(),
         };
-        if self.proc_events.is_none() {
-            let room = self.exits.room() as u64;
+        if self.sandboxes.proc_events.is_none() {
+            let room = self.sandboxes.exits.room() as u64;
             out.push(crate::api::NodeCeiling {
                 name: "RLIMIT_NOFILE".into(),
-                value: room + self.exits.len() as u64,
-                used: self.exits.len() as u64,
+                value: room + self.sandboxes.exits.len() as u64,
+                used: self.sandboxes.exits.len() as u64,
                 kept: 0,
                 per_sandbox: 1,
                 allows: room,
@@ -266,14 +271,14 @@ impl Daemon {
     }
 
     pub fn health(&self, tasks_per: usize) -> Health {
-        let mut st = self.volume_watch.state.locked().clone();
-        st.problems = self.volume.problems();
+        let mut st = self.node.volume_watch.state.locked().clone();
+        st.problems = self.node.volume.problems();
         let mut problems = st.problems.clone();
-        if let Some(u) = self.volume_watch.unbacked.locked().clone() {
+        if let Some(u) = self.node.volume_watch.unbacked.locked().clone() {
             problems.push(u);
         }
         let volume = VolumeHealth {
-            path: self.data.display().to_string(),
+            path: self.node.data.display().to_string(),
             ok: st.problems.is_empty(),
             size_bytes: st.space.fs_bytes,
             free_bytes: st.space.fs_free,
@@ -283,7 +288,7 @@ impl Daemon {
             pressure: st.pressure.clone(),
             problems,
         };
-        let criu = match &self.criu {
+        let criu = match &self.checkpoints.criu {
             Ok(c) => ComponentHealth {
                 ok: true,
                 detail: format!("CRIU {} ({})", c.version, c.path.display()),
@@ -293,15 +298,18 @@ impl Daemon {
                 detail: format!("live checkpoints are unavailable: {e}"),
             },
         };
-        let exit_watcher = if self.exits.is_running() {
+        let exit_watcher = if self.sandboxes.exits.is_running() {
             ComponentHealth {
                 ok: true,
-                detail: match &self.proc_events {
+                detail: match &self.sandboxes.proc_events {
                     Some(p) => format!(
                         "watching {} inits through the kernel's process events (one descriptor)",
                         p.len()
                     ),
-                    None => format!("watching {} processes, a descriptor each", self.exits.len()),
+                    None => format!(
+                        "watching {} processes, a descriptor each",
+                        self.sandboxes.exits.len()
+                    ),
                 },
             }
         } else {
@@ -310,10 +318,14 @@ impl Daemon {
                 detail: "the exit watcher's threads have ended: sandboxes' exits go unnoticed; restart the daemon".into(),
             }
         };
-        let network = match self.egress.nft_path() {
+        let network = match self.sandboxes.egress.nft_path() {
             Ok(p) => ComponentHealth {
                 ok: true,
-                detail: format!("table inet {} ({})", self.egress.table, p.display()),
+                detail: format!(
+                    "table inet {} ({})",
+                    self.sandboxes.egress.table,
+                    p.display()
+                ),
             },
             Err(e) => ComponentHealth {
                 ok: false,
@@ -336,7 +348,7 @@ impl Daemon {
                 degraded.push(format!("{name}: {}", c.detail));
             }
         }
-        let disk_limits = match &self.disk_quotas {
+        let disk_limits = match &self.node.disk_quotas {
             Ok(()) => ComponentHealth {
                 ok: true,
                 detail: "btrfs simple quotas".into(),
@@ -346,7 +358,10 @@ impl Daemon {
                 detail: e.clone(),
             },
         };
-        let (ok, detail) = self.templates.health(self.criu.as_ref().ok());
+        let (ok, detail) = self
+            .checkpoints
+            .templates
+            .health(self.checkpoints.criu.as_ref().ok());
         Health {
             ok: degraded.is_empty(),
             degraded,

@@ -8,7 +8,7 @@ use forkd_layers::{Image, ImageError, Progress};
 
 impl Daemon {
     pub(super) fn users_of(&self, name: &str) -> Vec<String> {
-        self.sandboxes.locked().of_image(name)
+        self.sandboxes.table.locked().of_image(name)
     }
 
     pub(super) fn image_to_info(&self, img: Image) -> ImageInfo {
@@ -26,13 +26,14 @@ impl Daemon {
     pub fn list_images(&self) -> Result<Vec<ImageInfo>, ApiError> {
         let images = self
             .images
+            .store
             .list()
             .map_err(|e| ApiError::from_chain("list images", &e))?;
         Ok(images.into_iter().map(|i| self.image_to_info(i)).collect())
     }
 
     pub fn image_info(&self, name: &str) -> Result<ImageInfo, ApiError> {
-        Ok(self.image_to_info(self.images.get(name).map_err(image_error)?))
+        Ok(self.image_to_info(self.images.store.get(name).map_err(image_error)?))
     }
 
     pub fn import_image(&self, req: ImportImageRequest) -> Result<ImageInfo, ApiError> {
@@ -49,7 +50,7 @@ impl Daemon {
                 req.name
             )));
         }
-        let _store = self.store_lock.read_locked();
+        let _store = self.images.store_lock.read_locked();
         let name = req.name.clone();
         let mut last = std::time::Instant::now();
         let mut progress = |p: Progress| {
@@ -59,8 +60,8 @@ impl Daemon {
             }
         };
         let img = forkd_layers::import_image(
-            &self.layers,
-            &self.images,
+            &self.images.layers,
+            &self.images.store,
             &source,
             &req.name,
             &mut progress,
@@ -88,7 +89,7 @@ impl Daemon {
                 users.join(", ")
             )));
         }
-        self.images.remove(name).map_err(image_error)
+        self.images.store.remove(name).map_err(image_error)
     }
 }
 

@@ -31,6 +31,7 @@ mod pull;
 mod record;
 mod routes;
 mod sandboxes;
+mod services;
 mod sharing;
 mod spare_layers;
 mod spare_netns;
@@ -63,81 +64,11 @@ pub struct DaemonConfig {
 pub struct Daemon {
     /// The settings, read once at start.
     pub config: config::Config,
-    /// The state root given by the user (holds the lock and, if needed, the volume image).
-    pub root: PathBuf,
-    /// Where all data lives: a btrfs filesystem (the state root itself, or a loop-mounted
-    /// image below it), so that sandboxes' upper layers can be snapshotted in O(1).
-    pub data: PathBuf,
-    pub volume: forkd_volume::Volume,
-    /// CRIU, if usable here; live checkpoints need it.
-    pub criu: Result<forkd_criu::Criu, String>,
-    pub checkpoints: Mutex<HashMap<forkd_sandbox::CheckpointId, Arc<checkpoints::Checkpoint>>>,
-    /// Held for reading by whatever adds layers to the store before a record refers to
-    /// them (imports, squashes); `gc` holds it for writing.
-    pub store_lock: std::sync::RwLock<()>,
-    /// The program run as `__setup` to start a sandbox's init: the runtime layer's copy
-    /// of `forkd-init`, the very file every sandbox runs as its init. A static executable
-    /// at a fixed address, it starts in about half the time the daemon's own (position-
-    /// independent, three times larger) executable took, and a rebuilt binary on the host
-    /// cannot pair one build's set-up with another's init.
-    pub setup_exe: PathBuf,
-    pub layers: LayerStore,
-    pub images: ImageStore,
-    /// Layer stacks merged into one subvolume each: every sandbox's one lower layer.
-    pub bases: bases::Bases,
-    /// The layer holding `/.forkd/init`, on top of every sandbox's stack.
-    pub runtime_layer: LayerId,
-    pub hierarchy: Hierarchy,
-    /// Sandboxes' cgroups, kept for the next sandbox rather than removed (cgroup v1;
-    /// `FORKD_CGROUP_POOL`, default 32, `0` for none).
-    pub cgroups: forkd_cgroups::Pool,
-    pub sandboxes: Mutex<table::SandboxTable>,
-    pub metrics: metrics::Metrics,
-    /// Image builds in progress.
-    pub builds: build::Builds,
-    /// Image pulls in progress, and the bound on blob fetches.
-    pub pulls: pull::Pulls,
-    /// Memory shared between branches (KSM): which forks share, and KSM's pacing.
-    pub sharing: sharing::Sharing,
-    /// Sandbox egress: the pool, the nftables table, `nft`.
-    pub egress: forkd_net::Egress,
-    /// Capabilities on single sandboxes, each served on a socket of its own.
-    pub grants: grants::Grants,
-    /// The network lease of every sandbox that holds one.
-    pub leases: Mutex<HashMap<forkd_sandbox::SandboxId, forkd_net::Lease>>,
+    pub node: services::Node,
+    pub images: services::Images,
+    pub sandboxes: services::Sandboxes,
+    pub checkpoints: services::Checkpoints,
     pub runtime: tokio::runtime::Handle,
-    /// Watches every sandbox's init for its exit (one thread, one epoll set).
-    pub exits: forkd_sys::exits::ExitWatcher,
-    /// The host's process events, through which inits' exits are learned with one
-    /// descriptor whatever the number alive; `None` where they cannot be had (then each
-    /// init takes a pidfd of `exits`).
-    pub proc_events: Option<forkd_sys::proc_events::ProcEvents>,
-    /// The sysfs every new sandbox binds as `/sys` (`forkd_sys::mount_quiet_sysfs`), or
-    /// none if it could not be mounted: each sandbox then mounts its own.
-    pub sysfs: Option<PathBuf>,
-    /// Network namespaces made ahead for the sandboxes and branches to come.
-    pub spare_netns: Arc<spare_netns::SpareNetns>,
-    /// Writable layers (snapshots of bases and checkpoints) made ahead.
-    pub spare_layers: Arc<spare_layers::SpareLayers>,
-    /// Restore templates of live checkpoints: branches share their memory.
-    pub templates: Arc<templates::Templates>,
-    /// The network namespace of that sysfs, kept so that its loopback stays listed.
-    _sysfs_netns: Option<std::os::fd::OwnedFd>,
-    /// The mount namespace every new sandbox's is copied from: one empty read-only tmpfs
-    /// (`forkd_sys::mount::empty_namespace`).
-    pub empty_mntns: std::os::fd::OwnedFd,
-    /// Held for the daemon's lifetime: one daemon per state root.
-    _lock: nix::fcntl::Flock<std::fs::File>,
-    next_request: AtomicU64,
-    /// Whether disk limits can be enforced (btrfs simple quotas on the volume), or why
-    /// not.
-    pub disk_quotas: Result<(), String>,
-    /// The volume's space and state, as its watcher last found them (see [`health`]).
-    pub volume_watch: health::Watch,
-    /// Keep `favordynmods` on the cgroup2 mount (unless `FORKD_CGROUP_FAVOR_DYNMODS=0`).
-    favor_dynmods: bool,
-    /// Whether the last attempt to set it failed (so a failure is logged once).
-    favor_dynmods_failed: std::sync::atomic::AtomicBool,
 }
 
 /// Locks that outlive a panicking holder. A handler that panics answers 500 and its
@@ -264,37 +195,48 @@ impl Daemon {
     /// running, the loop-mounted volume, so that no mount outlives the daemon; the next start
     /// mounts them again.
     fn release_volume_if_idle(&self) {
-        if let Some(dir) = self.criu.as_ref().ok().and_then(|c| c.run_dir()) {
+        if let Some(dir) = self
+            .checkpoints
+            .criu
+            .as_ref()
+            .ok()
+            .and_then(|c| c.run_dir())
+        {
             let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
         }
         // Sandboxes keep their own copies of it.
-        if let Some(dir) = &self.sysfs {
+        if let Some(dir) = &self.sandboxes.sysfs {
             let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
         }
         let running = self
             .sandboxes
+            .table
             .locked()
             .values()
             .any(|sb| sb.record.locked().status == crate::api::SandboxStatus::Running);
-        if running || self.volume.loop_image().is_none() {
+        if running || self.node.volume.loop_image().is_none() {
             return;
         }
         // The roots of sandboxes that stopped a moment ago may still be held, each
         // unmounted (and the volume synced) on the exit watcher's releasing thread.
-        self.spare_layers.stop();
-        self.templates.stop();
-        if !self.exits.wait_released(std::time::Duration::from_secs(60)) {
+        self.images.spare_layers.stop();
+        self.checkpoints.templates.stop();
+        if !self
+            .sandboxes
+            .exits
+            .wait_released(std::time::Duration::from_secs(60))
+        {
             log::warn("sandbox roots still held after 60 s: the volume may stay mounted");
         }
-        if let Err(e) = self.volume.clone().unmount() {
-            log::warn(&format!("unmount {}: {e}", self.data.display()));
+        if let Err(e) = self.node.volume.clone().unmount() {
+            log::warn(&format!("unmount {}: {e}", self.node.data.display()));
         }
     }
 
     fn request_id(&self) -> String {
         format!(
             "r{:06}-{}",
-            self.next_request.fetch_add(1, Ordering::Relaxed),
+            self.node.next_request.fetch_add(1, Ordering::Relaxed),
             forkd_sandbox::id::random_hex(2)
         )
     }
@@ -331,8 +273,8 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             env!("CARGO_PKG_VERSION"),
             cfg.socket.display(),
             cfg.root.display(),
-            daemon.hierarchy.version(),
-            daemon.sandboxes.locked().len()
+            daemon.sandboxes.hierarchy.version(),
+            daemon.sandboxes.table.locked().len()
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
@@ -353,9 +295,9 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);
         // Free cgroups are not kept across a restart (the next start would sweep them).
-        daemon.cgroups.sweep();
+        daemon.sandboxes.cgroups.sweep();
         daemon.release_volume_if_idle();
-        daemon.sharing.stop();
+        daemon.checkpoints.sharing.stop();
         log::info("daemon stopped; sandboxes keep running");
         Ok(())
     });

@@ -240,53 +240,61 @@ impl Daemon {
         };
         let grants = grants::Grants::open(grant_dir).context("prepare the grant directory")?;
         let daemon = Arc::new(Daemon {
-            sharing,
-            grants,
-            root: cfg.root.clone(),
-            data,
-            volume,
-            criu,
-            checkpoints: Mutex::new(HashMap::new()),
-            store_lock: std::sync::RwLock::new(()),
-            setup_exe,
-            layers,
-            images,
-            bases,
-            runtime_layer,
-            cgroups,
-            hierarchy,
-            sandboxes: Mutex::new(table::SandboxTable::default()),
-            metrics: metrics::Metrics::default(),
-            builds: build::Builds::default(),
-            pulls: pull::Pulls::new(config.pull_parallel),
-            egress,
-            leases: Mutex::new(HashMap::new()),
-            runtime,
-            exits: forkd_sys::exits::ExitWatcher::start("init-exits")
-                .context("start the watcher of init exits")?,
-            proc_events: open_proc_events(),
-            sysfs,
-            spare_netns,
-            spare_layers,
-            templates,
-            _sysfs_netns: sysfs_netns,
-            empty_mntns,
-            _lock: lock,
-            next_request: AtomicU64::new(1),
-            favor_dynmods: config.cgroup_favor_dynmods,
-            config,
-            favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
-            disk_quotas,
-            volume_watch: health::Watch {
-                unbacked: Mutex::new(unbacked),
-                ..Default::default()
+            node: services::Node {
+                root: cfg.root.clone(),
+                data,
+                volume,
+                disk_quotas,
+                volume_watch: health::Watch {
+                    unbacked: Mutex::new(unbacked),
+                    ..Default::default()
+                },
+                metrics: metrics::Metrics::default(),
+                favor_dynmods: config.cgroup_favor_dynmods,
+                favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
+                _lock: lock,
+                next_request: AtomicU64::new(1),
             },
+            images: services::Images {
+                layers,
+                store: images,
+                bases,
+                runtime_layer,
+                store_lock: std::sync::RwLock::new(()),
+                pulls: pull::Pulls::new(config.pull_parallel),
+                builds: build::Builds::default(),
+                spare_layers,
+            },
+            sandboxes: services::Sandboxes {
+                table: Mutex::new(table::SandboxTable::default()),
+                hierarchy,
+                cgroups,
+                exits: forkd_sys::exits::ExitWatcher::start("init-exits")
+                    .context("start the watcher of init exits")?,
+                proc_events: open_proc_events(),
+                egress,
+                leases: Mutex::new(HashMap::new()),
+                spare_netns,
+                sysfs,
+                _sysfs_netns: sysfs_netns,
+                empty_mntns,
+                setup_exe,
+                grants,
+            },
+            checkpoints: services::Checkpoints {
+                table: Mutex::new(HashMap::new()),
+                criu,
+                templates,
+                sharing,
+            },
+            config,
+            runtime,
         });
         daemon
             .watch_volume()
             .context("start the volume's watcher")?;
         daemon.keep_migrations_cheap();
-        if daemon.favor_dynmods {
+        if daemon.node.favor_dynmods {
             // Another program's mount of cgroup2 clears the flag; set it again within a
             // second, off the request path (setting it waits for an RCU grace period).
             let weak = Arc::downgrade(&daemon);

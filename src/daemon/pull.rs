@@ -160,7 +160,7 @@ impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
 impl Daemon {
     /// A pull; `cancel` turning true (its client went away) stops it, leaving no image.
     pub fn pull_image(&self, req: PullRequest, cancel: &AtomicBool) -> Result<ImageInfo, ApiError> {
-        let _store = self.store_lock.read_locked();
+        let _store = self.images.store_lock.read_locked();
         self.pull_held(req, cancel)
             .map(|img| self.image_to_info(img))
     }
@@ -195,7 +195,7 @@ impl Daemon {
     /// the name means (`busybox` is `docker.io/library/busybox:latest` unless
     /// registries.conf says otherwise). Nothing is fetched.
     pub(super) fn local_image(&self, name: &str) -> Result<Image, forkd_layers::ImageError> {
-        let first = match self.images.get(name) {
+        let first = match self.images.store.get(name) {
             Err(forkd_layers::ImageError::NotFound(n)) => forkd_layers::ImageError::NotFound(n),
             other => return other,
         };
@@ -207,7 +207,7 @@ impl Daemon {
         };
         candidates
             .iter()
-            .find_map(|c| self.images.get(&c.to_string()).ok())
+            .find_map(|c| self.images.store.get(&c.to_string()).ok())
             .ok_or(first)
     }
 
@@ -231,10 +231,12 @@ impl Daemon {
             .map_err(|e| api_error(&e))?;
         let client = Client::new(config);
         let id = self
+            .images
             .pulls
             .next
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let registered = self
+            .images
             .pulls
             .jobs
             .register(
@@ -249,7 +251,7 @@ impl Daemon {
             )
             .expect("pull ids are never reused");
         let status = registered.status.clone();
-        let _store = self.store_lock.read_locked();
+        let _store = self.images.store_lock.read_locked();
 
         let mut last: Option<RegistryError> = None;
         for reference in &candidates {
@@ -302,7 +304,7 @@ impl Daemon {
         name: &str,
         platform: &Platform,
     ) -> Option<Image> {
-        let img = self.images.get(name).ok()?;
+        let img = self.images.store.get(name).ok()?;
         let have = img.digest.as_deref()?;
         if img.source != source_of(reference, platform) {
             return None;
@@ -318,7 +320,8 @@ impl Daemon {
             .ok()?
             .iter()
             .find_map(|ep| client.head(ep).ok())??;
-        (now.to_string() == have && img.layers.iter().all(|l| self.layers.exists(l))).then_some(img)
+        (now.to_string() == have && img.layers.iter().all(|l| self.images.layers.exists(l)))
+            .then_some(img)
     }
 
     fn pull_resolved(
@@ -402,7 +405,13 @@ impl Daemon {
             return Err(cancelled(&shown));
         }
         let users = self.users_of(name);
-        if !users.is_empty() && self.images.get(name).is_ok_and(|old| old.layers != ids) {
+        if !users.is_empty()
+            && self
+                .images
+                .store
+                .get(name)
+                .is_ok_and(|old| old.layers != ids)
+        {
             return Err(ApiError::conflict(format!(
                 "image {name} is in use by sandboxes {} and {shown} has changed; remove them or pull under another name (--name)",
                 users.join(", ")
@@ -417,6 +426,7 @@ impl Daemon {
             digest: Some(r.digest.to_string()),
         };
         self.images
+            .store
             .put(&image)
             .map_err(|e| ApiError::from_chain(&format!("write image {name}"), &e))?;
         self.make_image_base(&image);
@@ -441,7 +451,7 @@ impl Daemon {
         let set = |state: &str| status.locked().layers[index].state = state.to_owned();
         let mut waited = false;
         loop {
-            if let Some((known_diff, id)) = self.layers.layer_of_blob(digest.hex()) {
+            if let Some((known_diff, id)) = self.images.layers.layer_of_blob(digest.hex()) {
                 if known_diff != diff {
                     return Err(ApiError::bad_request(format!(
                         "{shown}: layer {digest} unpacks to sha256:{known_diff}, but the config says sha256:{diff}"
@@ -450,14 +460,14 @@ impl Daemon {
                 set(if waited { "shared" } else { "present" });
                 return Ok(id);
             }
-            if let Some(id) = self.layers.layer_of_diff(diff) {
+            if let Some(id) = self.images.layers.layer_of_diff(diff) {
                 set("present");
                 return Ok(id);
             }
             // Lead the fetch of this blob, or wait for the pull that leads it.
             let key = digest.hex().to_owned();
             let (flight, lead) = {
-                let mut flights = self.pulls.flights.locked();
+                let mut flights = self.images.pulls.flights.locked();
                 match flights.get(&key) {
                     Some(f) => (f.clone(), false),
                     None => {
@@ -480,11 +490,11 @@ impl Daemon {
                 continue;
             }
             let _leading = Leading {
-                pulls: &self.pulls,
+                pulls: &self.images.pulls,
                 key,
                 flight,
             };
-            let _slot = self.pulls.slots.acquire();
+            let _slot = self.images.pulls.slots.acquire();
             if cancel.load(Ordering::Relaxed) {
                 set("failed");
                 return Err(cancelled(&shown));
@@ -527,7 +537,7 @@ impl Daemon {
                 pending: 0,
                 cancel,
             };
-            self.layers.stage_blob(counted, &mut |_| {})
+            self.images.layers.stage_blob(counted, &mut |_| {})
         };
         let in_layer =
             |what: String| ApiError::bad_request(format!("{shown}: layer {digest}: {what}"));
@@ -545,10 +555,12 @@ impl Daemon {
             )));
         }
         let id = self
+            .images
             .layers
             .seal_pending(pending, &mut |_| {})
             .map_err(|e| ApiError::from_chain(&format!("{shown}: seal layer {digest}"), &e))?;
-        self.layers
+        self.images
+            .layers
             .record_blob(digest.hex(), diff, &id)
             .map_err(|e| ApiError::from_chain(&format!("{shown}: index layer {digest}"), &e))?;
         if blob.resumes() > 0 {

@@ -139,7 +139,10 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
     if op == Operation::ExecInSandbox && req.header("upgrade") == Some(EXEC_UPGRADE) {
         let result = super::exec::exec_upgraded(daemon.clone(), &req, &params, stream, &rid).await;
         let us = started.elapsed().as_micros() as u64;
-        daemon.metrics.record("exec_stream", us, result.is_ok());
+        daemon
+            .node
+            .metrics
+            .record("exec_stream", us, result.is_ok());
         match result {
             Ok(()) => log::info(&format!("{rid} {} {} -> 101 {us}us", req.method, req.path)),
             Err(e) => log::info(&format!(
@@ -174,7 +177,7 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
     let result =
         joined.unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
     let us = started.elapsed().as_micros() as u64;
-    daemon.metrics.record(op.id(), us, result.is_ok());
+    daemon.node.metrics.record(op.id(), us, result.is_ok());
     let resp = match result.and_then(|reply| reply.into_response(op)) {
         Ok(r) => {
             log::info(&format!("{rid} {method} {path} -> {} {us}us", r.status));
@@ -275,8 +278,8 @@ fn handle(
         O::Version => Ok(Reply::json(&VersionInfo {
             version: env!("CARGO_PKG_VERSION").into(),
             api: api::API_VERSION.into(),
-            root: d.root.display().to_string(),
-            cgroup_version: d.hierarchy.version(),
+            root: d.node.root.display().to_string(),
+            cgroup_version: d.sandboxes.hierarchy.version(),
         })),
         O::Health => {
             // A branch of the checkpoint asked about, or a sandbox of two tasks.
@@ -286,13 +289,13 @@ fn handle(
             };
             Ok(Reply::json(&d.health(tasks)))
         }
-        O::Metrics => Ok(Reply::json(&d.metrics.snapshot())),
+        O::Metrics => Ok(Reply::json(&d.node.metrics.snapshot())),
         O::ListImages => Ok(Reply::json(&d.list_images()?)),
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
         O::BuildImage => Ok(Reply::json(&d.build_image(req.json()?)?)),
-        O::ListBuilds => Ok(Reply::json(&d.builds.list())),
+        O::ListBuilds => Ok(Reply::json(&d.images.builds.list())),
         O::PullImage => Ok(Reply::json(&d.pull_image(req.json()?, cancel)?)),
-        O::ListPulls => Ok(Reply::json(&d.pulls.list())),
+        O::ListPulls => Ok(Reply::json(&d.images.pulls.list())),
         O::InspectImage => Ok(Reply::json(&d.image_info(&param("name"))?)),
         O::RemoveImage => {
             d.remove_image(&param("name"))?;
@@ -429,7 +432,9 @@ fn handle(
             serve_grant(d, socket);
             Ok(Reply::json(&info))
         }
-        O::InspectGrant => Ok(Reply::json(&d.grants.get(&param("grant"))?.info())),
+        O::InspectGrant => Ok(Reply::json(
+            &d.sandboxes.grants.get(&param("grant"))?.info(),
+        )),
         O::RevokeGrant => Ok(Reply::json(&d.revoke_grant(&param("grant"))?)),
     }
 }

@@ -116,12 +116,12 @@ fn valid_hostname(h: &str) -> bool {
 
 impl Daemon {
     pub(super) fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
-        self.data.join("sandboxes").join(id.as_str())
+        self.node.data.join("sandboxes").join(id.as_str())
     }
 
     /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
-        super::find_by_prefix(self.sandboxes.locked().by_id(), id, "sandbox")
+        super::find_by_prefix(self.sandboxes.table.locked().by_id(), id, "sandbox")
     }
 
     /// Creates and starts a sandbox from an image.
@@ -187,6 +187,7 @@ impl Daemon {
             seccomp: super::edge::seccomp(req.seccomp),
         };
         let memory_cgroup = self
+            .sandboxes
             .cgroups
             .shared_memory_for(&super::edge::cgroup_limits(&req.limits));
         let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
@@ -236,7 +237,7 @@ impl Daemon {
         layer: &LayerFrom,
         start: impl FnOnce(&Daemon, &Path, &mut SandboxRecord) -> Result<(), ApiError>,
     ) -> Result<Arc<Sandbox>, ApiError> {
-        let _busy = self.spare_layers.busy();
+        let _busy = self.images.spare_layers.busy();
         let res = self
             .prepare_root(dir, &record, layer)
             .and_then(|()| start(self, dir, &mut record))
@@ -248,13 +249,13 @@ impl Daemon {
             // A limit too small for the sandbox to start is the request's fault: the
             // error names it (read before the cgroup goes).
             let e = self.limit_hit(&record).map_or(e, ApiError::bad_request);
-            let cg = record.cgroup_in(&self.hierarchy);
+            let cg = record.cgroup_in(&self.sandboxes.hierarchy);
             self.teardown(&record.id, dir, &cg, record.init_pid);
             self.delete_sandbox_dir(dir);
             return Err(e);
         }
         let sb = Arc::new(Sandbox::new(dir.to_path_buf(), record));
-        self.sandboxes.locked().insert(sb.clone());
+        self.sandboxes.table.locked().insert(sb.clone());
         self.watch(sb.clone());
         Ok(sb)
     }
@@ -262,7 +263,7 @@ impl Daemon {
     /// The limit a sandbox's processes ran into while it started, as an error naming the
     /// field: the OOM killer fired in its cgroup, or a fork was refused at its task limit.
     fn limit_hit(&self, record: &SandboxRecord) -> Option<String> {
-        let cg = record.cgroup_in(&self.hierarchy);
+        let cg = record.cgroup_in(&self.sandboxes.hierarchy);
         let id = &record.id;
         if let Some(m) = record.limits.memory_bytes {
             if cg.oom_kills().is_some_and(|n| n > 0) {
@@ -301,7 +302,8 @@ impl Daemon {
             ))
         })?;
         self.make_layer(&dir.join("layer"), record, from)?;
-        self.cgroups
+        self.sandboxes
+            .cgroups
             .take(
                 &record.cgroup,
                 record.memory_cgroup.as_deref(),
@@ -323,7 +325,7 @@ impl Daemon {
         record: &SandboxRecord,
     ) -> Result<std::os::fd::OwnedFd, ApiError> {
         let lowers: Vec<PathBuf> = match &record.base {
-            Some(base) => vec![self.bases.tree(base)],
+            Some(base) => vec![self.images.bases.tree(base)],
             None => record.lowers.iter().map(|l| self.lower_path(l)).collect(),
         };
         let lower_refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
@@ -337,7 +339,7 @@ impl Daemon {
 
     /// Removes a sandbox directory, its upper subvolume included. Idempotent.
     pub(super) fn delete_sandbox_dir(&self, dir: &Path) {
-        if let Err(e) = self.volume.delete_subvolume(&dir.join("layer")) {
+        if let Err(e) = self.node.volume.delete_subvolume(&dir.join("layer")) {
             log::warn(&format!("delete {}: {e}", dir.join("layer").display()));
         }
         if let Err(e) = std::fs::remove_dir_all(dir) {
@@ -371,9 +373,9 @@ impl Daemon {
             id: id.clone(),
             rootfs,
             hostname: record.hostname.clone(),
-            cgroup: Some(record.cgroup_in(&self.hierarchy)),
+            cgroup: Some(record.cgroup_in(&self.sandboxes.hierarchy)),
             name_files: connected.is_some(),
-            sysfs: self.sysfs.clone(),
+            sysfs: self.sandboxes.sysfs.clone(),
             seccomp: record.seccomp,
         };
         if let Some(c) = &connected {
@@ -383,19 +385,19 @@ impl Daemon {
         let netns = match &connected {
             Some(c) => c.netns.as_fd(),
             None => {
-                spare = self
-                    .spare_netns
-                    .take()
-                    .map_err(|e| ApiError::from_chain(&ctx("create a network namespace"), &e))?;
+                spare =
+                    self.sandboxes.spare_netns.take().map_err(|e| {
+                        ApiError::from_chain(&ctx("create a network namespace"), &e)
+                    })?;
                 spare.as_fd()
             }
         };
         let pid = host::start_init(
-            &self.setup_exe,
+            &self.sandboxes.setup_exe,
             &spec,
             Some(netns),
             root.as_fd(),
-            self.empty_mntns.as_fd(),
+            self.sandboxes.empty_mntns.as_fd(),
         )
         .map_err(|e| ApiError::from_chain(&ctx("start init"), &e))?;
         drop(root);
@@ -409,7 +411,7 @@ impl Daemon {
     /// init still runs come back; the rest are cleaned up and marked stopped; half-made
     /// ones are removed.
     pub fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
-        let dir = self.data.join("sandboxes");
+        let dir = self.node.data.join("sandboxes");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
         let (mut alive_leases, mut gone, mut to_watch) = (Vec::new(), Vec::new(), Vec::new());
@@ -426,7 +428,7 @@ impl Daemon {
                 .filter(|r| r.id == id && r.version == RECORD_VERSION);
             let Some(mut rec) = rec else {
                 log::info(&format!("removing half-made sandbox {id}"));
-                let cg = Cgroup::new(&self.hierarchy, &format!("forkd/{id}"));
+                let cg = Cgroup::new(&self.sandboxes.hierarchy, &format!("forkd/{id}"));
                 self.teardown(&id, &path, &cg, None);
                 self.delete_sandbox_dir(&path);
                 continue;
@@ -438,7 +440,7 @@ impl Daemon {
                 });
             if alive {
                 // A daemon killed in the middle of a checkpoint left the tree frozen.
-                let cg = rec.cgroup_in(&self.hierarchy);
+                let cg = rec.cgroup_in(&self.sandboxes.hierarchy);
                 if cg.freezer_dir().is_some() {
                     if let Err(e) = cg.set_frozen(false, Duration::from_secs(10)) {
                         log::warn(&format!("sandbox {id}: thaw after restart: {e}"));
@@ -447,7 +449,7 @@ impl Daemon {
             }
             if rec.status == SandboxStatus::Running && !alive {
                 log::info(&format!("sandbox {id}: init is gone; cleaning up"));
-                self.teardown(&id, &path, &rec.cgroup_in(&self.hierarchy), None);
+                self.teardown(&id, &path, &rec.cgroup_in(&self.sandboxes.hierarchy), None);
                 gone.extend(rec.lease.take());
                 rec.status = SandboxStatus::Stopped;
                 rec.init_pid = None;
@@ -460,7 +462,7 @@ impl Daemon {
                     alive_leases.push((id.clone(), l.clone()));
                 }
             }
-            self.sandboxes.locked().insert(sb.clone());
+            self.sandboxes.table.locked().insert(sb.clone());
             if alive {
                 to_watch.push(sb);
             }

@@ -77,7 +77,7 @@ impl Daemon {
     /// [`forkd_cgroups::favor_dynamic_changes`]). Called at start-up and then once a
     /// second by a watcher thread: another program's mount of cgroup2 clears the flag.
     pub(crate) fn keep_migrations_cheap(&self) {
-        if !self.favor_dynmods {
+        if !self.node.favor_dynmods {
             return;
         }
         // The kernel's list of cgroup2 features is asked (once: it does not change);
@@ -91,7 +91,7 @@ impl Daemon {
         });
         if !has {
             let release = forkd_sys::mount::kernel_release();
-            if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
+            if !self.node.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
                 log::info(&format!(
                     "cgroup: favordynmods needs Linux 6.0; this kernel is {release}: each \
                      task migration may wait for RCU (7-19 ms)"
@@ -101,7 +101,9 @@ impl Daemon {
         }
         match forkd_cgroups::favor_dynamic_changes() {
             Ok(Some((at, true))) => {
-                self.favor_dynmods_failed.store(false, Ordering::Relaxed);
+                self.node
+                    .favor_dynmods_failed
+                    .store(false, Ordering::Relaxed);
                 log::info(&format!(
                     "cgroup: set favordynmods on {} (task migrations do not wait for RCU; \
                      FORKD_CGROUP_FAVOR_DYNMODS=0 leaves it alone)",
@@ -110,7 +112,7 @@ impl Daemon {
             }
             Ok(_) => {}
             Err(e) => {
-                if !self.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
+                if !self.node.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
                     let why = anyhow::Error::from(e)
                         .chain()
                         .map(|c| c.to_string())

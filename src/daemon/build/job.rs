@@ -166,17 +166,22 @@ impl Job<'_> {
                 &mtime.to_string()
             ])[..16]
         );
-        if let Ok(img) = self.d.images.get(&name) {
+        if let Ok(img) = self.d.images.store.get(&name) {
             return Ok(img);
         }
-        let img =
-            forkd_layers::import_image(&self.d.layers, &self.d.images, &path, &name, &mut |_| {})
-                .map_err(|e| {
-                self.err(
-                    line,
-                    ApiError::from_chain(&format!("FROM {}", path.display()), &e).message,
-                )
-            })?;
+        let img = forkd_layers::import_image(
+            &self.d.images.layers,
+            &self.d.images.store,
+            &path,
+            &name,
+            &mut |_| {},
+        )
+        .map_err(|e| {
+            self.err(
+                line,
+                ApiError::from_chain(&format!("FROM {}", path.display()), &e).message,
+            )
+        })?;
         made.images.push(name);
         made.layers.extend(img.layers.iter().cloned());
         Ok(img)

@@ -164,7 +164,7 @@ struct Made {
 
 impl Daemon {
     fn cache_dir(&self) -> PathBuf {
-        self.data.join("build-cache")
+        self.node.data.join("build-cache")
     }
 
     fn cache_get(&self, key: &str) -> Option<Option<LayerId>> {
@@ -177,7 +177,7 @@ impl Daemon {
             None => Some(None),
             Some(l) => {
                 let id: LayerId = l.parse().ok()?;
-                self.layers.exists(&id).then_some(Some(id))
+                self.images.layers.exists(&id).then_some(Some(id))
             }
         }
     }
@@ -199,7 +199,7 @@ impl Daemon {
     }
 
     fn layer_names(&self) -> HashSet<String> {
-        std::fs::read_dir(self.layers.root())
+        std::fs::read_dir(self.images.layers.root())
             .map(|rd| {
                 rd.flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -249,6 +249,7 @@ impl Daemon {
             )));
         }
         let registered = self
+            .images
             .builds
             .register(
                 req.name.clone(),
@@ -263,7 +264,7 @@ impl Daemon {
                 ApiError::conflict(format!("image {} is being built already", req.name))
             })?;
         let status = registered.status.clone();
-        let _store = self.store_lock.read_locked();
+        let _store = self.images.store_lock.read_locked();
         let mut made = Made {
             layers_before: self.layer_names(),
             ..Default::default()
@@ -295,6 +296,7 @@ impl Daemon {
                         digest: None,
                     };
                     self.images
+                        .store
                         .put(&image)
                         .map_err(|e| ApiError::from_chain("write image record", &e))?;
                     self.make_image_base(&image);
@@ -338,7 +340,7 @@ impl Daemon {
 
     fn undo_build(&self, name: &str, made: &Made) {
         for img in &made.images {
-            if let Err(e) = self.images.remove(img) {
+            if let Err(e) = self.images.store.remove(img) {
                 log::warn(&format!("build {name}: remove base image {img}: {e}"));
             }
         }
@@ -346,7 +348,7 @@ impl Daemon {
             if made.layers_before.contains(&id.to_string()) {
                 continue;
             }
-            if let Err(e) = self.layers.remove(id) {
+            if let Err(e) = self.images.layers.remove(id) {
                 log::warn(&format!("build {name}: remove layer {id}: {e}"));
             }
         }
@@ -388,6 +390,7 @@ impl Daemon {
             init_start: None,
             cgroup: format!("forkd/{id}"),
             memory_cgroup: self
+                .sandboxes
                 .cgroups
                 .shared_memory_for(&crate::daemon::edge::cgroup_limits(limits)),
             create_us: 0,
@@ -414,6 +417,7 @@ impl Daemon {
             return Ok(None);
         }
         let id = self
+            .images
             .layers
             .import_upper(&upper, &[".forkd"], &mut |_| {})
             .map_err(|e| ApiError::from_chain("seal the step's layer", &e))?;

@@ -107,10 +107,10 @@ impl Daemon {
         sb: &Sandbox,
         req: &CheckpointRequest,
     ) -> Result<Arc<Checkpoint>, ApiError> {
-        let _store = self.store_lock.read_locked();
+        let _store = self.images.store_lock.read_locked();
         let total = Instant::now();
         let criu = if req.live {
-            Some(self.criu.as_ref().map_err(|e| {
+            Some(self.checkpoints.criu.as_ref().map_err(|e| {
                 ApiError::conflict(format!("live checkpoints are unavailable: {e}"))
             })?)
         } else {
@@ -131,10 +131,14 @@ impl Daemon {
         let running = prior == SandboxStatus::Running;
         let rec = held.record().clone();
         let id = CheckpointId::random();
-        let stage = self.data.join("checkpoints").join(format!(".stage-{id}"));
+        let stage = self
+            .node
+            .data
+            .join("checkpoints")
+            .join(format!(".stage-{id}"));
         let fs = stage.join("fs");
         let upper = sb.layer();
-        let cg = rec.cgroup_in(&self.hierarchy);
+        let cg = rec.cgroup_in(&self.sandboxes.hierarchy);
         let mut phases = BTreeMap::new();
         let result = std::fs::create_dir_all(&stage)
             .map_err(|e| ApiError::internal(format!("create {}: {e}", stage.display())))
@@ -174,10 +178,12 @@ impl Daemon {
         // one): have one made ahead for the fork that usually follows.
         if let Some(base) = &record.base {
             let from = self.checkpoint_layer(&dir);
-            self.spare_layers.want(&self.layer_source(&from, base));
+            self.images
+                .spare_layers
+                .want(&self.layer_source(&from, base));
         }
         let c = Arc::new(Checkpoint::new(dir, record));
-        self.checkpoints.locked().insert(id, c.clone());
+        self.checkpoints.table.locked().insert(id, c.clone());
         self.hash_in_background(c.clone());
         Ok(c)
     }
@@ -200,7 +206,7 @@ impl Daemon {
             // The layer holds everything the sandbox changed over its base's stack (for
             // a branch, its checkpoint's files too): that stack is what it stands on, and
             // its depth never grows.
-            match self.bases.stack(base) {
+            match self.images.bases.stack(base) {
                 Ok(stack) => lowers.extend(stack),
                 Err(e) => {
                     self.delete_checkpoint_dir(stage);
@@ -245,7 +251,7 @@ impl Daemon {
             lease: rec.lease.clone(),
             seccomp: rec.seccomp,
         };
-        let dir = self.data.join("checkpoints").join(id.as_str());
+        let dir = self.node.data.join("checkpoints").join(id.as_str());
         // Not fsynced: the checkpoint is on disk with the volume's next commit (every
         // 5 s), its record, its files and the rename into place in one transaction or in
         // order. A host crash before that loses it whole (recovery removes a stage), and
@@ -297,7 +303,7 @@ impl Daemon {
         let images = stage.join("criu");
         std::fs::create_dir_all(&images)
             .map_err(|e| ApiError::internal(format!("create {}: {e}", images.display())))?;
-        let volume = &self.volume;
+        let volume = &self.node.volume;
         let captured = std::cell::Cell::new(None);
         // The daemon freezes the tree itself: CRIU polls a freezing cgroup only
         // every 100 ms, and a cgroup v1 freezer is never frozen by its first look,
@@ -379,6 +385,7 @@ impl Daemon {
                 // The sandbox's /sys is a bind of the daemon's (see Daemon::sysfs): a
                 // branch binds it again rather than mounting a sysfs of its own.
                 external_mounts: self
+                    .sandboxes
                     .sysfs
                     .iter()
                     .map(|_| ("/sys".to_string(), super::SYSFS_KEY.to_string()))
@@ -439,7 +446,7 @@ impl Daemon {
             record_phase(phases, CHECKPOINT, "freeze", t.elapsed());
         }
         let t = Instant::now();
-        let captured = capture_layer(&self.volume, upper, fs);
+        let captured = capture_layer(&self.node.volume, upper, fs);
         if let Ok(c) = captured {
             record_phase(phases, CHECKPOINT, c.phase(), t.elapsed());
         }

@@ -56,7 +56,7 @@ impl Daemon {
             Some(parent) => {
                 let old = parent.fs();
                 static NEXT: AtomicU64 = AtomicU64::new(0);
-                let scratch = self.data.join("tmp").join(format!(
+                let scratch = self.node.data.join("tmp").join(format!(
                     "delta-{}-{}",
                     c.id,
                     NEXT.fetch_add(1, Ordering::Relaxed)

@@ -107,7 +107,8 @@ impl Daemon {
         let plan = self.plan_fork(c, req, limits)?;
         if count > 1 {
             // The branches' layers, made side by side: btrfs commits them together.
-            self.spare_layers
+            self.images
+                .spare_layers
                 .prepare(&self.layer_source(&plan.layer, &plan.base.id), count);
         }
         let results = on_workers(count, self.config.fork_parallel, || self.fork_branch(&plan));
@@ -139,7 +140,7 @@ impl Daemon {
             return Err(e);
         }
         if plan.share_memory {
-            self.sharing.forked();
+            self.checkpoints.sharing.forked();
         }
         Ok(ForkResult {
             checkpoint: c.id.to_string(),
@@ -184,7 +185,8 @@ impl Daemon {
         };
         let criu = if ck.live && !req.fresh {
             Some(
-                self.criu
+                self.checkpoints
+                    .criu
                     .as_ref()
                     .map_err(|e| ApiError::conflict(format!("live forks are unavailable: {e}")))?,
             )
@@ -206,6 +208,7 @@ impl Daemon {
             }
             (_, false) => false,
             (asked, true) => self
+                .checkpoints
                 .sharing
                 .for_fork(asked)
                 .map_err(|e| ApiError::conflict(format!("share_memory: {e}")))?,
@@ -217,10 +220,12 @@ impl Daemon {
         // request for one branch that would start it does not wait for it (the branch reads
         // its pages, as fast as the template would); one for more does.
         let template = match (criu, req.lazy) {
-            (Some(criu), false) => {
-                self.templates
-                    .get(criu, c.id.as_str(), &c.images(), req.count.unwrap_or(1) > 1)
-            }
+            (Some(criu), false) => self.checkpoints.templates.get(
+                criu,
+                c.id.as_str(),
+                &c.images(),
+                req.count.unwrap_or(1) > 1,
+            ),
             _ => None,
         };
         Ok(Plan {
@@ -251,8 +256,8 @@ impl Daemon {
         if let (Some(base), Some((Lower::Checkpoint(own), below))) =
             (&ck.base, ck.lowers.split_first())
         {
-            let pinned = self.bases.pin(base.clone());
-            if *own == c.id && BaseId::of(below) == *base && self.bases.exists(base) {
+            let pinned = self.images.bases.pin(base.clone());
+            if *own == c.id && BaseId::of(below) == *base && self.images.bases.exists(base) {
                 return Ok((pinned, self.checkpoint_layer(&c.dir)));
             }
         }
@@ -280,6 +285,7 @@ impl Daemon {
             seccomp: ck.seccomp,
         };
         let memory_cgroup = self
+            .sandboxes
             .cgroups
             .shared_memory_for(&crate::daemon::edge::cgroup_limits(&ck.limits));
         let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
@@ -333,7 +339,7 @@ impl Daemon {
                 rec.lease = Some(c.lease);
                 c.netns
             }
-            None => self.spare_netns.take().map_err(|e| {
+            None => self.sandboxes.spare_netns.take().map_err(|e| {
                 ApiError::from_chain(
                     &format!("sandbox {}: create a network namespace", rec.id),
                     &e,
@@ -352,7 +358,7 @@ impl Daemon {
             );
         }
         let t = Instant::now();
-        let cg = rec.cgroup_in(&self.hierarchy);
+        let cg = rec.cgroup_in(&self.sandboxes.hierarchy);
         let restored = criu.restore(&forkd_criu::RestoreOpts {
             images_dir: images,
             root: dir.join(ROOTFS),
@@ -363,6 +369,7 @@ impl Daemon {
             lazy_pages: plan.lazy,
             join_cgroup_procs: cg.procs_files(),
             external_mounts: self
+                .sandboxes
                 .sysfs
                 .iter()
                 .map(|p| (super::SYSFS_KEY.to_string(), p.clone()))

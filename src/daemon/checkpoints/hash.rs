@@ -71,7 +71,7 @@ impl Daemon {
 
     fn wait_fs_hash(&self, id: &CheckpointId) -> Option<String> {
         for _ in 0..6000 {
-            let c = self.checkpoints.locked().get(id).cloned()?;
+            let c = self.checkpoints.table.locked().get(id).cloned()?;
             if let Some(h) = c.record.locked().fs_hash.clone() {
                 return Some(h);
             }

@@ -203,8 +203,9 @@ impl Daemon {
     /// The directory of a layer of an overlay stack.
     pub fn lower_path(&self, l: &Lower) -> PathBuf {
         match l {
-            Lower::Layer(id) => self.layers.path(id),
+            Lower::Layer(id) => self.images.layers.path(id),
             Lower::Checkpoint(id) => self
+                .node
                 .data
                 .join("checkpoints")
                 .join(id.as_str())
@@ -213,18 +214,19 @@ impl Daemon {
     }
 
     pub fn checkpoint(&self, id: &str) -> Result<Arc<Checkpoint>, ApiError> {
-        super::find_by_prefix(&self.checkpoints.locked(), id, "checkpoint")
+        super::find_by_prefix(&self.checkpoints.table.locked(), id, "checkpoint")
     }
 
     /// Sandboxes whose layer stack uses checkpoint `id`.
     fn branches_of(&self, id: &CheckpointId) -> Vec<String> {
-        self.sandboxes.locked().over_checkpoint(id)
+        self.sandboxes.table.locked().over_checkpoint(id)
     }
 
     /// Checkpoints stacked on checkpoint `id`.
     fn children_of(&self, id: &CheckpointId) -> Vec<String> {
         let mut out: Vec<String> = self
             .checkpoints
+            .table
             .locked()
             .values()
             .filter(|c| {
@@ -259,7 +261,7 @@ impl Daemon {
     }
 
     pub fn list_checkpoints(&self) -> Vec<CheckpointInfo> {
-        let all: Vec<Arc<Checkpoint>> = self.checkpoints.locked().values().cloned().collect();
+        let all: Vec<Arc<Checkpoint>> = self.checkpoints.table.locked().values().cloned().collect();
         let mut out: Vec<CheckpointInfo> = all.iter().map(|c| self.checkpoint_info(c)).collect();
         out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
         out
@@ -278,7 +280,7 @@ impl Daemon {
         log: &Path,
         kept_as: &str,
     ) -> ApiError {
-        let dest = self.data.join("logs").join(kept_as);
+        let dest = self.node.data.join("logs").join(kept_as);
         // The log is named where it is kept: the staging directory is gone by now.
         let message = match std::fs::copy(log, &dest) {
             Ok(_) => format!(
@@ -298,10 +300,10 @@ impl Daemon {
 
     fn delete_checkpoint_dir(&self, dir: &Path) {
         if let Some(id) = dir.file_name().and_then(|n| n.to_str()) {
-            self.templates.forget(id);
+            self.checkpoints.templates.forget(id);
         }
-        self.spare_layers.forget(&dir.join("fs"));
-        if let Err(e) = self.volume.delete_subvolume(&dir.join("fs")) {
+        self.images.spare_layers.forget(&dir.join("fs"));
+        if let Err(e) = self.node.volume.delete_subvolume(&dir.join("fs")) {
             log::warn(&format!("delete {}: {e}", dir.join("fs").display()));
         }
         if let Err(e) = std::fs::remove_dir_all(dir) {
@@ -313,7 +315,7 @@ impl Daemon {
 
     /// Loads checkpoints at start-up; removes stages of checkpoints never finished.
     pub fn recover_checkpoints(self: &Arc<Self>) -> Result<(), ApiError> {
-        let dir = self.data.join("checkpoints");
+        let dir = self.node.data.join("checkpoints");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| ApiError::internal(format!("read {}: {e}", dir.display())))?;
         for entry in entries.flatten() {
@@ -340,7 +342,7 @@ impl Daemon {
             };
             let missing_hash = rec.tree_hash.is_none();
             let c = Arc::new(Checkpoint::new(path, rec));
-            self.checkpoints.locked().insert(id, c.clone());
+            self.checkpoints.table.locked().insert(id, c.clone());
             if missing_hash {
                 self.hash_in_background(c);
             }
@@ -367,7 +369,8 @@ impl Daemon {
             Some(m) => forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(m)),
             None => paths[0].clone(),
         };
-        self.layers
+        self.images
+            .layers
             .import_dir(&src, &mut |_| {})
             .map_err(|e| ApiError::from_chain("squash layers", &e))
     }

@@ -44,7 +44,7 @@ impl Daemon {
                 self.remove_checkpoint(&cc, true)?;
             }
         }
-        self.checkpoints.locked().remove(&c.id);
+        self.checkpoints.table.locked().remove(&c.id);
         // Stop a background hash from writing meta.json (see hash_in_background).
         {
             let _rec = c.record.locked();

@@ -10,6 +10,7 @@ impl Daemon {
         // themselves moved thousands of large records (a fifth of a list of 5,000).
         let mut entries: Vec<(u64, Arc<Sandbox>)> = self
             .sandboxes
+            .table
             .locked()
             .values()
             .map(|sb| (sb.record.locked().created, sb.clone()))
@@ -60,11 +61,12 @@ impl Daemon {
             let rec = sb.record.locked();
             (
                 self.describe_record(sb, &rec),
-                rec.cgroup_in(&self.hierarchy),
+                rec.cgroup_in(&self.sandboxes.hierarchy),
             )
         };
-        if self.disk_quotas.is_ok() {
+        if self.node.disk_quotas.is_ok() {
             info.disk_used_bytes = self
+                .node
                 .volume
                 .disk_use(&sb.dir.join("layer"))
                 .map(|u| u.used_bytes);
@@ -107,7 +109,7 @@ impl Daemon {
             network: rec
                 .lease
                 .as_ref()
-                .map(|l| crate::daemon::edge::network_info(l, &self.egress.table)),
+                .map(|l| crate::daemon::edge::network_info(l, &self.sandboxes.egress.table)),
             seccomp: crate::daemon::edge::api_seccomp(rec.seccomp),
             disk_used_bytes: None,
         }

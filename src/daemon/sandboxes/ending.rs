@@ -41,7 +41,7 @@ impl Daemon {
         if let Err(e) = host::unmount(&rootfs) {
             log::warn(&format!("unmount {}: {e}", rootfs.display()));
         }
-        if let Err(e) = self.cgroups.give_back(cg) {
+        if let Err(e) = self.sandboxes.cgroups.give_back(cg) {
             log::warn(&format!("remove cgroup {cgroup}: {e}"));
         }
         self.disconnect(id);
@@ -83,7 +83,11 @@ impl Daemon {
     fn end_processes(&self, sb: &Sandbox, held: &Held<'_>, grace: Duration) {
         let (pid, start, cgroup) = {
             let rec = held.record();
-            (rec.init_pid, rec.init_start, rec.cgroup_in(&self.hierarchy))
+            (
+                rec.init_pid,
+                rec.init_start,
+                rec.cgroup_in(&self.sandboxes.hierarchy),
+            )
         };
         if held.prior() != SandboxStatus::Running {
             return;
@@ -120,7 +124,7 @@ impl Daemon {
         };
         self.revoke_grants_of(&sb.id);
         self.end_processes(sb, &held, Duration::ZERO);
-        self.sandboxes.locked().remove(&sb.id);
+        self.sandboxes.table.locked().remove(&sb.id);
         self.delete_sandbox_dir(&sb.dir);
         held.settle(SandboxStatus::Removing, |rec| {
             rec.lease = None;
@@ -176,7 +180,7 @@ impl Daemon {
         };
         // One descriptor for every init; the namespace is then held only while a stop
         // lasts (`release_namespaces_later`).
-        if let Some(events) = &self.proc_events {
+        if let Some(events) = &self.sandboxes.proc_events {
             events.watch(pid, start, on_exit);
             return;
         }
@@ -184,14 +188,15 @@ impl Daemon {
             return;
         };
         // The pidfd takes one descriptor of the watcher's table, the namespace another.
-        let mounts = if self.exits.room() >= 2 {
+        let mounts = if self.sandboxes.exits.room() >= 2 {
             hold_namespace(pid, "mnt")
         } else {
             None
         };
-        if let Err(e) = self
-            .exits
-            .watch_keeping(pidfd, mounts.into_iter().collect(), on_exit)
+        if let Err(e) =
+            self.sandboxes
+                .exits
+                .watch_keeping(pidfd, mounts.into_iter().collect(), on_exit)
         {
             log::warn(&format!("watch init {pid} for its exit: {e}"));
         }
@@ -229,7 +234,7 @@ impl Daemon {
     /// Held only for the stop (two descriptors of the watcher's table while it lasts),
     /// not for every sandbox alive, whose table `RLIMIT_NOFILE` bounds.
     fn release_network_later(&self, pid: i32, pidfd: &std::os::fd::OwnedFd) {
-        if self.exits.room() < 3 {
+        if self.sandboxes.exits.room() < 3 {
             return;
         }
         let (Ok(pidfd), Some(net)) = (pidfd.try_clone(), hold_namespace(pid, "net")) else {
@@ -238,10 +243,10 @@ impl Daemon {
         // With process events the watch holds no mount namespace: this one does, for
         // the same reason.
         let mut keep = vec![net];
-        if self.proc_events.is_some() {
+        if self.sandboxes.proc_events.is_some() {
             keep.extend(hold_namespace(pid, "mnt"));
         }
-        if let Err(e) = self.exits.watch_keeping(pidfd, keep, || ()) {
+        if let Err(e) = self.sandboxes.exits.watch_keeping(pidfd, keep, || ()) {
             log::warn(&format!("hold the namespaces of init {pid}: {e}"));
         }
     }
@@ -280,14 +285,14 @@ impl Daemon {
     /// take (its descriptor table is bounded by `RLIMIT_NOFILE`; each init needs a pidfd
     /// there).
     pub(in crate::daemon) fn can_watch(&self, n: usize) -> Result<(), ApiError> {
-        if self.proc_events.is_some() {
+        if self.sandboxes.proc_events.is_some() {
             return Ok(());
         }
-        let room = self.exits.room();
+        let room = self.sandboxes.exits.room();
         if room < n {
             return Err(ApiError::conflict(format!(
                 "this daemon watches {} sandboxes and its descriptor limit (RLIMIT_NOFILE) leaves room to watch {room} more, not {n}",
-                self.exits.len()
+                self.sandboxes.exits.len()
             )));
         }
         Ok(())

@@ -28,7 +28,7 @@ impl Daemon {
     /// The stack of a sandbox made from an image of `layers` (bottom first): this
     /// daemon's runtime layer over them, topmost first.
     pub(in crate::daemon) fn image_stack(&self, layers: &[LayerId]) -> Vec<Lower> {
-        let mut stack = vec![Lower::Layer(self.runtime_layer)];
+        let mut stack = vec![Lower::Layer(self.images.runtime_layer)];
         stack.extend(layers.iter().rev().cloned().map(Lower::Layer));
         stack
     }
@@ -37,7 +37,7 @@ impl Daemon {
     /// from: its snapshot of the layer, or its copy of a small one.
     pub(in crate::daemon) fn checkpoint_layer(&self, dir: &Path) -> LayerFrom {
         let fs = dir.join("fs");
-        if self.volume.is_subvolume(&fs) {
+        if self.node.volume.is_subvolume(&fs) {
             LayerFrom::Snapshot(fs)
         } else {
             LayerFrom::BaseAndUpper(fs.join("upper"))
@@ -48,7 +48,7 @@ impl Daemon {
     pub(in crate::daemon) fn layer_source(&self, from: &LayerFrom, base: &BaseId) -> PathBuf {
         match from {
             LayerFrom::Snapshot(fs) => fs.clone(),
-            LayerFrom::Base | LayerFrom::BaseAndUpper(_) => self.bases.subvolume(base),
+            LayerFrom::Base | LayerFrom::BaseAndUpper(_) => self.images.bases.subvolume(base),
         }
     }
 
@@ -57,7 +57,10 @@ impl Daemon {
     /// it made ahead. A failure is only said: the first create makes it again.
     pub(in crate::daemon) fn make_image_base(&self, image: &forkd_layers::Image) {
         match self.base_for(&self.image_stack(&image.layers)) {
-            Ok(base) => self.spare_layers.want(&self.bases.subvolume(&base.id)),
+            Ok(base) => self
+                .images
+                .spare_layers
+                .want(&self.images.bases.subvolume(&base.id)),
             Err(e) => crate::daemon::log::warn(&format!(
                 "image {}: make its base: {}",
                 image.name, e.message
@@ -68,8 +71,9 @@ impl Daemon {
     /// The base of `stack`, made now if it is new, pinned until the guard goes: hold it
     /// until the record that names the base is in the table.
     pub(in crate::daemon) fn base_for(&self, stack: &[Lower]) -> Result<Pinned<'_>, ApiError> {
-        self.bases
-            .ensure(&self.volume, stack, &|l| self.lower_path(l))
+        self.images
+            .bases
+            .ensure(&self.node.volume, stack, &|l| self.lower_path(l))
     }
 
     /// Makes the writable layer `layer` of the sandbox `record` describes, from its base
@@ -87,15 +91,19 @@ impl Daemon {
             return Err(ApiError::internal(ctx("a new sandbox needs a base")));
         };
         let src = self.layer_source(from, base);
-        self.spare_layers.snapshot_to(&src, layer).map_err(|e| {
-            ApiError::internal(ctx(&format!(
-                "create writable layer: snapshot {} at {}: {e}",
-                src.display(),
-                layer.display()
-            )))
-        })?;
+        self.images
+            .spare_layers
+            .snapshot_to(&src, layer)
+            .map_err(|e| {
+                ApiError::internal(ctx(&format!(
+                    "create writable layer: snapshot {} at {}: {e}",
+                    src.display(),
+                    layer.display()
+                )))
+            })?;
         if let Some(bytes) = record.limits.disk_bytes {
-            self.volume
+            self.node
+                .volume
                 .set_disk_limit(layer, Some(bytes))
                 .map_err(|e| ApiError::from_chain(&ctx("set the disk limit"), &e))?;
         }
