@@ -22,7 +22,7 @@ impl Daemon {
     /// not: 503 for what the volume or the host lacks now, 409 for the watch, 400 for
     /// limits that are invalid or cannot be held here.
     pub(crate) fn admit(&self, ask: Ask<'_>, limits: &mut Limits) -> Result<(), ApiError> {
-        self.volume_usable(ask.what)?;
+        self.node.volume_usable(ask.what)?;
         self.can_watch(ask.sandboxes)?;
         self.within_ceilings(ask.what, ask.sandboxes, ask.tasks_each)?;
         if ask.defaults {

@@ -194,7 +194,8 @@ impl Daemon {
                         rec.fs_hash.clone().unwrap_or_default()
                     }
                     Lower::Checkpoint(cid) => self
-                        .checkpoint(cid.as_str())
+                        .checkpoints
+                        .get(cid.as_str())
                         .ok()
                         .and_then(|p| p.record.locked().fs_hash.clone())
                         .ok_or_else(|| {

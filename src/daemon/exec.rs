@@ -117,7 +117,9 @@ pub(super) async fn exec_upgraded(
     rid: &str,
 ) -> Result<(), ApiError> {
     let prepared = (|| {
-        let sb = d.sandbox(params.get("id").map(String::as_str).unwrap_or_default())?;
+        let sb = d
+            .sandboxes
+            .get(params.get("id").map(String::as_str).unwrap_or_default())?;
         let mut body: ExecRequest = req.json()?;
         body.validate()
             .map_err(|e| ApiError::bad_request(format!("exec: {e}")))?;

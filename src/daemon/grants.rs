@@ -118,7 +118,8 @@ impl Grant {
             // resolves to it (never to another one, whose existence is not confirmed).
             let own = self.sandbox.to_string();
             let resolves_here = own.starts_with(id.as_str())
-                && d.sandbox(id)
+                && d.sandboxes
+                    .get(id)
                     .map(|sb| sb.id == self.sandbox)
                     .unwrap_or(false);
             if !resolves_here {

@@ -220,20 +220,6 @@ impl Daemon {
         }
     }
 
-    /// Refuses what would write a new sandbox to a volume that is full or unusable.
-    pub(crate) fn volume_usable(&self, what: &str) -> Result<(), ApiError> {
-        let st = self.node.volume_watch.state.locked().clone();
-        if let Some(p) = st.problems.first() {
-            return Err(ApiError::unavailable(format!("{what} refused: {p}")));
-        }
-        if let Some(p) = &st.pressure {
-            return Err(ApiError::unavailable(format!(
-                "{what} refused: {p} (remove sandboxes, checkpoints or files in them)"
-            )));
-        }
-        Ok(())
-    }
-
     /// What `GET /v1/health` answers: what the volume's watcher last found (at most a
     /// fifth of a second ago; only the watcher grows the volume or stops writers), with
     /// the volume's state read now.
@@ -373,5 +359,21 @@ impl Daemon {
             templates: ComponentHealth { ok, detail },
             ceilings: self.ceilings(tasks_per),
         }
+    }
+}
+
+impl super::services::Node {
+    /// Refuses what would write a new sandbox to a volume that is full or unusable.
+    pub(crate) fn volume_usable(&self, what: &str) -> Result<(), ApiError> {
+        let st = self.volume_watch.state.locked().clone();
+        if let Some(p) = st.problems.first() {
+            return Err(ApiError::unavailable(format!("{what} refused: {p}")));
+        }
+        if let Some(p) = &st.pressure {
+            return Err(ApiError::unavailable(format!(
+                "{what} refused: {p} (remove sandboxes, checkpoints or files in them)"
+            )));
+        }
+        Ok(())
     }
 }

@@ -1,19 +1,15 @@
 //! Image handlers: import (from a path on the daemon's host), list, inspect, remove.
 //! Removal is refused while any sandbox, running or stopped, still uses the image.
 
+use super::RwLockExt as _;
 use super::{log, Daemon};
-use super::{Lock as _, RwLockExt as _};
 use crate::api::{ApiError, ImageInfo, ImportImageRequest};
 use forkd_layers::{Image, ImageError, Progress};
 
 impl Daemon {
-    pub(super) fn users_of(&self, name: &str) -> Vec<String> {
-        self.sandboxes.table.locked().of_image(name)
-    }
-
     pub(super) fn image_to_info(&self, img: Image) -> ImageInfo {
         ImageInfo {
-            used_by: self.users_of(&img.name),
+            used_by: self.sandboxes.of_image(&img.name),
             layers: img.layers.iter().map(|l| l.to_string()).collect(),
             name: img.name,
             created: img.created,
@@ -44,7 +40,7 @@ impl Daemon {
             std::path::Path::new(&req.source),
             super::paths::Want::Exists,
         )?;
-        if !self.users_of(&req.name).is_empty() {
+        if !self.sandboxes.of_image(&req.name).is_empty() {
             return Err(ApiError::conflict(format!(
                 "image {} is in use; remove its sandboxes or import under another name",
                 req.name
@@ -82,7 +78,7 @@ impl Daemon {
     }
 
     pub fn remove_image(&self, name: &str) -> Result<(), ApiError> {
-        let users = self.users_of(name);
+        let users = self.sandboxes.of_image(name);
         if !users.is_empty() {
             return Err(ApiError::conflict(format!(
                 "image {name} is in use by sandboxes {}",

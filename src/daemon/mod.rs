@@ -232,14 +232,6 @@ impl Daemon {
             log::warn(&format!("unmount {}: {e}", self.node.data.display()));
         }
     }
-
-    fn request_id(&self) -> String {
-        format!(
-            "r{:06}-{}",
-            self.node.next_request.fetch_add(1, Ordering::Relaxed),
-            forkd_sandbox::id::random_hex(2)
-        )
-    }
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.

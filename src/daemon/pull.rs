@@ -404,7 +404,7 @@ impl Daemon {
         if cancel.load(Ordering::Relaxed) {
             return Err(cancelled(&shown));
         }
-        let users = self.users_of(name);
+        let users = self.sandboxes.of_image(name);
         if !users.is_empty()
             && self
                 .images

@@ -96,7 +96,7 @@ fn serve_grant(daemon: &Arc<Daemon>, socket: GrantSocket) {
 /// where every request must pass [`Grant::admit`] first.
 pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Arc<Grant>>) {
     let started = Instant::now();
-    let rid = daemon.request_id();
+    let rid = daemon.node.request_id();
     let req = match http::read_request(&mut stream, daemon.config.max_copy_bytes).await {
         Ok(Some(r)) => r,
         Ok(None) => return,
@@ -284,7 +284,7 @@ fn handle(
         O::Health => {
             // A branch of the checkpoint asked about, or a sandbox of two tasks.
             let tasks = match query(op, req, "checkpoint")? {
-                Some(id) => d.checkpoint(id)?.tasks(),
+                Some(id) => d.checkpoints.get(id)?.tasks(),
                 None => 2,
             };
             Ok(Reply::json(&d.health(tasks)))
@@ -327,22 +327,22 @@ fn handle(
             let sb = d.create_sandbox(req.json()?)?;
             Ok(Reply::json(&d.info(&sb)))
         }
-        O::InspectSandbox => Ok(Reply::json(&d.info(&*d.sandbox(&param("id"))?))),
+        O::InspectSandbox => Ok(Reply::json(&d.info(&*d.sandboxes.get(&param("id"))?))),
         O::RemoveSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             d.remove_sandbox(&sb, flag(op, req, "force")?)?;
             Ok(Reply::json(&api::Removed {
                 removed: sb.id.to_string(),
             }))
         }
         O::StopSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let body: api::StopRequest = req.json()?;
             d.stop_sandbox(&sb, Duration::from_secs(body.grace_secs.unwrap_or(10)))?;
             Ok(Reply::json(&d.info(&sb)))
         }
         O::ExecInSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let mut body: ExecBody = req.json()?;
             d.apply_image_defaults(&sb, &mut body.request);
             let stdin = body
@@ -360,45 +360,45 @@ fn handle(
             )?))
         }
         O::SandboxLogs => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let name = query(op, req, "name")?.unwrap_or("main");
             Ok(Reply::Bytes(d.logs(&sb, name)?))
         }
         O::CopyFromSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let path = query(op, req, "path")?.unwrap_or_default();
             Ok(Reply::Bytes(d.copy_out(&sb, path)?))
         }
         O::CopyToSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let path = query(op, req, "path")?.unwrap_or_default();
             let entries = d.copy_in(&sb, path, &req.body)?;
             Ok(Reply::json(&api::CopyResult { entries }))
         }
         O::CheckpointSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let body: api::CheckpointRequest = req.json()?;
             let c = d.checkpoint_sandbox(&sb, &body)?;
             Ok(Reply::json(&d.checkpoint_info(&c)))
         }
         O::ListCheckpoints => Ok(Reply::json(&d.list_checkpoints())),
         O::InspectCheckpoint => Ok(Reply::json(
-            &d.checkpoint_info(&*d.checkpoint(&param("id"))?),
+            &d.checkpoint_info(&*d.checkpoints.get(&param("id"))?),
         )),
         O::RemoveCheckpoint => {
-            let c = d.checkpoint(&param("id"))?;
+            let c = d.checkpoints.get(&param("id"))?;
             d.remove_checkpoint(&c, flag(op, req, "force")?)?;
             Ok(Reply::json(&api::Removed {
                 removed: c.id.to_string(),
             }))
         }
         O::ForkCheckpoint => {
-            let c = d.checkpoint(&param("id"))?;
+            let c = d.checkpoints.get(&param("id"))?;
             let body: api::ForkRequest = req.json()?;
             Ok(Reply::json(&d.fork_checkpoint(&c, &body)?))
         }
         O::ExportCheckpoint => {
-            let c = d.checkpoint(&param("id"))?;
+            let c = d.checkpoints.get(&param("id"))?;
             let body: api::ExportRequest = req.json()?;
             Ok(Reply::json(&d.export_checkpoint(
                 &c,
@@ -413,7 +413,7 @@ fn handle(
         }
         O::Gc => Ok(Reply::json(&d.gc()?)),
         O::SandboxExecs => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let path = sb.dir.join("execs.jsonl");
             match std::fs::read(&path) {
                 Ok(b) => Ok(Reply::Bytes(b)),
@@ -422,11 +422,11 @@ fn handle(
             }
         }
         O::CheckpointDelta => {
-            let c = d.checkpoint(&param("id"))?;
+            let c = d.checkpoints.get(&param("id"))?;
             Ok(Reply::Bytes(d.checkpoint_delta(&c)?))
         }
         O::GrantSandbox => {
-            let sb = d.sandbox(&param("id"))?;
+            let sb = d.sandboxes.get(&param("id"))?;
             let body: api::GrantRequest = req.json()?;
             let (info, socket) = d.grant(&sb, &body)?;
             serve_grant(d, socket);

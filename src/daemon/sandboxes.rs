@@ -119,11 +119,6 @@ impl Daemon {
         self.node.data.join("sandboxes").join(id.as_str())
     }
 
-    /// Looks a sandbox up by full id or unique prefix (at least 4 characters).
-    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
-        super::find_by_prefix(self.sandboxes.table.locked().by_id(), id, "sandbox")
-    }
-
     /// Creates and starts a sandbox from an image.
     pub fn create_sandbox(
         self: &Arc<Self>,

@@ -13,6 +13,7 @@
 //! (`admission.rs`).
 
 use super::*;
+use crate::api::ApiError;
 
 /// The node: where the state lives, and what the daemon knows of the machine.
 pub struct Node {
@@ -102,4 +103,34 @@ pub struct Checkpoints {
     pub templates: Arc<templates::Templates>,
     /// Memory shared between branches (KSM): which forks share, and KSM's pacing.
     pub sharing: sharing::Sharing,
+}
+
+impl Node {
+    /// A new request's id: a sequence number and two random bytes.
+    pub fn request_id(&self) -> String {
+        format!(
+            "r{:06}-{}",
+            self.next_request.fetch_add(1, Ordering::Relaxed),
+            forkd_sandbox::id::random_hex(2)
+        )
+    }
+}
+
+impl Sandboxes {
+    /// A sandbox by full id or unique prefix (at least 4 characters).
+    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
+        find_by_prefix(self.table.locked().by_id(), id, "sandbox")
+    }
+
+    /// The sandboxes that stand on image `name`.
+    pub fn of_image(&self, name: &str) -> Vec<String> {
+        self.table.locked().of_image(name)
+    }
+}
+
+impl Checkpoints {
+    /// A checkpoint by full id or unique prefix (at least 4 characters).
+    pub fn get(&self, id: &str) -> Result<Arc<checkpoints::Checkpoint>, ApiError> {
+        find_by_prefix(&self.table.locked(), id, "checkpoint")
+    }
 }

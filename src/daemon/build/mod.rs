@@ -240,7 +240,7 @@ impl Daemon {
             .target(req.target.as_deref())
             .map_err(ApiError::bad_request)?;
         let ctx = forkd_build::Context::open(&ctx_dir).map_err(ApiError::bad_request)?;
-        let users = self.users_of(&req.name);
+        let users = self.sandboxes.of_image(&req.name);
         if !users.is_empty() {
             return Err(ApiError::conflict(format!(
                 "image {} is in use by sandboxes {}: remove them or build under another name",

@@ -28,7 +28,7 @@ impl Daemon {
             .unwrap_or_else(|| c.fs());
         let started_from = match (&rec.base, &rec.parent) {
             (Some(base), Some(parent)) => {
-                let p = self.checkpoint(parent.as_str()).map_err(|_| {
+                let p = self.checkpoints.get(parent.as_str()).map_err(|_| {
                     ApiError::conflict(format!(
                         "checkpoint {}: its sandbox was forked from checkpoint {parent}, which is gone; its layer holds that checkpoint's changes too, and they can no longer be told apart",
                         c.id

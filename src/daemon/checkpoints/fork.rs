@@ -125,7 +125,7 @@ impl Daemon {
         if let Some(mut e) = first_error {
             // All or nothing: the branches this request did start go too.
             for b in &branches {
-                if let Ok(done) = self.sandbox(&b.id) {
+                if let Ok(done) = self.sandboxes.get(&b.id) {
                     let _ = self.remove_sandbox(&done, true);
                 }
             }

@@ -213,10 +213,6 @@ impl Daemon {
         }
     }
 
-    pub fn checkpoint(&self, id: &str) -> Result<Arc<Checkpoint>, ApiError> {
-        super::find_by_prefix(&self.checkpoints.table.locked(), id, "checkpoint")
-    }
-
     /// Sandboxes whose layer stack uses checkpoint `id`.
     fn branches_of(&self, id: &CheckpointId) -> Vec<String> {
         self.sandboxes.table.locked().over_checkpoint(id)

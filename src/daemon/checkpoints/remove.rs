@@ -35,12 +35,12 @@ impl Daemon {
             )));
         }
         for b in branches {
-            if let Ok(sb) = self.sandbox(&b) {
+            if let Ok(sb) = self.sandboxes.get(&b) {
                 self.remove_sandbox(&sb, true)?;
             }
         }
         for child in children {
-            if let Ok(cc) = self.checkpoint(&child) {
+            if let Ok(cc) = self.checkpoints.get(&child) {
                 self.remove_checkpoint(&cc, true)?;
             }
         }
