@@ -15,6 +15,7 @@ mod checkpoints;
 pub mod config;
 mod edge;
 mod exec;
+pub mod features;
 mod files;
 mod gc;
 mod grants;
@@ -64,6 +65,8 @@ pub struct DaemonConfig {
 pub struct Daemon {
     /// The settings, read once at start.
     pub config: config::Config,
+    /// What the kernel can do, asked once at start.
+    pub features: features::Features,
     pub node: services::Node,
     pub images: services::Images,
     pub sandboxes: services::Sandboxes,

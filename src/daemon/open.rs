@@ -50,9 +50,7 @@ impl Daemon {
                 forkd_sandbox::setup::OOM_SCORE_ADJ
             )),
         }
-        if let Some(mode) = config.overlay_lowers {
-            forkd_sys::mount::set_lower_mode(mode);
-        }
+        let features = features::Features::probe(config.overlay_lowers);
         let volume = forkd_volume::Volume::open(&cfg.root, &config.volume)
             .context("open the data volume")?;
         let data = volume.path().to_path_buf();
@@ -92,14 +90,14 @@ impl Daemon {
         }
         log::info(&format!(
             "overlay lower layers: {} (Linux {})",
-            match forkd_sys::mount::lower_mode() {
+            match features.lower_mode {
                 forkd_sys::mount::LowerMode::Append => "lowerdir+".to_string(),
                 forkd_sys::mount::LowerMode::Links => format!(
                     "as links, this kernel has no lowerdir+ (at most {} a stack)",
                     forkd_sys::lowerdir::MAX_LINKED_LOWERS
                 ),
             },
-            forkd_sys::mount::kernel_release()
+            features.kernel
         ));
         for sub in ["sandboxes", "runtime", "checkpoints", "logs"] {
             let d = data.join(sub);
@@ -226,7 +224,7 @@ impl Daemon {
             criu.as_ref().ok().map(|c| c.path.as_path()),
         );
         let egress = forkd_net::Egress::new(config.egress_pool, &tag, nft);
-        let sharing = sharing::Sharing::new(config.ksm.clone())?;
+        let sharing = sharing::Sharing::new(config.ksm.clone(), features.memory_merge.clone())?;
         // The socket's directory (/run/forkd by default) is gone after every boot; the
         // grants' directory sits beside the socket.
         if let Some(parent) = cfg.socket.parent() {
@@ -271,7 +269,7 @@ impl Daemon {
                 cgroups,
                 exits: forkd_sys::exits::ExitWatcher::start("init-exits")
                     .context("start the watcher of init exits")?,
-                proc_events: open_proc_events(),
+                proc_events: open_proc_events(features.proc_events_filter),
                 egress,
                 leases: Mutex::new(HashMap::new()),
                 spare_netns,
@@ -288,6 +286,7 @@ impl Daemon {
                 sharing,
             },
             config,
+            features,
             runtime,
         });
         daemon
@@ -323,9 +322,7 @@ impl Daemon {
 /// The host's process events for inits' exits, or `None` (said in the log) where the
 /// kernel's connector cannot be had: outside the host's pid or network namespace, or
 /// without `CAP_NET_ADMIN`.
-fn open_proc_events() -> Option<forkd_sys::proc_events::ProcEvents> {
-    let filter = forkd_sys::mount::kernel_version(&forkd_sys::mount::kernel_release())
-        .is_some_and(|v| v >= forkd_sys::proc_events::KERNEL_FILTER);
+fn open_proc_events(filter: bool) -> Option<forkd_sys::proc_events::ProcEvents> {
     match forkd_sys::proc_events::ProcEvents::open("proc-events", filter) {
         Ok(p) => Some(p),
         Err(e) => {

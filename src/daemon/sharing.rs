@@ -56,6 +56,8 @@ pub struct Settings {
 /// The daemon's sharing policy, and KSM's pacing once it runs.
 pub struct Sharing {
     settings: Settings,
+    /// Whether the kernel can open a branch's memory to KSM, or why not.
+    supported: Result<(), String>,
     /// KSM as the daemon runs it: none until the first fork that shares (`ask`).
     running: Mutex<Option<Running>>,
 }
@@ -88,17 +90,9 @@ fn write_knob(name: &str, value: &str) -> std::io::Result<()> {
 /// The first kernel with `PR_SET_MEMORY_MERGE`, which opens a whole process tree to KSM.
 pub const MEMORY_MERGE_KERNEL: (u32, u32) = (6, 4);
 
-/// Whether this kernel can share a branch's memory; the error says why not. The kernel
-/// is asked (`forkd_sys::probe::memory_merge`), not its version read: distribution
-/// kernels carry features back (RHEL's 5.14).
-pub fn memory_merge_supported() -> Result<(), String> {
-    memory_merge_verdict(
-        &forkd_sys::mount::kernel_release(),
-        forkd_sys::probe::memory_merge(),
-    )
-}
-
-/// The verdict for the kernel of `release`, which has `PR_SET_MEMORY_MERGE` or not.
+/// Whether the kernel of `release`, which has `PR_SET_MEMORY_MERGE` or not, can share a
+/// branch's memory; the error says why not. The kernel is asked, not its version read:
+/// distribution kernels carry features back (RHEL's 5.14).
 pub fn memory_merge_verdict(release: &str, available: bool) -> Result<(), String> {
     if available {
         return Ok(());
@@ -113,13 +107,18 @@ impl Sharing {
     /// The policy; with `on`, switches KSM on at once with the idle rate and fails,
     /// naming the file, when the kernel has no KSM or its controls cannot be written, or
     /// naming the version, when it is older than Linux 6.4.
-    pub fn new(settings: Settings) -> anyhow::Result<Sharing> {
+    /// `supported` is the kernel's verdict ([`super::features::Features::memory_merge`]).
+    pub fn new(settings: Settings, supported: Result<(), String>) -> anyhow::Result<Sharing> {
         let sharing = Sharing {
             settings,
+            supported,
             running: Mutex::new(None),
         };
         if sharing.settings.mode == Mode::On {
-            memory_merge_supported().map_err(|e| anyhow::anyhow!("FORKD_KSM=on: {e}"))?;
+            sharing
+                .supported
+                .clone()
+                .map_err(|e| anyhow::anyhow!("FORKD_KSM=on: {e}"))?;
             sharing.start()?;
         }
         Ok(sharing)
@@ -138,7 +137,7 @@ impl Sharing {
             (Mode::On, _) | (Mode::Ask, Some(true)) => true,
         };
         if share {
-            memory_merge_supported()?;
+            self.supported.clone()?;
             self.start().map_err(|e| format!("{e:#}"))?;
         }
         Ok(share)
@@ -281,6 +280,7 @@ mod tests {
                 sleep_ms: 1,
                 boost: Duration::from_secs(1),
             },
+            supported: Ok(()),
             running: Mutex::new(None),
         };
         for mode in [Mode::Off, Mode::Ask, Mode::On] {

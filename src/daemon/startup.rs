@@ -80,17 +80,8 @@ impl Daemon {
         if !self.node.favor_dynmods {
             return;
         }
-        // The kernel's list of cgroup2 features is asked (once: it does not change);
-        // without it, the version.
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let has = *HAS.get_or_init(|| {
-            forkd_sys::probe::cgroup_favordynmods().unwrap_or_else(|| {
-                forkd_sys::mount::kernel_version(&forkd_sys::mount::kernel_release())
-                    .is_none_or(|v| v >= (6, 0))
-            })
-        });
-        if !has {
-            let release = forkd_sys::mount::kernel_release();
+        if !self.features.cgroup_favordynmods {
+            let release = &self.features.kernel;
             if !self.node.favor_dynmods_failed.swap(true, Ordering::Relaxed) {
                 log::info(&format!(
                     "cgroup: favordynmods needs Linux 6.0; this kernel is {release}: each \
