@@ -136,27 +136,13 @@ fn can_run_egress(name: &str) -> bool {
     } else if Command::new("python3").arg("-V").output().is_err() {
         Some("needs python3 (the remote's HTTP server)".to_string())
     } else {
-        forkd_net::locate_nft(
-            forkd::daemon::config::Config::from_env()
-                .unwrap()
-                .nft
-                .as_deref(),
-            None,
-        )
-        .err()
+        common::nft().err()
     };
     require(name, missing.is_none(), missing.as_deref().unwrap_or(""))
 }
 
 fn nft_has_table(table: &str) -> bool {
-    let nft = forkd_net::locate_nft(
-        forkd::daemon::config::Config::from_env()
-            .unwrap()
-            .nft
-            .as_deref(),
-        None,
-    )
-    .unwrap();
+    let nft = common::nft().unwrap();
     Command::new(nft)
         .args(["list", "table", "inet", table])
         .stdout(Stdio::null())
@@ -507,14 +493,7 @@ fn no_rule_or_link_outlives_a_daemon_kill() {
     assert_eq!(code, 0, "egress after the restart: {err}");
     assert!(out.contains("remote-64"));
     assert!(!link_exists(&nl.link));
-    let nft = forkd_net::locate_nft(
-        forkd::daemon::config::Config::from_env()
-            .unwrap()
-            .nft
-            .as_deref(),
-        None,
-    )
-    .unwrap();
+    let nft = common::nft().unwrap();
     let rules = Command::new(&nft)
         .args(["list", "table", "inet", &nk.table])
         .output()

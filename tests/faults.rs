@@ -132,14 +132,7 @@ fn nft_table(d: &TestDaemon) -> Option<String> {
         .take(4)
         .map(|b| format!("{b:02x}"))
         .collect();
-    let nft = forkd_net::locate_nft(
-        forkd::daemon::config::Config::from_env()
-            .unwrap()
-            .nft
-            .as_deref(),
-        None,
-    )
-    .ok()?;
+    let nft = common::nft().ok()?;
     let out = std::process::Command::new(nft)
         .args(["list", "table", "inet", &format!("forkd_{tag}")])
         .output()

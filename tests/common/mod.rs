@@ -200,10 +200,7 @@ pub fn can_run_criu(name: &str) -> bool {
     if !can_run(name) {
         return false;
     }
-    match forkd_criu::Criu::locate(
-        None,
-        &forkd::daemon::config::Config::from_env().unwrap().criu,
-    ) {
+    match forkd_criu::Criu::locate(None, &settings().criu) {
         Ok(_) => true,
         Err(e) => require(name, false, &e.to_string()),
     }
@@ -484,12 +481,9 @@ pub struct HangingCriu {
 
 impl HangingCriu {
     pub fn new(tag: &str) -> HangingCriu {
-        let real = forkd_criu::Criu::locate(
-            None,
-            &forkd::daemon::config::Config::from_env().unwrap().criu,
-        )
-        .expect("criu")
-        .path;
+        let real = forkd_criu::Criu::locate(None, &settings().criu)
+            .expect("criu")
+            .path;
         let dir =
             std::env::temp_dir().join(format!("forkd-hang-criu-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("bin")).unwrap();
@@ -535,4 +529,14 @@ impl TestDaemon {
         let socket = self.socket.clone();
         std::thread::spawn(move || Client::new(&socket).call(method, &path, Some(&body)))
     }
+}
+
+/// The daemon's settings as a daemon started by these tests reads them.
+pub fn settings() -> forkd::daemon::config::Config {
+    forkd::daemon::config::Config::from_env().expect("the test's FORKD_* settings")
+}
+
+/// `nft` as the daemon finds it.
+pub fn nft() -> Result<std::path::PathBuf, String> {
+    forkd_net::locate_nft(settings().nft.as_deref(), None)
 }
