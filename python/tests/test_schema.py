@@ -8,7 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from forkd import _ops, types
+from forkd import _ops, requests, types
 
 SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 
@@ -63,3 +63,37 @@ def test_fork_request_fields_are_the_schemas() -> None:
     assert sent["share_memory"] is True
     # Left out, the daemon's default decides.
     assert "share_memory" not in json.loads(_ops.fork("c").body or b"{}")
+
+
+def test_every_request_has_exactly_its_schemas_properties() -> None:
+    s = schemas()
+    for name, cls in requests.REQUESTS.items():
+        assert name in s, f"{name} is not in {SCHEMA}"
+        fields = dataclasses.fields(cls)
+        props = set(s[name].get("properties", {}))
+        assert {f.name for f in fields} == props, f"{name}: client {sorted({f.name for f in fields} ^ props)} differ from the schema"
+        required = {
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        assert required == set(s[name].get("required", [])), f"{name}: required {sorted(required)}"
+
+
+def test_every_request_body_the_client_sends_is_typed() -> None:
+    # Each call that sends JSON builds it from a request type: its keys are that schema's.
+    sent = {
+        "CreateSandboxRequest": _ops.create_sandbox("i", command="true", memory_bytes=1, network="egress"),
+        "CheckpointRequest": _ops.checkpoint("s", live=True),
+        "ForkRequest": _ops.fork("c", 2, network="allowlist=a"),
+        "PullRequest": _ops.pull_image("r", platform="linux/amd64"),
+        "ImportImageRequest": _ops.import_image("/x", "n"),
+        "BuildRequest": _ops.build_image("/c", "n", limits={"pids": 5}, no_cache=True),
+        "ExportRequest": _ops.export_checkpoint("c", "/p", thin=True),
+        "ArchivePath": _ops.import_checkpoint("/p"),
+        "GrantRequest": _ops.grant("s", 1000, max_steps=3),
+        "StopRequest": _ops.stop_sandbox("s", 5),
+    }
+    s = schemas()
+    for name, call in sent.items():
+        body = json.loads(call.body or b"{}")
+        assert set(body) <= set(s[name]["properties"]), f"{name}: {sorted(body)}"
+        assert set(s[name].get("required", [])) <= set(body), f"{name}: {sorted(body)}"

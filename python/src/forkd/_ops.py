@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
+from . import requests as r
 from . import types as t
 from ._wire import Call, json_call, segment
 
@@ -25,16 +26,22 @@ def _labels(labels: Optional[Mapping[str, str]]) -> dict[str, str]:
     return dict(labels or {})
 
 
-def _command(command: Command) -> dict[str, Any]:
+def _command(command: Command) -> r.ExecRequest:
     if isinstance(command, str):
-        return {"shell": command}
+        return r.ExecRequest(shell=command)
     argv = list(command)
     if not argv or not all(isinstance(a, str) for a in argv):
         raise TypeError("command must be a shell line or a non-empty list of strings")
-    return {"argv": argv}
+    return r.ExecRequest(argv=argv)
 
 
-def exec_request(
+def exec_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """An `ExecRequest` body (also the `command` of a sandbox created with one); see
+    `exec_typed`."""
+    return exec_typed(*args, **kwargs).body()
+
+
+def exec_typed(
     command: Command,
     *,
     env: Optional[Mapping[str, str]] = None,
@@ -45,28 +52,22 @@ def exec_request(
     detach: bool = False,
     log: Optional[str] = None,
     merge_stderr: bool = False,
-) -> dict[str, Any]:
-    """An `ExecRequest` body (also the `command` of a sandbox created with one)."""
-    body = _command(command)
+) -> r.ExecRequest:
+    """An `ExecRequest`: `timeout` in seconds; flags that are off are left out."""
+    req = _command(command)
     if env:
-        body["env"] = [f"{k}={v}" for k, v in env.items()]
-    if cwd is not None:
-        body["cwd"] = cwd
-    if user is not None:
-        body["user"] = user
+        req.env = [f"{k}={v}" for k, v in env.items()]
+    req.cwd = cwd
+    req.user = user
     if timeout is not None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        body["timeout_ms"] = max(1, int(timeout * 1000))
-    if tty:
-        body["tty"] = True
-    if detach:
-        body["detach"] = True
-    if log is not None:
-        body["log"] = log
-    if merge_stderr:
-        body["merge_stderr"] = True
-    return body
+        req.timeout_ms = max(1, int(timeout * 1000))
+    req.tty = tty or None
+    req.detach = detach or None
+    req.log = log
+    req.merge_stderr = merge_stderr or None
+    return req
 
 
 # Daemon: version, metrics, gc.
@@ -102,7 +103,8 @@ def list_images() -> Call[list[t.ImageInfo]]:
 
 def import_image(source: str, name: str) -> Call[t.ImageInfo]:
     """`importImage`: `source` is a path on the daemon's host."""
-    return json_call("POST", "/v1/images", t.ImageInfo.from_json, {"source": source, "name": name})
+    body = r.ImportImageRequest(source=source, name=name).body()
+    return json_call("POST", "/v1/images", t.ImageInfo.from_json, body)
 
 
 def build_image(
@@ -118,21 +120,17 @@ def build_image(
     network: bool = False,
 ) -> Call[t.BuildResult]:
     """`buildImage`: `context` (and `dockerfile`, if absolute) are paths on the daemon's host."""
-    body: dict[str, Any] = {"context": context, "name": name}
-    if dockerfile is not None:
-        body["dockerfile"] = dockerfile
-    if build_args:
-        body["build_args"] = dict(build_args)
-    if target is not None:
-        body["target"] = target
-    if no_cache:
-        body["no_cache"] = True
-    if limits:
-        body["limits"] = dict(limits)
-    if step_timeout is not None:
-        body["step_timeout_secs"] = int(step_timeout)
-    if network:
-        body["network"] = True
+    body = r.BuildRequest(
+        context=context,
+        name=name,
+        dockerfile=dockerfile,
+        build_args=dict(build_args) if build_args else None,
+        target=target,
+        no_cache=no_cache or None,
+        network=network or None,
+        limits=r.Limits(**limits) if limits else None,
+        step_timeout_secs=None if step_timeout is None else int(step_timeout),
+    ).body()
     # A build runs as long as its RUN steps do: no wire timeout.
     return json_call("POST", "/v1/images/build", t.BuildResult.from_json, body, timeout=None)
 
@@ -144,11 +142,7 @@ def list_builds() -> Call[list[t.BuildStatus]]:
 
 def pull_image(reference: str, *, platform: Optional[str] = None, name: Optional[str] = None) -> Call[t.ImageInfo]:
     """`pullImage`: from a registry, as registries.conf and the daemon's credentials say."""
-    body: dict[str, Any] = {"reference": reference}
-    if platform is not None:
-        body["platform"] = platform
-    if name is not None:
-        body["name"] = name
+    body = r.PullRequest(reference=reference, platform=platform, name=name).body()
     return json_call("POST", "/v1/images/pull", t.ImageInfo.from_json, body, timeout=None)
 
 
@@ -182,12 +176,16 @@ NetworkArg = Union[None, str, "t.Network", Mapping[str, Any]]
 def network_body(network: Union[str, "t.Network", Mapping[str, Any]]) -> dict[str, Any]:
     """A network as the API takes it, from `"egress"` / `"allowlist=a,b"`, a
     `types.Network`, or the API's own object."""
+    return _network(network).body()
+
+
+def _network(network: Union[str, "t.Network", Mapping[str, Any]]) -> r.Network:
     if isinstance(network, str):
         network = t.Network.parse(network)
     if isinstance(network, t.Network):
-        return {"mode": network.mode, "hosts": list(network.hosts)}
+        return r.Network(mode=network.mode, hosts=list(network.hosts))
     if isinstance(network, Mapping):
-        return dict(network)
+        return r.Network(**network)
     raise TypeError(f"network: expected a string, a Network or a mapping, got {type(network).__name__}")
 
 
@@ -205,18 +203,16 @@ def create_sandbox(
     disk_bytes: Optional[int] = None,
 ) -> Call[t.SandboxInfo]:
     """`createSandbox`; `seccomp="unconfined"` makes it without the system-call filter."""
-    body: dict[str, Any] = {"image": image, "labels": _labels(labels)}
-    if seccomp is not None:
-        body["seccomp"] = seccomp
-    if network is not None:
-        body["network"] = network_body(network)
-    limits = {"memory_bytes": memory_bytes, "pids": pids, "cpu_millis": cpu_millis, "disk_bytes": disk_bytes}
-    if any(v is not None for v in limits.values()):
-        body["limits"] = limits
-    if hostname is not None:
-        body["hostname"] = hostname
-    if command is not None:
-        body["command"] = exec_request(command, detach=False)
+    limits = r.Limits(memory_bytes=memory_bytes, pids=pids, cpu_millis=cpu_millis, disk_bytes=disk_bytes)
+    body = r.CreateSandboxRequest(
+        image=image,
+        labels=_labels(labels),
+        seccomp=seccomp,
+        network=None if network is None else _network(network),
+        limits=limits if limits.any() else None,
+        hostname=hostname,
+        command=None if command is None else exec_typed(command, detach=False),
+    ).body()
     return json_call("POST", "/v1/sandboxes", t.SandboxInfo.from_json, body)
 
 
@@ -227,7 +223,7 @@ def inspect_sandbox(id: str) -> Call[t.SandboxInfo]:
 
 def stop_sandbox(id: str, grace_secs: Optional[int] = None) -> Call[t.SandboxInfo]:
     """`stopSandbox`: SIGTERM, `grace_secs` (default 10), then SIGKILL."""
-    body = {} if grace_secs is None else {"grace_secs": int(grace_secs)}
+    body = r.StopRequest(grace_secs=None if grace_secs is None else int(grace_secs)).body()
     wait = (grace_secs if grace_secs is not None else 10) + 60.0
     return json_call("POST", f"/v1/sandboxes/{segment(id)}/stop", t.SandboxInfo.from_json, body, timeout=wait)
 
@@ -252,11 +248,12 @@ def exec(
 ) -> Call[t.ExecResult]:
     """`execInSandbox`, run to completion. `timeout` (seconds) kills the command's whole
     process tree; `output_limit` bounds the output kept (bytes, both streams)."""
-    body = exec_request(command, env=env, cwd=cwd, user=user, timeout=timeout, merge_stderr=merge_stderr)
-    if stdin is not None:
-        body["stdin_b64"] = base64.b64encode(stdin).decode()
-    if output_limit is not None:
-        body["output_limit"] = int(output_limit)
+    req = exec_typed(command, env=env, cwd=cwd, user=user, timeout=timeout, merge_stderr=merge_stderr)
+    body = r.ExecBody.of(
+        req,
+        stdin_b64=None if stdin is None else base64.b64encode(stdin).decode(),
+        output_limit=None if output_limit is None else int(output_limit),
+    ).body()
     wire = None if timeout is None else timeout + EXEC_MARGIN
     return json_call("POST", f"/v1/sandboxes/{segment(id)}/exec", t.ExecResult.from_json, body, timeout=wire)
 
@@ -315,7 +312,7 @@ def checkpoint(
     id: str, *, live: bool = False, stop: bool = False, labels: Optional[Mapping[str, str]] = None
 ) -> Call[t.CheckpointInfo]:
     """`checkpointSandbox`: files only, or with `live` the whole process tree (CRIU)."""
-    body = {"live": live, "stop": stop, "labels": _labels(labels)}
+    body = r.CheckpointRequest(live=live, stop=stop, labels=_labels(labels)).body()
     return json_call("POST", f"/v1/sandboxes/{segment(id)}/checkpoint", t.CheckpointInfo.from_json, body)
 
 
@@ -350,31 +347,33 @@ def fork(
     branches' memory to KSM (None: the daemon's `FORKD_KSM` decides)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    body: dict[str, Any] = {"count": count, "lazy": lazy, "fresh": fresh, "labels": _labels(labels)}
-    if network is not None:
-        body["network"] = network_body(network)
-    if share_memory is not None:
-        body["share_memory"] = share_memory
+    body = r.ForkRequest(
+        count=count,
+        lazy=lazy,
+        fresh=fresh,
+        labels=_labels(labels),
+        network=None if network is None else _network(network),
+        share_memory=share_memory,
+    ).body()
     return json_call("POST", f"/v1/checkpoints/{segment(id)}/fork", t.ForkResult.from_json, body)
 
 
 def export_checkpoint(id: str, path: str, thin: bool = False) -> Call[t.ExportResult]:
     """`exportCheckpoint` to `path` on the daemon's host (`thin`: store layers named, not written)."""
-    body: dict[str, object] = {"path": path}
-    if thin:
-        body["thin"] = True
+    body = r.ExportRequest(path=path, thin=thin or None).body()
     return json_call("POST", f"/v1/checkpoints/{segment(id)}/export", t.ExportResult.from_json, body)
 
 
 def import_checkpoint(path: str) -> Call[t.CheckpointInfo]:
     """`importCheckpoint` from `path` on the daemon's host; verified before it appears."""
-    return json_call("POST", "/v1/checkpoints/import", t.CheckpointInfo.from_json, {"path": path})
+    body = r.ArchivePath(path=path).body()
+    return json_call("POST", "/v1/checkpoints/import", t.CheckpointInfo.from_json, body)
 
 
 def grant(id: str, uid: int, *, gid: Optional[int] = None, max_steps: Optional[int] = None) -> Call[t.GrantInfo]:
     """`grantSandbox`: exec, files and inspect of sandbox `id` for user `uid`, on a socket
     of its own (a `Client` on `GrantInfo.socket` speaks to it)."""
-    body: dict[str, Any] = {"uid": uid, "gid": gid, "max_steps": max_steps}
+    body = r.GrantRequest(uid=uid, gid=gid, max_steps=max_steps).body()
     return json_call("POST", f"/v1/sandboxes/{segment(id)}/grants", t.GrantInfo.from_json, body)
 
 
