@@ -23,8 +23,9 @@ impl Daemon {
     /// limits that are invalid or cannot be held here.
     pub(crate) fn admit(&self, ask: Ask<'_>, limits: &mut Limits) -> Result<(), ApiError> {
         self.node.volume_usable(ask.what)?;
-        self.can_watch(ask.sandboxes)?;
-        self.within_ceilings(ask.what, ask.sandboxes, ask.tasks_each)?;
+        self.sandboxes.can_watch(ask.sandboxes)?;
+        self.node
+            .within_ceilings(ask.what, ask.sandboxes, ask.tasks_each)?;
         if ask.defaults {
             *limits = default_limits(limits, &self.config, self.node.disk_quotas.is_ok());
         }

@@ -25,7 +25,7 @@ impl Daemon {
             .list()
             .map_err(|e| ApiError::from_chain("list images", &e))?
         {
-            bases.insert(BaseId::of(&self.image_stack(&img.layers)).to_string());
+            bases.insert(BaseId::of(&self.images.stack(&img.layers)).to_string());
             used.extend(img.layers);
         }
         for sb in self.sandboxes.table.locked().values() {

@@ -239,10 +239,10 @@ pub struct GrantSocket {
     pub stopped: tokio::sync::watch::Receiver<bool>,
 }
 
-impl Daemon {
+impl Grants {
     /// Makes a grant on `sandbox`: its socket listens, and the caller serves it.
     pub fn grant(
-        self: &Arc<Self>,
+        &self,
         sb: &super::Sandbox,
         req: &GrantRequest,
     ) -> Result<(GrantInfo, GrantSocket), ApiError> {
@@ -268,7 +268,7 @@ impl Daemon {
                 sb.id
             )));
         }
-        let g = &self.sandboxes.grants;
+        let g = self;
         if let Some((dir, mode)) = untraversable(&g.dir) {
             return Err(ApiError::conflict(format!(
                 "grant sockets live in {}, which uid {} cannot reach: {} has mode {mode:04o} (give it o+x, or put the daemon's socket elsewhere)",
@@ -330,9 +330,9 @@ impl Daemon {
     }
 
     /// Ends a grant: its socket goes, requests already admitted finish.
-    pub fn revoke_grant(&self, id: &str) -> Result<GrantInfo, ApiError> {
-        let grant = self.sandboxes.grants.get(id)?;
-        self.sandboxes.grants.table.locked().remove(id);
+    pub fn revoke(&self, id: &str) -> Result<GrantInfo, ApiError> {
+        let grant = self.get(id)?;
+        self.table.locked().remove(id);
         grant.active.store(false, Ordering::SeqCst);
         let _ = grant.stop.send(true);
         if let Err(e) = std::fs::remove_file(&grant.socket) {
@@ -347,9 +347,9 @@ impl Daemon {
     }
 
     /// Revokes every grant on a sandbox that is going away.
-    pub(super) fn revoke_grants_of(&self, sandbox: &SandboxId) {
-        for g in self.sandboxes.grants.of(sandbox) {
-            let _ = self.revoke_grant(&g.id);
+    pub(super) fn revoke_of(&self, sandbox: &SandboxId) {
+        for g in self.of(sandbox) {
+            let _ = self.revoke(&g.id);
         }
     }
 }

@@ -3,8 +3,8 @@
 //! failed start, a restart that finds the sandbox gone). The mechanism (veth pairs,
 //! rules, name files) is `forkd_net`; see docs/NETWORK.md.
 
+use super::log;
 use super::Lock as _;
-use super::{log, Daemon};
 use crate::api::ApiError;
 use forkd_net::{Lease, NetError, Network, Policy};
 use forkd_sandbox::SandboxId;
@@ -27,7 +27,7 @@ pub(super) struct Connected {
     pub lease: Lease,
 }
 
-impl Daemon {
+impl super::services::Sandboxes {
     /// Checks and resolves a requested network, before anything is made.
     pub(super) fn network_policy(&self, network: &Network) -> Result<Option<Policy>, ApiError> {
         Policy::resolve(network).map_err(|e| api_error("network", e))
@@ -44,17 +44,16 @@ impl Daemon {
         hostname: &str,
     ) -> Result<Connected, ApiError> {
         let ctx = format!("sandbox {id}: network");
-        let netns =
-            self.sandboxes.spare_netns.take().map_err(|e| {
-                ApiError::from_chain(&format!("{ctx}: create a network namespace"), &e)
-            })?;
+        let netns = self
+            .spare_netns
+            .take()
+            .map_err(|e| ApiError::from_chain(&format!("{ctx}: create a network namespace"), &e))?;
         // Held across the change: leases are made and given back one at a time, so the
         // table is never cleared under a lease being made.
         let lease = {
-            let mut leases = self.sandboxes.leases.locked();
+            let mut leases = self.leases.locked();
             let held: Vec<&Lease> = leases.values().collect();
             let lease = self
-                .sandboxes
                 .egress
                 .lease(
                     policy,
@@ -85,12 +84,12 @@ impl Daemon {
 
     /// Gives back sandbox `id`'s lease, if it holds one: its rules and its link go.
     pub(super) fn disconnect(&self, id: &SandboxId) {
-        let mut leases = self.sandboxes.leases.locked();
+        let mut leases = self.leases.locked();
         let Some(lease) = leases.remove(id) else {
             return;
         };
         let remaining: Vec<&Lease> = leases.values().collect();
-        if let Err(e) = self.sandboxes.egress.release(&lease, &remaining) {
+        if let Err(e) = self.egress.release(&lease, &remaining) {
             log::warn(&format!(
                 "sandbox {id}: release its network {}: {e}",
                 lease.address()
@@ -109,10 +108,10 @@ impl Daemon {
                 log::warn(&format!("delete link {}: {e}", l.link));
             }
         }
-        let mut leases = self.sandboxes.leases.locked();
+        let mut leases = self.leases.locked();
         leases.extend(alive);
         let held: Vec<&Lease> = leases.values().collect();
-        if let Err(e) = self.sandboxes.egress.reconcile(&held) {
+        if let Err(e) = self.egress.reconcile(&held) {
             log::warn(&format!("egress rules not restored: {e}"));
         }
     }

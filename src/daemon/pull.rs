@@ -170,7 +170,7 @@ impl Daemon {
     /// pulled now, as `docker build` pulls a missing base. The caller holds the store
     /// lock for reading.
     pub(super) fn image_for_build(&self, name: &str) -> Result<Image, ApiError> {
-        match self.local_image(name) {
+        match self.images.local(name) {
             Ok(img) => return Ok(img),
             Err(forkd_layers::ImageError::NotFound(_)) => {}
             Err(e @ forkd_layers::ImageError::InvalidName { .. }) => {
@@ -189,26 +189,6 @@ impl Daemon {
             e.message = format!("no such image here, and pulling it failed: {}", e.message);
             e
         })
-    }
-
-    /// The image of this name, or one pulled before under the fully qualified reference
-    /// the name means (`busybox` is `docker.io/library/busybox:latest` unless
-    /// registries.conf says otherwise). Nothing is fetched.
-    pub(super) fn local_image(&self, name: &str) -> Result<Image, forkd_layers::ImageError> {
-        let first = match self.images.store.get(name) {
-            Err(forkd_layers::ImageError::NotFound(n)) => forkd_layers::ImageError::NotFound(n),
-            other => return other,
-        };
-        let Ok(conf) = forkd_registry::RegistriesConf::load() else {
-            return Err(first);
-        };
-        let Ok(candidates) = conf.candidates(name) else {
-            return Err(first);
-        };
-        candidates
-            .iter()
-            .find_map(|c| self.images.store.get(&c.to_string()).ok())
-            .ok_or(first)
     }
 
     /// A pull; the caller holds the store lock for reading.

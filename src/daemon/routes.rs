@@ -428,13 +428,13 @@ fn handle(
         O::GrantSandbox => {
             let sb = d.sandboxes.get(&param("id"))?;
             let body: api::GrantRequest = req.json()?;
-            let (info, socket) = d.grant(&sb, &body)?;
+            let (info, socket) = d.sandboxes.grants.grant(&sb, &body)?;
             serve_grant(d, socket);
             Ok(Reply::json(&info))
         }
         O::InspectGrant => Ok(Reply::json(
             &d.sandboxes.grants.get(&param("grant"))?.info(),
         )),
-        O::RevokeGrant => Ok(Reply::json(&d.revoke_grant(&param("grant"))?)),
+        O::RevokeGrant => Ok(Reply::json(&d.sandboxes.grants.revoke(&param("grant"))?)),
     }
 }

@@ -136,7 +136,7 @@ impl Daemon {
             },
             &mut req.limits,
         )?;
-        let image = self.local_image(&req.image).map_err(|e| match e {
+        let image = self.images.local(&req.image).map_err(|e| match e {
             forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
                 "no such image: {} (pull it with `forkd image pull {}`)",
                 req.image, req.image
@@ -156,7 +156,7 @@ impl Daemon {
                 .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
         }
         let network = super::edge::network(&req.network);
-        let policy = self.network_policy(&network)?;
+        let policy = self.sandboxes.network_policy(&network)?;
         let id = SandboxId::random();
         let hostname = req
             .hostname
@@ -167,7 +167,7 @@ impl Daemon {
                 "invalid hostname {hostname:?}: use letters, digits and '-', at most 63"
             )));
         }
-        let lowers = self.image_stack(&image.layers);
+        let lowers = self.images.stack(&image.layers);
         let base = self.base_for(&lowers)?;
         let origin = super::record::Origin {
             image: image.name.clone(),
@@ -356,7 +356,7 @@ impl Daemon {
         let rootfs = dir.join(ROOTFS);
         let root = self.root_mount(dir, record)?;
         let connected = match policy {
-            Some(p) => Some(self.connect(
+            Some(p) => Some(self.sandboxes.connect(
                 &id,
                 p,
                 &forkd_sys::mount::fd_path(root.as_fd()),
@@ -463,7 +463,7 @@ impl Daemon {
             }
         }
         // The leases first: a sandbox that exits from now on gives its lease back.
-        self.recover_network(alive_leases, gone);
+        self.sandboxes.recover_network(alive_leases, gone);
         for sb in to_watch {
             self.watch(sb);
         }

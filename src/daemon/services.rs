@@ -12,8 +12,11 @@
 //! checkpoint and makes sandboxes) is the daemon's, composing them after one admission
 //! (`admission.rs`).
 
+use super::bases::Lower;
 use super::*;
 use crate::api::ApiError;
+use forkd_layers::Image;
+use std::collections::HashSet;
 
 /// The node: where the state lives, and what the daemon knows of the machine.
 pub struct Node {
@@ -106,6 +109,31 @@ pub struct Checkpoints {
 }
 
 impl Node {
+    /// Refuses `what`, which makes `n` sandboxes of `tasks_per` tasks each, when it would
+    /// pass one of the host's ceilings (`forkd_sys::ceilings`: `kernel.pid_max`,
+    /// `kernel.threads-max`, memory), before anything is made; the error names the ceiling,
+    /// its value and what raises it.
+    pub fn within_ceilings(&self, what: &str, n: usize, tasks_per: usize) -> Result<(), ApiError> {
+        let host = match forkd_sys::ceilings::Host::read() {
+            Ok(h) => h,
+            // A host that does not say (a masked `/proc/sys`, a kernel without
+            // MemAvailable) is not refused for it.
+            Err(e) => {
+                log::warn(&format!(
+                    "{what}: the host's ceilings cannot be read ({e}): admitted"
+                ));
+                return Ok(());
+            }
+        };
+        host.admit(
+            what,
+            n as u64,
+            tasks_per as u64,
+            forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR,
+        )
+        .map_err(ApiError::unavailable)
+    }
+
     /// A new request's id: a sequence number and two random bytes.
     pub fn request_id(&self) -> String {
         format!(
@@ -116,7 +144,64 @@ impl Node {
     }
 }
 
+impl Images {
+    /// The image of this name, or one pulled before under the fully qualified reference
+    /// the name means (`busybox` is `docker.io/library/busybox:latest` unless
+    /// registries.conf says otherwise). Nothing is fetched.
+    pub fn local(&self, name: &str) -> Result<Image, forkd_layers::ImageError> {
+        let first = match self.store.get(name) {
+            Err(forkd_layers::ImageError::NotFound(n)) => forkd_layers::ImageError::NotFound(n),
+            other => return other,
+        };
+        let Ok(conf) = forkd_registry::RegistriesConf::load() else {
+            return Err(first);
+        };
+        let Ok(candidates) = conf.candidates(name) else {
+            return Err(first);
+        };
+        candidates
+            .iter()
+            .find_map(|c| self.store.get(&c.to_string()).ok())
+            .ok_or(first)
+    }
+
+    /// The stack of a sandbox made from an image of `layers` (bottom first): this
+    /// daemon's runtime layer over them, topmost first.
+    pub fn stack(&self, layers: &[LayerId]) -> Vec<Lower> {
+        let mut stack = vec![Lower::Layer(self.runtime_layer)];
+        stack.extend(layers.iter().rev().cloned().map(Lower::Layer));
+        stack
+    }
+
+    /// The names in the layer store's directory (what a failed build may have left).
+    pub fn layer_names(&self) -> HashSet<String> {
+        std::fs::read_dir(self.layers.root())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 impl Sandboxes {
+    /// Refuses work that would start `n` more inits than the watcher of their exits can
+    /// take (its descriptor table is bounded by `RLIMIT_NOFILE`; each init needs a pidfd
+    /// there).
+    pub fn can_watch(&self, n: usize) -> Result<(), ApiError> {
+        if self.proc_events.is_some() {
+            return Ok(());
+        }
+        let room = self.exits.room();
+        if room < n {
+            return Err(ApiError::conflict(format!(
+                "this daemon watches {} sandboxes and its descriptor limit (RLIMIT_NOFILE) leaves room to watch {room} more, not {n}",
+                self.exits.len()
+            )));
+        }
+        Ok(())
+    }
     /// A sandbox by full id or unique prefix (at least 4 characters).
     pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
         find_by_prefix(self.table.locked().by_id(), id, "sandbox")

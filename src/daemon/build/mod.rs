@@ -198,16 +198,6 @@ impl Daemon {
         )
     }
 
-    fn layer_names(&self) -> HashSet<String> {
-        std::fs::read_dir(self.images.layers.root())
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
     /// Builds an image from a Dockerfile. See the module header.
     pub fn build_image(self: &Arc<Self>, req: BuildRequest) -> Result<BuildResult, ApiError> {
         let started = Instant::now();
@@ -266,7 +256,7 @@ impl Daemon {
         let status = registered.status.clone();
         let _store = self.images.store_lock.read_locked();
         let mut made = Made {
-            layers_before: self.layer_names(),
+            layers_before: self.images.layer_names(),
             ..Default::default()
         };
         log::info(&format!(
@@ -370,9 +360,9 @@ impl Daemon {
         } else {
             forkd_net::Network::none()
         };
-        let policy = self.network_policy(&network)?;
+        let policy = self.sandboxes.network_policy(&network)?;
         let id = SandboxId::random();
-        let lowers = self.image_stack(layers);
+        let lowers = self.images.stack(layers);
         let base = self.base_for(&lowers)?;
         let record = SandboxRecord {
             version: 1,

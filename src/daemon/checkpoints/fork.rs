@@ -174,13 +174,16 @@ impl Daemon {
         let (network, policy) = match &req.network {
             Some(n) => {
                 let n = crate::daemon::edge::network(n);
-                let policy = self.network_policy(&n)?;
+                let policy = self.sandboxes.network_policy(&n)?;
                 (n, policy)
             }
             // A sandbox checkpointed while stopped held no lease: its mode, resolved now.
             None => match &ck.lease {
                 Some(l) => (ck.network.clone(), Some(forkd_net::Policy::of(l))),
-                None => (ck.network.clone(), self.network_policy(&ck.network)?),
+                None => (
+                    ck.network.clone(),
+                    self.sandboxes.network_policy(&ck.network)?,
+                ),
             },
         };
         let criu = if ck.live && !req.fresh {
@@ -326,7 +329,7 @@ impl Daemon {
     ) -> Result<(), ApiError> {
         let root = self.root_mount(dir, rec)?;
         let connected = match &plan.policy {
-            Some(p) => Some(self.connect(
+            Some(p) => Some(self.sandboxes.connect(
                 &rec.id,
                 p,
                 &forkd_sys::mount::fd_path(std::os::fd::AsFd::as_fd(&root)),

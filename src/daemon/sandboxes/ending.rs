@@ -44,7 +44,7 @@ impl Daemon {
         if let Err(e) = self.sandboxes.cgroups.give_back(cg) {
             log::warn(&format!("remove cgroup {cgroup}: {e}"));
         }
-        self.disconnect(id);
+        self.sandboxes.disconnect(id);
     }
 
     /// SIGTERM to the init (which passes it on), SIGKILL for all after `grace`. The
@@ -122,7 +122,7 @@ impl Daemon {
             Begun::Held(h) => h,
             Begun::Nothing => return Ok(()),
         };
-        self.revoke_grants_of(&sb.id);
+        self.sandboxes.grants.revoke_of(&sb.id);
         self.end_processes(sb, &held, Duration::ZERO);
         self.sandboxes.table.locked().remove(&sb.id);
         self.delete_sandbox_dir(&sb.dir);
@@ -249,52 +249,5 @@ impl Daemon {
         if let Err(e) = self.sandboxes.exits.watch_keeping(pidfd, keep, || ()) {
             log::warn(&format!("hold the namespaces of init {pid}: {e}"));
         }
-    }
-
-    /// Refuses `what`, which makes `n` sandboxes of `tasks_per` tasks each, when it would
-    /// pass one of the host's ceilings (`forkd_sys::ceilings`: `kernel.pid_max`,
-    /// `kernel.threads-max`, memory), before anything is made; the error names the ceiling,
-    /// its value and what raises it.
-    pub(in crate::daemon) fn within_ceilings(
-        &self,
-        what: &str,
-        n: usize,
-        tasks_per: usize,
-    ) -> Result<(), ApiError> {
-        let host = match forkd_sys::ceilings::Host::read() {
-            Ok(h) => h,
-            // A host that does not say (a masked `/proc/sys`, a kernel without
-            // MemAvailable) is not refused for it.
-            Err(e) => {
-                log::warn(&format!(
-                    "{what}: the host's ceilings cannot be read ({e}): admitted"
-                ));
-                return Ok(());
-            }
-        };
-        host.admit(
-            what,
-            n as u64,
-            tasks_per as u64,
-            forkd_sys::ceilings::SANDBOX_MEMORY_FLOOR,
-        )
-        .map_err(ApiError::unavailable)
-    }
-
-    /// Refuses work that would start `n` more inits than the watcher of their exits can
-    /// take (its descriptor table is bounded by `RLIMIT_NOFILE`; each init needs a pidfd
-    /// there).
-    pub(in crate::daemon) fn can_watch(&self, n: usize) -> Result<(), ApiError> {
-        if self.sandboxes.proc_events.is_some() {
-            return Ok(());
-        }
-        let room = self.sandboxes.exits.room();
-        if room < n {
-            return Err(ApiError::conflict(format!(
-                "this daemon watches {} sandboxes and its descriptor limit (RLIMIT_NOFILE) leaves room to watch {room} more, not {n}",
-                self.sandboxes.exits.len()
-            )));
-        }
-        Ok(())
     }
 }

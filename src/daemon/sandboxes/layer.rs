@@ -9,7 +9,6 @@ use crate::api::ApiError;
 use crate::daemon::bases::{BaseId, Pinned};
 use crate::daemon::checkpoints::Lower;
 use crate::daemon::Daemon;
-use forkd_layers::LayerId;
 use std::path::{Path, PathBuf};
 
 /// What a new sandbox's writable layer is made from.
@@ -25,14 +24,6 @@ pub(in crate::daemon) enum LayerFrom {
 }
 
 impl Daemon {
-    /// The stack of a sandbox made from an image of `layers` (bottom first): this
-    /// daemon's runtime layer over them, topmost first.
-    pub(in crate::daemon) fn image_stack(&self, layers: &[LayerId]) -> Vec<Lower> {
-        let mut stack = vec![Lower::Layer(self.images.runtime_layer)];
-        stack.extend(layers.iter().rev().cloned().map(Lower::Layer));
-        stack
-    }
-
     /// What the branches of the checkpoint in `dir` (made over its sandbox's base) start
     /// from: its snapshot of the layer, or its copy of a small one.
     pub(in crate::daemon) fn checkpoint_layer(&self, dir: &Path) -> LayerFrom {
@@ -56,7 +47,7 @@ impl Daemon {
     /// import, a pull, a build), so that its first create need not, and has a snapshot of
     /// it made ahead. A failure is only said: the first create makes it again.
     pub(in crate::daemon) fn make_image_base(&self, image: &forkd_layers::Image) {
-        match self.base_for(&self.image_stack(&image.layers)) {
+        match self.base_for(&self.images.stack(&image.layers)) {
             Ok(base) => self
                 .images
                 .spare_layers
