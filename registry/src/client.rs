@@ -54,25 +54,37 @@ pub struct ClientConfig {
     pub read_timeout: Duration,
 }
 
-/// `/etc/containers/certs.d` and `/etc/docker/certs.d`, or `FORKD_CERTS_DIRS`
-/// (colon-separated).
+/// Where registries' certificates are looked for unless told otherwise.
+pub const DEFAULT_CERTS_DIRS: &[&str] = &["/etc/containers/certs.d", "/etc/docker/certs.d"];
+
+/// [`DEFAULT_CERTS_DIRS`], or `FORKD_CERTS_DIRS` (colon-separated).
 pub fn default_certs_dirs() -> Vec<PathBuf> {
     match std::env::var("FORKD_CERTS_DIRS") {
         Ok(v) if !v.is_empty() => v.split(':').map(PathBuf::from).collect(),
-        _ => vec![
-            PathBuf::from("/etc/containers/certs.d"),
-            PathBuf::from("/etc/docker/certs.d"),
-        ],
+        _ => DEFAULT_CERTS_DIRS.iter().map(PathBuf::from).collect(),
     }
 }
 
 impl ClientConfig {
     /// The machine's configuration: registries.conf, the credential files, certs.d.
     pub fn from_env() -> Result<ClientConfig, RegistryError> {
+        let path = std::env::var_os(crate::config::ENV_PATH)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_PATH));
+        ClientConfig::with(&path, default_certs_dirs())
+    }
+
+    /// The configuration with registries.conf at `registries_conf` and certificates in
+    /// `certs_dirs` (a daemon's settings); the credential files as the process's
+    /// environment names them.
+    pub fn with(
+        registries_conf: &std::path::Path,
+        certs_dirs: Vec<PathBuf>,
+    ) -> Result<ClientConfig, RegistryError> {
         Ok(ClientConfig {
-            registries: RegistriesConf::load()?,
+            registries: RegistriesConf::load_from(registries_conf)?,
             auth: AuthFiles::from_env(),
-            certs_dirs: default_certs_dirs(),
+            certs_dirs,
             retry: RetryPolicy::default(),
             connect_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(120),

@@ -168,7 +168,7 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
                 "POST",
                 &format!("/v1/checkpoints/{checkpoint}/export"),
                 &crate::api::ExportRequest {
-                    path: path.display().to_string(),
+                    path: super::utf8_path(&path)?,
                     thin,
                 },
             )?;
@@ -192,7 +192,7 @@ pub fn run(ctx: &Ctx, args: CheckpointArgs) -> anyhow::Result<i32> {
                 "POST",
                 "/v1/checkpoints/import",
                 &crate::api::ArchivePath {
-                    path: path.display().to_string(),
+                    path: super::utf8_path(&path)?,
                 },
             )?;
             if ctx.json {

@@ -75,7 +75,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
             eprintln!("importing {} as {name} ...", abs.display());
             let t = std::time::Instant::now();
             let body = crate::api::ImportImageRequest {
-                source: abs.display().to_string(),
+                source: super::utf8_path(&abs)?,
                 name,
             };
             let img: ImageInfo = ctx.client.send("POST", "/v1/images", &body)?;

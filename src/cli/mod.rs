@@ -211,6 +211,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// `path` as the API's string: a path that is not UTF-8 is refused, not mangled.
+pub fn utf8_path(path: &std::path::Path) -> anyhow::Result<String> {
+    path.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("path {} is not UTF-8", path.display()))
+}
+
 /// [`forkd_api::parse_size`] of an optional flag's value.
 pub fn parse_size_opt(s: Option<&str>) -> anyhow::Result<Option<u64>> {
     s.map(forkd_api::parse_size)

@@ -38,10 +38,11 @@ macro_rules! settings {
 }
 
 settings! {
+    "FORKD_CERTS_DIRS", "/etc/containers/certs.d:/etc/docker/certs.d", "directories, colon-separated", "where registries' CA certificates and client keys are looked for";
     "FORKD_CGROUP_FAVOR_DYNMODS", "1", "0 or 1", "0 leaves cgroup2's favordynmods mount option as the host has it";
     "FORKD_CGROUP_POOL", "32", "cgroups", "free cgroups kept ready for the next sandboxes (0 keeps none)";
     "FORKD_CRIU", "the bundle, then criu in /usr/sbin, /usr/bin and the like", "path", "the CRIU binary checkpoints and restores use";
-    "FORKD_CRIU_DEBUG", "unset", "any value", "prints CRIU's stderr after each call to the daemon's";
+    "FORKD_CRIU_DEBUG", "unset", "set, to any value", "prints CRIU's stderr after each call to the daemon's";
     "FORKD_CRIU_LOG_LEVEL", "2", "0 to 4", "CRIU's log level (4 logs every step and slows restores)";
     "FORKD_CRIU_TIMEOUT_SECS", "600", "seconds", "the longest one CRIU call may take before CRIU is killed";
     "FORKD_DIRTY_LIMIT", "32M", "size (binary units), 0 for none", "dirty data the volume's loop device may hold";
@@ -66,6 +67,7 @@ settings! {
     "FORKD_MAX_LAYERS", "128", "layers (at least 2)", "the deepest layer stack of a checkpoint before it is squashed";
     "FORKD_MEMCG", "limited", "limited or each", "each gives every sandbox a memory cgroup of its own (cgroup v1 shares one otherwise)";
     "FORKD_PULL_PARALLEL", "3", "pulls", "image pulls and builds run at once";
+    "FORKD_REGISTRIES_CONF", "/etc/containers/registries.conf", "path", "the registries.conf pulls follow (read again at each pull)";
     "FORKD_SANDBOXES_MEMORY", "memory less a tenth", "size, 0 for none", "the memory all sandboxes together may use";
     "FORKD_SPARE_LAYERS", "1", "0 to 16", "writable layers made ahead for each recent image or checkpoint";
     "FORKD_SPARE_NETNS", "4", "0 to 64", "network namespaces made ahead";
@@ -116,6 +118,13 @@ pub struct Config {
     /// `None`: decided by the kernel.
     pub overlay_lowers: Option<forkd_sys::mount::LowerMode>,
     pub volume: forkd_volume::Settings,
+    /// `FORKD_REGISTRIES_CONF`.
+    pub registries_conf: PathBuf,
+    /// `FORKD_CERTS_DIRS`.
+    pub certs_dirs: Vec<PathBuf>,
+    /// `PATH`, where programs no setting names are looked for before the system's
+    /// directories.
+    pub path: Vec<PathBuf>,
     pub default_pids: Option<u64>,
     pub default_memory: Option<u64>,
     pub default_disk: Option<u64>,
@@ -215,6 +224,12 @@ impl Vars<'_> {
         }
     }
 
+    /// Whether `name` is set at all (empty included).
+    fn is_set(&self, name: &str) -> bool {
+        self.asked.borrow_mut().push(name.to_string());
+        (self.get)(name).is_some()
+    }
+
     fn path(&self, name: &str) -> Option<PathBuf> {
         self.get(name).map(PathBuf::from)
     }
@@ -275,7 +290,11 @@ impl Config {
             }
         };
         let config = Config {
-            cgroup_favor_dynmods: v.get("FORKD_CGROUP_FAVOR_DYNMODS").as_deref() != Some("0"),
+            cgroup_favor_dynmods: v.choice(
+                "FORKD_CGROUP_FAVOR_DYNMODS",
+                true,
+                &[("0", false), ("1", true)],
+            )?,
             cgroup_pool: v.parsed(
                 "FORKD_CGROUP_POOL",
                 32,
@@ -301,7 +320,8 @@ impl Config {
                     "a positive number of seconds",
                     |n: &u64| *n > 0,
                 )?),
-                debug: v.get("FORKD_CRIU_DEBUG").is_some(),
+                // Set at all, even empty.
+                debug: v.is_set("FORKD_CRIU_DEBUG"),
             },
             nft: v.path("FORKD_NFT"),
             overlay_lowers: v.choice(
@@ -315,11 +335,39 @@ impl Config {
             volume: {
                 let d = forkd_volume::Settings::default();
                 forkd_volume::Settings {
-                    size: v.volume_size("FORKD_VOLUME_SIZE")?.unwrap_or(d.size),
+                    size: match v.volume_size("FORKD_VOLUME_SIZE")? {
+                        Some(0) => {
+                            return Err(SettingError(
+                                "FORKD_VOLUME_SIZE=\"0\": the volume needs a size above 0".into(),
+                            ))
+                        }
+                        other => other.unwrap_or(d.size),
+                    },
                     dirty: v.volume_size("FORKD_DIRTY_LIMIT")?.unwrap_or(d.dirty),
                     host_reserve: v.volume_size("FORKD_HOST_RESERVE")?,
                 }
             },
+            registries_conf: v
+                .path("FORKD_REGISTRIES_CONF")
+                .unwrap_or_else(|| PathBuf::from(forkd_registry::config::DEFAULT_PATH)),
+            certs_dirs: match v.get("FORKD_CERTS_DIRS") {
+                Some(dirs) => dirs
+                    .split(':')
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+                    .collect(),
+                None => forkd_registry::client::DEFAULT_CERTS_DIRS
+                    .iter()
+                    .map(PathBuf::from)
+                    .collect(),
+            },
+            path: get("PATH")
+                .map(|p| {
+                    std::env::split_paths(&p)
+                        .filter(|d| d.is_absolute())
+                        .collect()
+                })
+                .unwrap_or_default(),
             default_pids: match v.get("FORKD_DEFAULT_PIDS").as_deref() {
                 Some("0") => None,
                 _ => Some(v.parsed(
@@ -436,6 +484,9 @@ mod tests {
             ("FORKD_VOLUME_SIZE", "1TiB"),
             ("FORKD_DIRTY_LIMIT", "0"),
             ("FORKD_CRIU_TIMEOUT_SECS", "30"),
+            ("FORKD_CRIU_DEBUG", ""),
+            ("FORKD_CERTS_DIRS", "/a:/b"),
+            ("PATH", "/nix/bin:relative:/usr/bin"),
             ("FORKD_SPARE_NETNS", " 8 "),
         ])
         .unwrap();
@@ -450,6 +501,12 @@ mod tests {
         assert_eq!(c.overlay_lowers, Some(forkd_sys::mount::LowerMode::Links));
         assert_eq!((c.volume.size, c.volume.dirty), (1 << 40, 0));
         assert_eq!(c.criu.timeout, Duration::from_secs(30));
+        assert!(c.criu.debug, "set, even empty");
+        assert_eq!(c.certs_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(
+            c.path,
+            vec![PathBuf::from("/nix/bin"), PathBuf::from("/usr/bin")]
+        );
     }
 
     #[test]
@@ -475,6 +532,8 @@ mod tests {
             ("FORKD_CRIU_TIMEOUT_SECS", "0"),
             ("FORKD_VOLUME_SIZE", "big"),
             ("FORKD_HOST_RESERVE", "-1"),
+            ("FORKD_VOLUME_SIZE", "0"),
+            ("FORKD_CGROUP_FAVOR_DYNMODS", "yes"),
             ("FORKD_OVERLAY_LOWERS", "both"),
         ] {
             let e = with(&[(name, value)]).unwrap_err().to_string();

@@ -50,6 +50,8 @@ impl Daemon {
                 forkd_sandbox::setup::OOM_SCORE_ADJ
             )),
         }
+        // Programs no setting names are looked for on the daemon's PATH first.
+        forkd_sys::set_program_dirs(config.path.clone());
         let features = features::Features::probe(config.overlay_lowers);
         let volume = forkd_volume::Volume::open(&cfg.root, &config.volume)
             .context("open the data volume")?;

@@ -170,7 +170,7 @@ impl Daemon {
     /// pulled now, as `docker build` pulls a missing base. The caller holds the store
     /// lock for reading.
     pub(super) fn image_for_build(&self, name: &str) -> Result<Image, ApiError> {
-        match self.images.local(name) {
+        match self.images.local(name, &self.config.registries_conf) {
             Ok(img) => return Ok(img),
             Err(forkd_layers::ImageError::NotFound(_)) => {}
             Err(e @ forkd_layers::ImageError::InvalidName { .. }) => {
@@ -204,7 +204,9 @@ impl Daemon {
             forkd_layers::validate_image_name(n)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
         }
-        let config = ClientConfig::from_env().map_err(|e| api_error(&e))?;
+        let config =
+            ClientConfig::with(&self.config.registries_conf, self.config.certs_dirs.clone())
+                .map_err(|e| api_error(&e))?;
         let candidates = config
             .registries
             .candidates(&req.reference)

@@ -136,16 +136,19 @@ impl Daemon {
             },
             &mut req.limits,
         )?;
-        let image = self.images.local(&req.image).map_err(|e| match e {
-            forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
-                "no such image: {} (pull it with `forkd image pull {}`)",
-                req.image, req.image
-            )),
-            e @ forkd_layers::ImageError::InvalidName { .. } => {
-                ApiError::bad_request(format!("image: {e}"))
-            }
-            other => ApiError::from_chain("read image", &other),
-        })?;
+        let image = self
+            .images
+            .local(&req.image, &self.config.registries_conf)
+            .map_err(|e| match e {
+                forkd_layers::ImageError::NotFound(_) => ApiError::not_found(format!(
+                    "no such image: {} (pull it with `forkd image pull {}`)",
+                    req.image, req.image
+                )),
+                e @ forkd_layers::ImageError::InvalidName { .. } => {
+                    ApiError::bad_request(format!("image: {e}"))
+                }
+                other => ApiError::from_chain("read image", &other),
+            })?;
         if let Some(cmd) = &mut req.command {
             if cmd.tty || cmd.stdin {
                 return Err(ApiError::bad_request("command: the command given at create runs detached; it cannot have a tty or stdin"));

@@ -147,13 +147,17 @@ impl Node {
 impl Images {
     /// The image of this name, or one pulled before under the fully qualified reference
     /// the name means (`busybox` is `docker.io/library/busybox:latest` unless
-    /// registries.conf says otherwise). Nothing is fetched.
-    pub fn local(&self, name: &str) -> Result<Image, forkd_layers::ImageError> {
+    /// `registries_conf` says otherwise). Nothing is fetched.
+    pub fn local(
+        &self,
+        name: &str,
+        registries_conf: &std::path::Path,
+    ) -> Result<Image, forkd_layers::ImageError> {
         let first = match self.store.get(name) {
             Err(forkd_layers::ImageError::NotFound(n)) => forkd_layers::ImageError::NotFound(n),
             other => return other,
         };
-        let Ok(conf) = forkd_registry::RegistriesConf::load() else {
+        let Ok(conf) = forkd_registry::RegistriesConf::load_from(registries_conf) else {
             return Err(first);
         };
         let Ok(candidates) = conf.candidates(name) else {

@@ -271,9 +271,9 @@ impl Criu {
             .chain(settings.program.clone())
             .chain([PathBuf::from("/opt/forkd/criu/bin/criu")])
             .chain(
-                forkd_sys::PROGRAM_DIRS
-                    .iter()
-                    .map(|d| Path::new(d).join("criu")),
+                forkd_sys::program_dirs()
+                    .into_iter()
+                    .map(|d| d.join("criu")),
             )
             .collect()
     }

@@ -160,11 +160,7 @@ pub fn locate_nft(explicit: Option<&Path>, criu: Option<&Path>) -> Result<PathBu
         .into_iter()
         .chain(criu.and_then(Path::parent).map(|d| d.join("nft")))
         .chain([PathBuf::from("/opt/forkd/criu/bin/nft")])
-        .chain(
-            forkd_sys::PROGRAM_DIRS
-                .iter()
-                .map(|d| Path::new(d).join("nft")),
-        );
+        .chain(forkd_sys::program_dirs().into_iter().map(|d| d.join("nft")));
     for c in candidates {
         if c.is_file() {
             return Ok(c);

@@ -505,7 +505,8 @@ pub fn interrupted() -> bool {
 }
 
 /// The system's program directories, where the tools forkd runs (mount, losetup,
-/// mkfs.btrfs, nft, criu) are looked for when no setting names them.
+/// mkfs.btrfs, nft, criu) are looked for when no setting names them, after the
+/// directories [`set_program_dirs`] gave (the daemon's `PATH`, read once at start).
 pub const PROGRAM_DIRS: &[&str] = &[
     "/usr/local/sbin",
     "/usr/local/bin",
@@ -515,15 +516,32 @@ pub const PROGRAM_DIRS: &[&str] = &[
     "/bin",
 ];
 
-/// `name` in the first of [`PROGRAM_DIRS`] that has it as an executable file.
+static FIRST_DIRS: std::sync::OnceLock<Vec<std::path::PathBuf>> = std::sync::OnceLock::new();
+
+/// Sets the directories looked in before [`PROGRAM_DIRS`], once, before any program is
+/// looked for; false if they were set already.
+pub fn set_program_dirs(dirs: Vec<std::path::PathBuf>) -> bool {
+    FIRST_DIRS.set(dirs).is_ok()
+}
+
+/// Where programs are looked for, in order: the directories [`set_program_dirs`] gave,
+/// then [`PROGRAM_DIRS`].
+pub fn program_dirs() -> Vec<std::path::PathBuf> {
+    FIRST_DIRS
+        .get()
+        .into_iter()
+        .flatten()
+        .cloned()
+        .chain(PROGRAM_DIRS.iter().map(std::path::PathBuf::from))
+        .collect()
+}
+
+/// `name` in the first of [`program_dirs`] that has it as an executable file.
 pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    PROGRAM_DIRS
-        .iter()
-        .map(|d| std::path::Path::new(d).join(name))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    program_dirs().into_iter().map(|d| d.join(name)).find(|p| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
 }
 
 #[cfg(test)]

@@ -50,8 +50,11 @@ pub struct DoctorOptions {
 /// 0 when every required check passed, 1 otherwise.
 pub fn run(opts: &DoctorOptions) -> anyhow::Result<i32> {
     // Overlays are made the way a daemon started here would make them.
-    if let Ok(Some(mode)) = crate::daemon::config::Config::from_env().map(|c| c.overlay_lowers) {
-        forkd_sys::mount::set_lower_mode(mode);
+    if let Ok(c) = crate::daemon::config::Config::from_env() {
+        forkd_sys::set_program_dirs(c.path);
+        if let Some(mode) = c.overlay_lowers {
+            forkd_sys::mount::set_lower_mode(mode);
+        }
     }
     let checks = run_checks(opts);
     let report = if opts.json {
