@@ -3,7 +3,7 @@
 //! frame protocol.
 
 use crate::{ApiError, EXEC_UPGRADE};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -96,56 +96,47 @@ impl Client {
             .map_err(|e| ClientError::Protocol(format!("send {method} {path}: {e}")))
     }
 
-    /// Reads the status line and headers; returns (status, headers, reader).
-    fn read_head(
-        stream: UnixStream,
-    ) -> Result<(u16, Vec<(String, String)>, BufReader<UnixStream>), ClientError> {
-        let mut r = BufReader::new(stream);
-        let mut line = String::new();
-        r.read_line(&mut line)
-            .map_err(|e| ClientError::Protocol(format!("read response: {e}")))?;
-        let status: u16 = line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| ClientError::Protocol(format!("malformed status line {line:?}")))?;
-        let mut headers = Vec::new();
-        loop {
-            line.clear();
-            r.read_line(&mut line)
-                .map_err(|e| ClientError::Protocol(format!("read response: {e}")))?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        Ok((status, headers, r))
-    }
-
     /// Sends a request and reads the whole response.
     pub fn raw(&self, method: &str, path: &str, body: &[u8]) -> Result<HttpResponse, ClientError> {
         let mut s = self.connect()?;
-        Self::send_head(&mut s, method, path, "", body)?;
-        let (status, headers, mut r) = Self::read_head(s)?;
-        let mut body = Vec::new();
-        match headers
-            .iter()
-            .find(|(k, _)| k == "content-length")
-            .and_then(|(_, v)| v.parse::<usize>().ok())
-        {
-            Some(n) => {
-                body.resize(n, 0);
-                r.read_exact(&mut body)
-                    .map_err(|e| ClientError::Protocol(format!("read body: {e}")))?;
+        Self::send_head(&mut s, method, path, "Connection: close\r\n", body)?;
+        let proto = |e: std::io::Error| ClientError::Protocol(format!("read answer: {e}"));
+        let mut buf = Vec::with_capacity(8192);
+        let mut chunk = [0u8; 8192];
+        let (head, status, length, chunked) = loop {
+            let n = s.read(&mut chunk).map_err(proto)?;
+            if n == 0 {
+                return Err(ClientError::Protocol(if buf.is_empty() {
+                    "the daemon closed the connection without answering".into()
+                } else {
+                    format!("incomplete answer head ({} bytes)", buf.len())
+                }));
             }
-            None => {
-                r.read_to_end(&mut body)
-                    .map_err(|e| ClientError::Protocol(format!("read body: {e}")))?;
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(h) = parse_head(&buf)? {
+                break h;
             }
-        }
+        };
+        let mut rest = buf.split_off(head);
+        let body = if chunked {
+            s.read_to_end(&mut rest).map_err(proto)?;
+            dechunk(&rest)?
+        } else if let Some(n) = length {
+            if rest.len() < n {
+                let have = rest.len();
+                rest.resize(n, 0);
+                s.read_exact(&mut rest[have..]).map_err(|e| {
+                    ClientError::Protocol(format!(
+                        "answer cut short after {have} of {n} bytes: {e}"
+                    ))
+                })?;
+            }
+            rest.truncate(n);
+            rest
+        } else {
+            s.read_to_end(&mut rest).map_err(proto)?;
+            rest
+        };
         Ok(HttpResponse { status, body })
     }
 
@@ -213,7 +204,7 @@ impl Client {
         // Read the head byte by byte: frames follow it directly and must stay unread.
         let mut head = Vec::new();
         let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
+        let (status, length) = loop {
             match s.read(&mut byte) {
                 Ok(1) => head.push(byte[0]),
                 _ => {
@@ -222,27 +213,87 @@ impl Client {
                     ))
                 }
             }
-        }
-        let text = String::from_utf8_lossy(&head);
-        let status: u16 = text
-            .split(' ')
-            .nth(1)
-            .and_then(|x| x.parse().ok())
-            .unwrap_or(0);
+            if head.ends_with(b"\r\n\r\n") {
+                match parse_head(&head)? {
+                    Some((_, status, length, _)) => break (status, length),
+                    None => return Err(ClientError::Protocol("malformed answer head".into())),
+                }
+            }
+        };
         if status != 101 {
-            let n = text
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().to_string())
-                })
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let mut body = vec![0u8; n];
+            let mut body = vec![0u8; length.unwrap_or(0)];
             let _ = s.read_exact(&mut body);
             return Err(Self::api_error(&HttpResponse { status, body }));
         }
         Ok(s)
+    }
+}
+
+/// An answer's head, parsed by httparse once it is all in `buf`: its length, the status,
+/// the body's length if given, and whether the body is chunked.
+fn parse_head(buf: &[u8]) -> Result<Option<(usize, u16, Option<usize>, bool)>, ClientError> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut r = httparse::Response::new(&mut headers);
+    let n = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(ClientError::Protocol(format!("malformed answer head: {e}"))),
+    };
+    let status = r.code.unwrap_or(0);
+    let mut length = None;
+    let mut chunked = false;
+    for h in r.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            length = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = h.value.eq_ignore_ascii_case(b"chunked");
+        }
+    }
+    Ok(Some((n, status, length, chunked)))
+}
+
+/// A chunked body, joined.
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, ClientError> {
+    let bad = |what: &str| ClientError::Protocol(format!("malformed chunked answer: {what}"));
+    let mut out = Vec::new();
+    loop {
+        let (at, size) = match httparse::parse_chunk_size(raw) {
+            Ok(httparse::Status::Complete(x)) => x,
+            Ok(httparse::Status::Partial) => return Err(bad("cut short")),
+            Err(_) => return Err(bad("bad chunk size")),
+        };
+        let size = usize::try_from(size).map_err(|_| bad("chunk too large"))?;
+        raw = &raw[at..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if raw.len() < size + 2 || &raw[size..size + 2] != b"\r\n" {
+            return Err(bad("cut short"));
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_and_chunks_are_read() {
+        let head = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(
+            parse_head(head).unwrap(),
+            Some((head.len() - 2, 201, Some(2), false))
+        );
+        assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
+        assert!(parse_head(b"nonsense\r\n\r\n").is_err());
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n1\r\nd\r\n0\r\n\r\n").unwrap(),
+            b"abcd"
+        );
+        assert!(dechunk(b"3\r\nab").is_err());
     }
 }

@@ -4,14 +4,13 @@
 //! relay mapped to the API's.
 
 use super::http::{self, Request, Response};
-use super::Daemon;
+use super::{log, Daemon};
 use crate::api::{self, ApiError, ExecResult, EXEC_UPGRADE};
 use forkd_sandbox::host;
 use forkd_sandbox::proto::{self, ExecRequest, Kind};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::SystemTime;
-use tokio::net::UnixStream;
+use std::time::{Instant, SystemTime};
 
 impl Daemon {
     /// Runs a command to completion inside the sandbox, through its init.
@@ -107,15 +106,17 @@ fn exec_error(sb: &super::Sandbox, e: host::HostError) -> ApiError {
     }
 }
 
-/// `POST .../exec` with `Upgrade: forkd-exec`: answer 101, then relay frames between
-/// the client and the sandbox's init until the command's exit frame.
-pub(super) async fn exec_upgraded(
+/// `POST .../exec` with `Upgrade: forkd-exec`: answer 101, then (once hyper has handed
+/// the connection over) relay frames between the client and the sandbox's init until the
+/// command's exit frame. What refuses the exec is answered as any error.
+pub(super) fn exec_upgraded(
     d: Arc<Daemon>,
-    req: &Request,
-    params: &HashMap<&str, String>,
-    mut stream: UnixStream,
-    rid: &str,
-) -> Result<(), ApiError> {
+    req: Request,
+    params: HashMap<&'static str, String>,
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    rid: String,
+    started: Instant,
+) -> hyper::Response<http::Body> {
     let prepared = (|| {
         let sb = d
             .sandboxes
@@ -128,30 +129,49 @@ pub(super) async fn exec_upgraded(
         let (session, pid) = sb.begin_exec()?;
         Ok::<_, ApiError>((sb, body, session, super::sandboxes::init_root(pid)))
     })();
+    let (method, path) = (req.method, req.path);
     let (sb, body, session, rootfs) = match prepared {
         Ok(x) => x,
         Err(mut e) => {
-            e.request_id = rid.to_string();
-            let _ = http::write_response(&mut stream, &Response::error(&e), rid).await;
-            return Err(e);
+            e.request_id = rid.clone();
+            let us = started.elapsed().as_micros() as u64;
+            d.node.metrics.record("exec_stream", us, false);
+            log::info(&format!(
+                "{rid} {method} {path} -> {} {us}us ({})",
+                e.status(),
+                e.message
+            ));
+            return Response::error(&e).into_hyper(&rid);
         }
     };
-    http::write_upgrade(&mut stream, EXEC_UPGRADE, rid)
-        .await
-        .map_err(|e| ApiError::internal(format!("write upgrade: {e}")))?;
-    let client = stream
-        .into_std()
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    client
-        .set_nonblocking(false)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let d2 = d.clone();
-    tokio::task::spawn_blocking(move || {
-        let _session = session;
-        relay_frames(&d2, &sb, &body, &rootfs, client)
-    })
-    .await
-    .unwrap_or_else(|e| Err(ApiError::internal(format!("exec relay panicked: {e}"))))
+    let answer = http::upgrade(EXEC_UPGRADE, &rid);
+    tokio::spawn(async move {
+        let relayed = async {
+            let upgraded = on_upgrade
+                .await
+                .map_err(|e| ApiError::internal(format!("upgrade: {e}")))?;
+            let client = super::server::into_std_stream(upgraded)
+                .map_err(|e| ApiError::internal(format!("upgraded stream: {e}")))?;
+            let d2 = d.clone();
+            tokio::task::spawn_blocking(move || {
+                let _session = session;
+                relay_frames(&d2, &sb, &body, &rootfs, client)
+            })
+            .await
+            .unwrap_or_else(|e| Err(ApiError::internal(format!("exec relay panicked: {e}"))))
+        };
+        let result = relayed.await;
+        let us = started.elapsed().as_micros() as u64;
+        d.node.metrics.record("exec_stream", us, result.is_ok());
+        match result {
+            Ok(()) => log::info(&format!("{rid} {method} {path} -> 101 {us}us")),
+            Err(e) => log::info(&format!(
+                "{rid} {method} {path} -> 101 {us}us ({})",
+                e.message
+            )),
+        }
+    });
+    answer
 }
 
 fn relay_frames(

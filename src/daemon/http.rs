@@ -1,15 +1,16 @@
-//! Just enough HTTP/1.1 for a local API on a Unix socket: one request per connection,
-//! bodies delimited by Content-Length, responses that close the connection, and an
-//! upgrade path that hands the raw stream to the exec protocol.
+//! The request and answer as handlers see them, made from and turned into hyper's: the
+//! path still percent-encoded, the query decoded, the body read whole within its bound.
 
 use crate::api::{url, ApiError};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use std::collections::HashMap;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
-const MAX_HEAD: usize = 64 * 1024;
 /// Largest JSON request body accepted (an exec's stdin included).
 pub const MAX_JSON_BODY: usize = 64 << 20;
+
+/// The body of every answer.
+pub type Body = Full<Bytes>;
 
 /// The largest body a request to `path` may carry: uploads (a tar for `cp`) are
 /// binary and may be as large as `copy_limit`, every other body is JSON.
@@ -30,17 +31,10 @@ pub struct Request {
     /// an encoded '/' stays inside its segment).
     pub path: String,
     pub query: HashMap<String, String>,
-    pub headers: HashMap<String, String>,
     pub body: Vec<u8>,
 }
 
 impl Request {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(&name.to_ascii_lowercase())
-            .map(String::as_str)
-    }
-
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, ApiError> {
         let body: &[u8] = if self.body.is_empty() {
             b"{}"
@@ -52,120 +46,76 @@ impl Request {
     }
 }
 
-/// Reads one request. `Ok(None)` when the client closed the connection first.
-/// Reads one request; an upload may carry at most `copy_limit` bytes.
-pub async fn read_request(
-    stream: &mut UnixStream,
-    copy_limit: usize,
-) -> Result<Option<Request>, ApiError> {
-    let mut buf = Vec::with_capacity(4096);
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(ApiError::bad_request("request head larger than 64 KiB"));
-        }
-        let mut chunk = [0u8; 8192];
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| ApiError::bad_request(format!("read request: {e}")))?;
-        if n == 0 {
-            return if buf.is_empty() {
-                Ok(None)
-            } else {
-                Err(ApiError::bad_request("truncated request head"))
-            };
-        }
-        buf.extend_from_slice(&chunk[..n]);
+/// The method, path and query of a request's head.
+pub fn target(
+    parts: &hyper::http::request::Parts,
+) -> Result<(String, String, HashMap<String, String>), ApiError> {
+    let query = match parts.uri.query() {
+        Some(q) => parse_query(q)?,
+        None => HashMap::new(),
     };
-    let head = std::str::from_utf8(&buf[..head_end])
-        .map_err(|_| ApiError::bad_request("request head is not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let start = lines.next().unwrap_or_default();
-    let mut parts = start.split(' ');
-    let (method, target) = match (parts.next(), parts.next(), parts.next()) {
-        (Some(m), Some(t), Some(v)) if v.starts_with("HTTP/1.") => (m.to_string(), t.to_string()),
-        _ => {
-            return Err(ApiError::bad_request(format!(
-                "malformed request line {start:?}"
-            )))
-        }
-    };
-    let mut headers = HashMap::new();
-    for line in lines {
-        let (k, v) = line
-            .split_once(':')
-            .ok_or_else(|| ApiError::bad_request(format!("malformed header {line:?}")))?;
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-    }
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_string(), parse_query(q)?),
-        None => (target, HashMap::new()),
-    };
-    if headers.contains_key("transfer-encoding") {
-        return Err(ApiError::bad_request(
-            "chunked request bodies are not supported: send Content-Length",
-        ));
-    }
-    let len: usize = match headers.get("content-length") {
-        Some(v) => v
-            .parse()
-            .map_err(|_| ApiError::bad_request(format!("bad Content-Length {v:?}")))?,
-        None => 0,
-    };
-    let limit = body_limit(&method, &path, copy_limit);
-    if len > limit {
-        return Err(ApiError::bad_request(format!(
-            "request body of {len} bytes is over the limit of {limit} bytes for {method} {path}{}",
+    Ok((
+        parts.method.as_str().to_string(),
+        parts.uri.path().to_string(),
+        query,
+    ))
+}
+
+/// Reads a body of at most `limit` bytes, as it arrives: memory grows with what the
+/// client sends, not with what its Content-Length claims, and a claim over the limit is
+/// refused before a byte is read.
+pub async fn read_body(
+    parts: &hyper::http::request::Parts,
+    body: hyper::body::Incoming,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    let over = |len: String| {
+        ApiError::bad_request(format!(
+            "request body of {len} is over the limit of {limit} bytes for {} {}{}",
+            parts.method,
+            parts.uri.path(),
             if limit == MAX_JSON_BODY {
                 ""
             } else {
                 " (FORKD_MAX_COPY_BYTES sets it)"
             }
-        )));
-    }
-    let mut body = buf[head_end + 4..].to_vec();
-    if body.len() < len
-        && headers
-            .get("expect")
-            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
-    {
-        stream
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await
-            .map_err(|e| ApiError::bad_request(format!("write 100 Continue: {e}")))?;
-    }
-    // Read as it arrives: memory grows with what the client sends, not with what its
-    // Content-Length claims.
-    let mut chunk = vec![0u8; 64 << 10];
-    while body.len() < len {
-        let want = (len - body.len()).min(chunk.len());
-        let n = stream
-            .read(&mut chunk[..want])
-            .await
-            .map_err(|e| ApiError::bad_request(format!("read request body: {e}")))?;
-        if n == 0 {
-            return Err(ApiError::bad_request(format!(
-                "request body ended after {} of {len} bytes",
-                body.len()
-            )));
+        ))
+    };
+    if let Some(v) = parts.headers.get(hyper::header::CONTENT_LENGTH) {
+        let len: u64 = v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ApiError::bad_request(format!("bad Content-Length {v:?}")))?;
+        if len > limit as u64 {
+            return Err(over(format!("{len} bytes")));
         }
-        body.extend_from_slice(&chunk[..n]);
     }
-    body.truncate(len);
-    Ok(Some(Request {
-        method,
-        path,
-        query,
-        headers,
-        body,
-    }))
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    let mut body = body;
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let eof = e.is_incomplete_message()
+                || std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
+            ApiError::bad_request(if eof {
+                format!(
+                    "request body ended after {} bytes, short of its length",
+                    out.len()
+                )
+            } else {
+                format!("read request body after {} bytes: {e}", out.len())
+            })
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(over("more bytes".into()));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
 }
 
 fn parse_query(q: &str) -> Result<HashMap<String, String>, ApiError> {
@@ -191,51 +141,45 @@ impl Response {
             body: serde_json::to_vec(value).expect("serialisable"),
         }
     }
+
     pub fn error(e: &ApiError) -> Self {
         Self::json(e.status(), e)
     }
-}
 
-pub fn reason(status: u16) -> &'static str {
-    match status {
-        101 => "Switching Protocols",
-        200 => "OK",
-        201 => "Created",
-        204 => "No Content",
-        400 => "Bad Request",
-        404 => "Not Found",
-        409 => "Conflict",
-        _ => "Internal Server Error",
+    /// hyper's answer, with the request id.
+    pub fn into_hyper(self, request_id: &str) -> hyper::Response<Body> {
+        let mut r = hyper::Response::new(Full::new(Bytes::from(self.body)));
+        *r.status_mut() = hyper::StatusCode::from_u16(self.status)
+            .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        let h = r.headers_mut();
+        h.insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(self.content_type),
+        );
+        if let Ok(v) = hyper::header::HeaderValue::from_str(request_id) {
+            h.insert("x-request-id", v);
+        }
+        r
     }
 }
 
-pub async fn write_response(
-    stream: &mut UnixStream,
-    resp: &Response,
-    request_id: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nX-Request-Id: {}\r\nConnection: close\r\n\r\n",
-        resp.status,
-        reason(resp.status),
-        resp.content_type,
-        resp.body.len(),
-        request_id
+/// The answer that switches a connection to `protocol`.
+pub fn upgrade(protocol: &'static str, request_id: &str) -> hyper::Response<Body> {
+    let mut r = hyper::Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("Upgrade"),
     );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&resp.body).await?;
-    stream.flush().await
-}
-
-pub async fn write_upgrade(
-    stream: &mut UnixStream,
-    protocol: &str,
-    request_id: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\nX-Request-Id: {request_id}\r\n\r\n"
+    h.insert(
+        hyper::header::UPGRADE,
+        hyper::header::HeaderValue::from_static(protocol),
     );
-    stream.write_all(head.as_bytes()).await
+    if let Ok(v) = hyper::header::HeaderValue::from_str(request_id) {
+        h.insert("x-request-id", v);
+    }
+    r
 }
 
 #[cfg(test)]
@@ -257,5 +201,11 @@ mod tests {
         assert_eq!(q["path"], "/etc/hosts");
         assert_eq!(q["force"], "true");
         assert_eq!(q["x"], "");
+    }
+
+    #[test]
+    fn uploads_alone_take_the_copy_limit() {
+        assert_eq!(body_limit("PUT", "/v1/sandboxes/a/files", 9), 9);
+        assert_eq!(body_limit("POST", "/v1/sandboxes", 9), MAX_JSON_BODY);
     }
 }

@@ -32,6 +32,7 @@ mod pull;
 mod record;
 mod routes;
 mod sandboxes;
+mod server;
 mod services;
 mod sharing;
 mod spare_layers;
@@ -272,21 +273,13 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             daemon.sandboxes.table.locked().len()
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        loop {
+        let stop = async move {
             tokio::select! {
-                accepted = listener.accept() => {
-                    match accepted {
-                        Ok((stream, _)) => {
-                            let d = daemon.clone();
-                            tokio::spawn(async move { routes::serve(d, stream, None).await });
-                        }
-                        Err(e) => log::warn(&format!("accept: {e}")),
-                    }
-                }
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
             }
-        }
+        };
+        server::serve_unix(daemon.clone(), listener, stop).await;
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);
         // Free cgroups are not kept across a restart (the next start would sweep them).

@@ -1,18 +1,16 @@
-//! Request dispatch: match a route to an [`Operation`], run its handler on the blocking
-//! pool, answer as the operation's [`api::OpSpec`] says (status, content type), log one
+//! Request dispatch: match a route to an [`Operation`], admit its caller, run its
+//! handler on the blocking pool, answer as the operation's [`api::OpSpec`] says (status, content type), log one
 //! line with the request id and latency. Handlers return a [`Reply`]: what they answer,
 //! never how; the match over operations is exhaustive.
 
-use super::grants::{Grant, GrantSocket};
 use super::http::{self, Request, Response};
+use super::server::{serve_grant, Caller, Peer};
 use super::{log, Daemon};
 use crate::api::{self, Answer, ApiError, ExecBody, Operation, VersionInfo, EXEC_UPGRADE};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::Interest;
-use tokio::net::UnixStream;
 
 /// Matches `path` against the operations' routes; returns the operation and parameters.
 pub fn match_route(
@@ -59,114 +57,95 @@ pub fn match_route(
     }
 }
 
-/// Serves a grant's socket until the grant ends: each connection as [`serve`] does, with
-/// the grant.
-fn serve_grant(daemon: &Arc<Daemon>, socket: GrantSocket) {
-    let GrantSocket {
-        listener,
-        grant,
-        mut stopped,
-    } = socket;
-    let daemon = daemon.clone();
-    daemon.runtime.clone().spawn(async move {
-        let listener = match tokio::net::UnixListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                log::warn(&format!("grant {}: serve: {e}", grant.id));
-                return;
+/// Answers one request from `caller`: routes it, admits it, reads its body within its
+/// bound, runs its handler on the blocking pool, and logs one line with the request id
+/// and latency.
+pub async fn answer(
+    daemon: Arc<Daemon>,
+    caller: Caller,
+    peer: Peer,
+    mut req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<http::Body> {
+    let started = Instant::now();
+    let rid = daemon.node.request_id();
+    let refuse = |mut e: ApiError, method: &str, path: &str, who: &str| {
+        e.request_id = rid.clone();
+        log::info(&format!(
+            "{rid} {method} {path} -> {}{who} ({})",
+            e.status(),
+            e.message
+        ));
+        Response::error(&e).into_hyper(&rid)
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let (parts, body) = req.into_parts();
+    let (method, path, query) = match http::target(&parts) {
+        Ok(t) => t,
+        Err(e) => return refuse(e, parts.method.as_str(), parts.uri.path(), ""),
+    };
+    let (op, params) = match match_route(&method, &path) {
+        Ok(x) => x,
+        Err(e) => return refuse(e, &method, &path, ""),
+    };
+    if let Caller::Grant(g) = &caller {
+        if let Err(e) = g.admit(&daemon, &method, &path, op, &params) {
+            return refuse(e, &method, &path, &format!(" grant {}", g.id));
+        }
+    }
+    let limit = http::body_limit(&method, &path, daemon.config.max_copy_bytes);
+    let body = match http::read_body(&parts, body, limit).await {
+        Ok(b) => b,
+        Err(e) => return refuse(e, &method, &path, ""),
+    };
+    let upgrade = op == Operation::ExecInSandbox
+        && parts
+            .headers
+            .get(hyper::header::UPGRADE)
+            .is_some_and(|v| v.as_bytes() == EXEC_UPGRADE.as_bytes());
+    let req = Request {
+        method,
+        path,
+        query,
+        body,
+    };
+    if upgrade {
+        return super::exec::exec_upgraded(daemon, req, params, on_upgrade, rid, started);
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    // The handler and its record run on their own, so a client that goes away midway
+    // still leaves its log line and metrics.
+    let mut task = tokio::spawn(async move {
+        let d = daemon.clone();
+        let (method, path) = (req.method.clone(), req.path.clone());
+        let joined =
+            tokio::task::spawn_blocking(move || handle(&d, op, &params, &req, &flag)).await;
+        let result =
+            joined.unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
+        let us = started.elapsed().as_micros() as u64;
+        daemon.node.metrics.record(op.id(), us, result.is_ok());
+        match result.and_then(|reply| reply.into_response(op)) {
+            Ok(r) => {
+                log::info(&format!("{rid} {method} {path} -> {} {us}us", r.status));
+                r.into_hyper(&rid)
             }
-        };
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let d = daemon.clone();
-                        let g = grant.clone();
-                        tokio::spawn(async move { serve(d, stream, Some(g)).await });
-                    }
-                    Err(e) => log::warn(&format!("grant {}: accept: {e}", grant.id)),
-                },
-                _ = stopped.changed() => break,
+            Err(mut e) => {
+                e.request_id = rid.clone();
+                log::info(&format!(
+                    "{rid} {method} {path} -> {} {us}us ({})",
+                    e.status(),
+                    e.message
+                ));
+                Response::error(&e).into_hyper(&rid)
             }
         }
     });
-}
-
-/// Serves one connection: on the daemon's socket (`grant` is `None`), or on a grant's,
-/// where every request must pass [`Grant::admit`] first.
-pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Arc<Grant>>) {
-    let started = Instant::now();
-    let rid = daemon.node.request_id();
-    let req = match http::read_request(&mut stream, daemon.config.max_copy_bytes).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return,
-        Err(mut e) => {
-            e.request_id = rid.clone();
-            let _ = http::write_response(&mut stream, &Response::error(&e), &rid).await;
-            return;
-        }
-    };
-    let (op, params) = match match_route(&req.method, &req.path) {
-        Ok(x) => x,
-        Err(mut e) => {
-            e.request_id = rid.clone();
-            log::info(&format!(
-                "{rid} {} {} -> {} ({})",
-                req.method,
-                req.path,
-                e.status(),
-                e.message
-            ));
-            let _ = http::write_response(&mut stream, &Response::error(&e), &rid).await;
-            return;
-        }
-    };
-    if let Some(g) = &grant {
-        if let Err(mut e) = g.admit(&daemon, &req.method, &req.path, op, &params) {
-            e.request_id = rid.clone();
-            log::info(&format!(
-                "{rid} {} {} -> {} grant {} ({})",
-                req.method,
-                req.path,
-                e.status(),
-                g.id,
-                e.message
-            ));
-            let _ = http::write_response(&mut stream, &Response::error(&e), &rid).await;
-            return;
-        }
-    }
-    if op == Operation::ExecInSandbox && req.header("upgrade") == Some(EXEC_UPGRADE) {
-        let result = super::exec::exec_upgraded(daemon.clone(), &req, &params, stream, &rid).await;
-        let us = started.elapsed().as_micros() as u64;
-        daemon
-            .node
-            .metrics
-            .record("exec_stream", us, result.is_ok());
-        match result {
-            Ok(()) => log::info(&format!("{rid} {} {} -> 101 {us}us", req.method, req.path)),
-            Err(e) => log::info(&format!(
-                "{rid} {} {} -> {} {us}us ({})",
-                req.method,
-                req.path,
-                e.status(),
-                e.message
-            )),
-        }
-        return;
-    }
-    let d = daemon.clone();
-    let method = req.method.clone();
-    let path = req.path.clone();
-    let cancel = Arc::new(AtomicBool::new(false));
-    let flag = cancel.clone();
-    let mut task = tokio::task::spawn_blocking(move || handle(&d, op, &params, &req, &flag));
     // A pull whose client has gone (a Ctrl-C, a killed client) is cancelled, as
     // `docker pull` is: it then leaves no image.
     let joined = if op == Operation::PullImage {
         tokio::select! {
             r = &mut task => r,
-            () = peer_closed(&stream) => {
+            () = peer.gone() => {
                 cancel.store(true, Ordering::Relaxed);
                 task.await
             }
@@ -174,40 +153,9 @@ pub async fn serve(daemon: Arc<Daemon>, mut stream: UnixStream, grant: Option<Ar
     } else {
         task.await
     };
-    let result =
-        joined.unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
-    let us = started.elapsed().as_micros() as u64;
-    daemon.node.metrics.record(op.id(), us, result.is_ok());
-    let resp = match result.and_then(|reply| reply.into_response(op)) {
-        Ok(r) => {
-            log::info(&format!("{rid} {method} {path} -> {} {us}us", r.status));
-            r
-        }
-        Err(mut e) => {
-            e.request_id = rid.clone();
-            log::info(&format!(
-                "{rid} {method} {path} -> {} {us}us ({})",
-                e.status(),
-                e.message
-            ));
-            Response::error(&e)
-        }
-    };
-    let _ = http::write_response(&mut stream, &resp, &rid).await;
-}
-
-/// Resolves when the client has closed the connection: both halves, which a Unix
-/// socket reports as a hang-up. A client that only shut its sending half (the Python
-/// client does, after its request) is still waiting for the answer.
-async fn peer_closed(stream: &UnixStream) {
-    loop {
-        match stream.ready(Interest::READABLE | Interest::WRITABLE).await {
-            Ok(r) if r.is_write_closed() => return,
-            Ok(_) => {}
-            Err(_) => return,
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    joined.unwrap_or_else(|e| {
+        Response::error(&ApiError::internal(format!("request task: {e}"))).into_hyper("")
+    })
 }
 
 /// What a handler answers; the status and content type come from the operation's spec.

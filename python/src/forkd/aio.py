@@ -53,8 +53,6 @@ class AsyncClient:
         try:
             writer.write(call.encode())
             await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
             chunks: list[bytes] = []
             size = 0
             while True:

@@ -46,7 +46,6 @@ class Client:
                 s.settimeout(call.timeout)
                 s.connect(self.socket)
                 s.sendall(call.encode())
-                s.shutdown(socket.SHUT_WR)
                 chunks: list[bytes] = []
                 size = 0
                 while True:
