@@ -1,7 +1,8 @@
-//! A small blocking client for the daemon's API over its Unix socket, used by the CLI
-//! and the tests. One request per connection; exec can upgrade the connection to the
-//! frame protocol.
+//! A small blocking client for the daemon's API, over its Unix socket or TCP (TLS; see
+//! `transport.rs`), used by the CLI and the tests. One request per connection; exec can
+//! upgrade the connection to the frame protocol. Answers are parsed by httparse.
 
+use crate::transport::Endpoint;
 use crate::{ApiError, EXEC_UPGRADE};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -11,9 +12,10 @@ pub use crate::defaults::{DEFAULT_ROOT, DEFAULT_SOCKET};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach the forkd daemon at {socket}: {source}\nstart one with: forkd daemon --socket {socket} (or set FORKD_SOCKET)")]
+    #[error("cannot reach the forkd daemon at {socket}: {source}{hint}")]
     NoDaemon {
         socket: String,
+        hint: String,
         #[source]
         source: std::io::Error,
     },
@@ -25,7 +27,7 @@ pub enum ClientError {
 
 #[derive(Debug, Clone)]
 pub struct Client {
-    socket: PathBuf,
+    endpoint: Endpoint,
 }
 
 pub struct HttpResponse {
@@ -34,10 +36,20 @@ pub struct HttpResponse {
 }
 
 impl Client {
+    /// A client of the daemon on `socket`.
     pub fn new(socket: &Path) -> Self {
         Client {
-            socket: socket.to_path_buf(),
+            endpoint: Endpoint::Unix(socket.to_path_buf()),
         }
+    }
+
+    /// A client of the daemon at `endpoint`.
+    pub fn at(endpoint: Endpoint) -> Self {
+        Client { endpoint }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     /// The socket from `FORKD_SOCKET`, or the default.
@@ -65,7 +77,7 @@ impl Client {
             if t.elapsed() >= timeout {
                 return Err(format!(
                     "the daemon on {} did not answer within {timeout:?}: {err}",
-                    self.socket.display()
+                    self.endpoint
                 ));
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -73,21 +85,35 @@ impl Client {
     }
 
     fn connect(&self) -> Result<UnixStream, ClientError> {
-        UnixStream::connect(&self.socket).map_err(|source| ClientError::NoDaemon {
-            socket: self.socket.display().to_string(),
-            source,
-        })
+        self.endpoint
+            .connect()
+            .map_err(|source| ClientError::NoDaemon {
+                socket: self.endpoint.to_string(),
+                hint: match &self.endpoint {
+                    Endpoint::Unix(p) => format!(
+                        "\nstart one with: forkd daemon --socket {} (or set FORKD_SOCKET)",
+                        p.display()
+                    ),
+                    Endpoint::Tcp(_) => String::new(),
+                },
+                source,
+            })
     }
 
     fn send_head(
+        &self,
         stream: &mut UnixStream,
         method: &str,
         path: &str,
         extra: &str,
         body: &[u8],
     ) -> Result<(), ClientError> {
+        let auth = match self.endpoint.key() {
+            Some(k) => format!("Authorization: Bearer {k}\r\n"),
+            None => String::new(),
+        };
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: forkd\r\nContent-Length: {}\r\n{extra}\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: forkd\r\nContent-Length: {}\r\n{auth}{extra}\r\n",
             body.len()
         );
         stream
@@ -99,7 +125,7 @@ impl Client {
     /// Sends a request and reads the whole response.
     pub fn raw(&self, method: &str, path: &str, body: &[u8]) -> Result<HttpResponse, ClientError> {
         let mut s = self.connect()?;
-        Self::send_head(&mut s, method, path, "Connection: close\r\n", body)?;
+        self.send_head(&mut s, method, path, "Connection: close\r\n", body)?;
         let proto = |e: std::io::Error| ClientError::Protocol(format!("read answer: {e}"));
         let mut buf = Vec::with_capacity(8192);
         let mut chunk = [0u8; 8192];
@@ -194,7 +220,7 @@ impl Client {
         let mut s = self.connect()?;
         let body = serde_json::to_vec(req).expect("json");
         let path = format!("/v1/sandboxes/{}/exec", crate::url::encode(sandbox));
-        Self::send_head(
+        self.send_head(
             &mut s,
             "POST",
             &path,
@@ -229,9 +255,12 @@ impl Client {
     }
 }
 
-/// An answer's head, parsed by httparse once it is all in `buf`: its length, the status,
-/// the body's length if given, and whether the body is chunked.
-fn parse_head(buf: &[u8]) -> Result<Option<(usize, u16, Option<usize>, bool)>, ClientError> {
+/// An answer's head: its length, the status, the body's length if given, and whether the
+/// body is chunked.
+type Head = (usize, u16, Option<usize>, bool);
+
+/// An answer's head, parsed by httparse once it is all in `buf`.
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, ClientError> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut r = httparse::Response::new(&mut headers);
     let n = match r.parse(buf) {

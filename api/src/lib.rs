@@ -14,6 +14,7 @@ mod limits;
 mod network;
 mod ops;
 mod size;
+pub mod transport;
 
 pub use checkpoints::*;
 pub use health::*;
@@ -40,7 +41,10 @@ pub const EXEC_UPGRADE: &str = "forkd-exec";
 pub enum ErrorKind {
     BadRequest,
     NotFound,
-    /// A grant's socket was asked for something outside its grant, or past its budget.
+    /// A TCP request without an API key the daemon holds.
+    Unauthorized,
+    /// A grant's socket was asked for something outside its grant, or past its budget;
+    /// or a key's scope does not cover the operation.
     Forbidden,
     Conflict,
     Internal,
@@ -74,6 +78,9 @@ impl ApiError {
     pub fn not_found(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, m)
     }
+    pub fn unauthorized(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unauthorized, m)
+    }
     pub fn forbidden(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::Forbidden, m)
     }
@@ -101,6 +108,7 @@ impl ApiError {
         match self.kind {
             ErrorKind::BadRequest => 400,
             ErrorKind::NotFound => 404,
+            ErrorKind::Unauthorized => 401,
             ErrorKind::Forbidden => 403,
             ErrorKind::Conflict => 409,
             ErrorKind::Internal => 500,

@@ -8,6 +8,7 @@ mod doctor;
 mod eval;
 mod exec;
 mod image;
+mod key;
 mod login;
 mod sandbox;
 
@@ -25,6 +26,9 @@ pub struct Cli {
     /// The daemon's socket [env: FORKD_SOCKET; default /run/forkd/forkd.sock]
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
+    /// A remote daemon: tcp://HOST:PORT (TLS; FORKD_API_KEY, FORKD_CA_CERT) or unix:///PATH [env: FORKD_HOST]
+    #[arg(long, global = true)]
+    host: Option<String>,
     /// Machine-readable JSON output
     #[arg(long, global = true)]
     json: bool,
@@ -103,6 +107,9 @@ enum Command {
     Logout(login::LogoutArgs),
     /// Show per-operation latency recorded by the daemon
     Metrics,
+    /// API keys for TCP callers: create, ls, rm (on the daemon's node)
+    #[command(subcommand)]
+    Key(key::KeyCmd),
     /// The evaluator: experiments on clean and inherited start states, and their report
     #[command(subcommand)]
     Eval(eval::EvalCmd),
@@ -138,8 +145,13 @@ impl Ctx {
 
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let socket = cli.socket.clone().unwrap_or_else(Client::default_socket);
+    let endpoint =
+        crate::api::transport::Endpoint::choose(cli.host.as_deref(), cli.socket.as_deref(), &|k| {
+            std::env::var(k).ok()
+        })
+        .map_err(|e| anyhow::anyhow!(e))?;
     let ctx = Ctx {
-        client: Client::new(&socket),
+        client: Client::at(endpoint),
         json: cli.json,
     };
     match cli.command {
@@ -165,6 +177,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => sandbox::stop(&ctx, grace_secs, &sandboxes),
         Command::Rm { force, sandboxes } => sandbox::rm(&ctx, force, &sandboxes),
         Command::Eval(cmd) => eval::run(&socket, cmd, cli.json),
+        Command::Key(cmd) => key::run(cmd, cli.json),
         Command::Checkpoint(args) => checkpoint::run(&ctx, args),
         Command::Gc => {
             let r: crate::api::GcResult = ctx.client.call("POST", "/v1/gc", None)?;

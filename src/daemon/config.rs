@@ -63,6 +63,12 @@ settings! {
     "FORKD_KSM_BOOST_SECS", "30", "seconds", "how long KSM scans at the boosted pace";
     "FORKD_KSM_IDLE_PAGES", "100", "pages", "pages KSM scans a round otherwise";
     "FORKD_KSM_SLEEP_MS", "20", "milliseconds", "KSM's sleep between rounds";
+    "FORKD_LISTEN", "none", "tcp://HOST:PORT, comma-separated", "TCP listeners beside the Unix socket: TLS with FORKD_TLS_CERT, else loopback only; every request needs an API key";
+    "FORKD_TLS_CERT", "unset", "path (PEM)", "the certificate chain TCP listeners present";
+    "FORKD_TLS_KEY", "unset", "path (PEM)", "the private key of FORKD_TLS_CERT";
+    "FORKD_TLS_CLIENT_CA", "unset", "path (PEM)", "when set, TCP clients must show a certificate this CA signed (mutual TLS)";
+    "FORKD_MAX_CONNECTIONS", "1024", "connections", "open connections each TCP listener serves at once (more wait in the backlog)";
+    "FORKD_AUDIT_MAX_BYTES", "16777216", "bytes", "the size at which the audit log is rotated (3 old files kept)";
     "FORKD_MAX_COPY_BYTES", "1073741824", "bytes", "the largest archive cp carries into or out of a sandbox";
     "FORKD_MAX_LAYERS", "128", "layers (at least 2)", "the deepest layer stack of a checkpoint before it is squashed";
     "FORKD_MEMCG", "limited", "limited or each", "each gives every sandbox a memory cgroup of its own (cgroup v1 shares one otherwise)";
@@ -143,6 +149,8 @@ pub struct Config {
     pub templates: bool,
     /// `FORKD_TEMPLATE_MIB` in bytes; `None`: a quarter of the machine's memory.
     pub template_budget: Option<u64>,
+    /// The TCP listeners and their TLS.
+    pub listen: super::server::Listen,
 }
 
 /// Reads variables, and says which were asked for (a test holds them against
@@ -289,7 +297,9 @@ impl Config {
                 SandboxesMemory::Bytes(v.size("FORKD_SANDBOXES_MEMORY")?.unwrap_or_default())
             }
         };
+        let listen = listen(&v)?;
         let config = Config {
+            listen,
             cgroup_favor_dynmods: v.choice(
                 "FORKD_CGROUP_FAVOR_DYNMODS",
                 true,
@@ -443,9 +453,113 @@ impl Config {
     }
 }
 
+/// `FORKD_LISTEN` and what goes with it. Plain TCP is allowed on loopback only: a key
+/// sent in the clear elsewhere would be anyone's.
+fn listen(v: &Vars) -> Result<super::server::Listen, SettingError> {
+    use std::net::ToSocketAddrs;
+    let mut tcp = Vec::new();
+    for item in v
+        .get("FORKD_LISTEN")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let bad = |why: &str| SettingError(format!("FORKD_LISTEN={item:?}: {why}"));
+        let hostport = item
+            .strip_prefix("tcp://")
+            .ok_or_else(|| bad("expected tcp://HOST:PORT (the Unix socket is --socket)"))?;
+        let addrs: Vec<std::net::SocketAddr> = hostport
+            .to_socket_addrs()
+            .map_err(|e| bad(&format!("not an address and port: {e}")))?
+            .collect();
+        // A name stands for its first address, as a listener binds one.
+        let addr = addrs
+            .first()
+            .ok_or_else(|| bad("the name has no address"))?;
+        tcp.push((item.to_string(), *addr));
+    }
+    let cert = v.path("FORKD_TLS_CERT");
+    let key = v.path("FORKD_TLS_KEY");
+    let client_ca = v.path("FORKD_TLS_CLIENT_CA");
+    let tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some(super::server::TlsFiles {
+            cert,
+            key,
+            client_ca,
+        }),
+        (None, None) if client_ca.is_some() => {
+            return Err(SettingError(
+                "FORKD_TLS_CLIENT_CA is set without FORKD_TLS_CERT and FORKD_TLS_KEY: mutual TLS needs TLS"
+                    .into(),
+            ))
+        }
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(SettingError(
+                "FORKD_TLS_CERT is set without FORKD_TLS_KEY".into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(SettingError(
+                "FORKD_TLS_KEY is set without FORKD_TLS_CERT".into(),
+            ))
+        }
+    };
+    if tls.is_none() {
+        if let Some((item, _)) = tcp.iter().find(|(_, a)| !a.ip().is_loopback()) {
+            return Err(SettingError(format!(
+                "FORKD_LISTEN={item:?}: plain TCP is allowed on loopback only; set FORKD_TLS_CERT and FORKD_TLS_KEY to listen there"
+            )));
+        }
+    }
+    Ok(super::server::Listen {
+        tcp: tcp.into_iter().map(|(_, a)| a).collect(),
+        tls,
+        max_connections: v.parsed(
+            "FORKD_MAX_CONNECTIONS",
+            1024,
+            "a positive number of connections",
+            |n: &usize| *n > 0,
+        )?,
+        audit_max_bytes: v.parsed(
+            "FORKD_AUDIT_MAX_BYTES",
+            16 << 20,
+            "at least 4096 bytes",
+            |n: &u64| *n >= 4096,
+        )?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_tcp_is_loopback_only_and_tls_comes_whole() {
+        let c = with(&[("FORKD_LISTEN", "tcp://127.0.0.1:7070, tcp://[::1]:7071")]).unwrap();
+        assert_eq!(c.listen.tcp.len(), 2);
+        assert!(c.listen.tls.is_none());
+        let e = with(&[("FORKD_LISTEN", "tcp://0.0.0.0:7070")])
+            .unwrap_err()
+            .0;
+        assert!(
+            e.contains("loopback only") && e.contains("FORKD_TLS_CERT"),
+            "{e}"
+        );
+        let c = with(&[
+            ("FORKD_LISTEN", "tcp://0.0.0.0:7070"),
+            ("FORKD_TLS_CERT", "/c.pem"),
+            ("FORKD_TLS_KEY", "/k.pem"),
+        ])
+        .unwrap();
+        assert_eq!(c.listen.tcp[0].port(), 7070);
+        assert!(with(&[("FORKD_TLS_CERT", "/c.pem")]).is_err());
+        assert!(with(&[("FORKD_TLS_CLIENT_CA", "/ca.pem")]).is_err());
+        for bad in ["http://127.0.0.1:1", "tcp://127.0.0.1", "127.0.0.1:1"] {
+            assert!(with(&[("FORKD_LISTEN", bad)]).is_err(), "{bad}");
+        }
+    }
 
     fn with(pairs: &[(&str, &str)]) -> Result<Config, SettingError> {
         let map: std::collections::HashMap<String, String> = pairs

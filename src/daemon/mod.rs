@@ -272,6 +272,29 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             daemon.sandboxes.hierarchy.version(),
             daemon.sandboxes.table.locked().len()
         ));
+        let tcp = server::bind_tcp(&daemon.config.listen).await?;
+        let (stopping, stopped) = tokio::sync::watch::channel(false);
+        for (l, tls) in tcp {
+            log::info(&format!(
+                "listening on tcp://{}{}",
+                l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                if tls.is_some() {
+                    " (TLS)"
+                } else {
+                    " (plain, loopback)"
+                }
+            ));
+            let mut stopped = stopped.clone();
+            tokio::spawn(server::serve_tcp(
+                daemon.clone(),
+                l,
+                tls,
+                daemon.config.listen.max_connections,
+                async move {
+                    let _ = stopped.changed().await;
+                },
+            ));
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let stop = async move {
             tokio::select! {
@@ -280,6 +303,7 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             }
         };
         server::serve_unix(daemon.clone(), listener, stop).await;
+        let _ = stopping.send(true);
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);
         // Free cgroups are not kept across a restart (the next start would sweep them).

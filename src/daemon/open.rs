@@ -250,6 +250,8 @@ impl Daemon {
                     ..Default::default()
                 },
                 metrics: metrics::Metrics::default(),
+                keys: forkd_keys::Keys::at(&cfg.root),
+                audit: super::server::audit::Audit::new(&cfg.root, config.listen.audit_max_bytes),
                 favor_dynmods: config.cgroup_favor_dynmods,
                 favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
                 _lock: lock,

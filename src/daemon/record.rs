@@ -38,6 +38,9 @@ pub struct SandboxRecord {
     /// A record without one was made before bases: its `lowers` are stacked as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseId>,
+    /// The API key that made it (its name); none when the node's operator did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// The checkpoint this sandbox was forked from.
     #[serde(default)]
     pub parent: Option<CheckpointId>,
@@ -85,6 +88,8 @@ pub struct Origin {
     pub config: ImageConfig,
     pub network: forkd_net::Network,
     pub seccomp: forkd_sandbox::Seccomp,
+    /// The key that asked for it.
+    pub owner: Option<String>,
 }
 
 impl SandboxRecord {
@@ -98,6 +103,7 @@ impl SandboxRecord {
             image: origin.image,
             lowers: origin.lowers,
             base: Some(origin.base),
+            owner: origin.owner,
             parent: origin.parent,
             created: super::now_secs(),
             hostname: origin.hostname,

@@ -4,6 +4,7 @@
 //! never how; the match over operations is exhaustive.
 
 use super::http::{self, Request, Response};
+use super::server::access::{self, Who};
 use super::server::{serve_grant, Caller, Peer};
 use super::{log, Daemon};
 use crate::api::{self, Answer, ApiError, ExecBody, Operation, VersionInfo, EXEC_UPGRADE};
@@ -57,17 +58,123 @@ pub fn match_route(
     }
 }
 
-/// Answers one request from `caller`: routes it, admits it, reads its body within its
-/// bound, runs its handler on the blocking pool, and logs one line with the request id
-/// and latency.
+/// What the audit log says of a request: its operation, and the id it named or made.
+#[derive(Default)]
+struct Noted {
+    op: Option<Operation>,
+    id: Option<String>,
+}
+
+/// Answers one request from `caller`: authenticates a TCP caller's key (before anything
+/// else: without one nothing runs, not even routing), then [`dispatch`]es it, and writes
+/// what a key changed, or was refused, to the audit log.
 pub async fn answer(
     daemon: Arc<Daemon>,
     caller: Caller,
     peer: Peer,
-    mut req: hyper::Request<hyper::body::Incoming>,
+    req: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<http::Body> {
     let started = Instant::now();
     let rid = daemon.node.request_id();
+    let addr = match &caller {
+        Caller::Remote(a) => *a,
+        Caller::Node => return dispatch(daemon, Who::Node, peer, req, rid, started).await.0,
+        Caller::Grant(g) => {
+            let who = Who::Grant(g.clone());
+            return dispatch(daemon, who, peer, req, rid, started).await.0;
+        }
+    };
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let (resp, noted, key) = match authenticate(&daemon, req.headers()) {
+        Ok(key) => {
+            let name = key.name.clone();
+            let (resp, noted) = dispatch(
+                daemon.clone(),
+                Who::Key(key),
+                peer,
+                req,
+                rid.clone(),
+                started,
+            )
+            .await;
+            (resp, noted, Some(name))
+        }
+        Err(mut e) => {
+            e.request_id = rid.clone();
+            log::info(&format!(
+                "{rid} {method} {path} -> {} from {addr} ({})",
+                e.status(),
+                e.message
+            ));
+            let mut resp = Response::error(&e).into_hyper(&rid);
+            resp.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer"),
+            );
+            (resp, Noted::default(), None)
+        }
+    };
+    let status = resp.status().as_u16();
+    if method != "GET" || status == 401 || status == 403 {
+        daemon.node.audit.write(&super::server::audit::Entry {
+            t_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
+            key: key.as_deref(),
+            peer: addr.to_string(),
+            method: &method,
+            path: &path,
+            op: noted.op.map(|o| o.id()),
+            id: noted.id,
+            status,
+            request_id: &rid,
+        });
+    }
+    resp
+}
+
+/// The key an `Authorization: Bearer KEY` header carries, if the daemon holds it.
+fn authenticate(d: &Daemon, headers: &hyper::HeaderMap) -> Result<forkd_keys::Key, ApiError> {
+    let bearer = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let Some(secret) = bearer else {
+        return Err(ApiError::unauthorized(
+            "an API key is required here: send Authorization: Bearer KEY (forkd key create makes one)",
+        ));
+    };
+    match d.node.keys.verify(secret) {
+        Ok(Some(k)) => Ok(k),
+        Ok(None) => Err(ApiError::unauthorized(
+            "the API key is not one this daemon holds",
+        )),
+        Err(e) => {
+            log::warn(&format!("keys: {e}"));
+            Err(ApiError::internal(format!(
+                "the daemon cannot read its keys: {e}"
+            )))
+        }
+    }
+}
+
+/// Routes a request, admits it for `who`, reads its body within its bound, runs its
+/// handler on the blocking pool, and logs one line with the request id and latency.
+async fn dispatch(
+    daemon: Arc<Daemon>,
+    who: Who,
+    peer: Peer,
+    mut req: hyper::Request<hyper::body::Incoming>,
+    rid: String,
+    started: Instant,
+) -> (hyper::Response<http::Body>, Noted) {
+    let mut noted = Noted::default();
     let refuse = |mut e: ApiError, method: &str, path: &str, who: &str| {
         e.request_id = rid.clone();
         log::info(&format!(
@@ -81,21 +188,37 @@ pub async fn answer(
     let (parts, body) = req.into_parts();
     let (method, path, query) = match http::target(&parts) {
         Ok(t) => t,
-        Err(e) => return refuse(e, parts.method.as_str(), parts.uri.path(), ""),
+        Err(e) => {
+            return (
+                refuse(e, parts.method.as_str(), parts.uri.path(), ""),
+                noted,
+            )
+        }
     };
     let (op, params) = match match_route(&method, &path) {
         Ok(x) => x,
-        Err(e) => return refuse(e, &method, &path, ""),
+        Err(e) => return (refuse(e, &method, &path, ""), noted),
     };
-    if let Caller::Grant(g) = &caller {
-        if let Err(e) = g.admit(&daemon, &method, &path, op, &params) {
-            return refuse(e, &method, &path, &format!(" grant {}", g.id));
+    noted.op = Some(op);
+    noted.id = ["id", "name", "grant"]
+        .iter()
+        .find_map(|k| params.get(k).cloned());
+    let admitted = match &who {
+        Who::Node => Ok(()),
+        Who::Grant(g) => g
+            .admit(&daemon, &method, &path, op, &params)
+            .map_err(|e| (e, format!(" grant {}", g.id))),
+        Who::Key(k) => {
+            access::admit_key(&daemon, k, op, &params).map_err(|e| (e, format!(" key {}", k.name)))
         }
+    };
+    if let Err((e, by)) = admitted {
+        return (refuse(e, &method, &path, &by), noted);
     }
     let limit = http::body_limit(&method, &path, daemon.config.max_copy_bytes);
     let body = match http::read_body(&parts, body, limit).await {
         Ok(b) => b,
-        Err(e) => return refuse(e, &method, &path, ""),
+        Err(e) => return (refuse(e, &method, &path, ""), noted),
     };
     let upgrade = op == Operation::ExecInSandbox
         && parts
@@ -109,7 +232,8 @@ pub async fn answer(
         body,
     };
     if upgrade {
-        return super::exec::exec_upgraded(daemon, req, params, on_upgrade, rid, started);
+        let resp = super::exec::exec_upgraded(daemon, req, params, on_upgrade, rid, started);
+        return (resp, noted);
     }
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = cancel.clone();
@@ -119,7 +243,7 @@ pub async fn answer(
         let d = daemon.clone();
         let (method, path) = (req.method.clone(), req.path.clone());
         let joined =
-            tokio::task::spawn_blocking(move || handle(&d, op, &params, &req, &flag)).await;
+            tokio::task::spawn_blocking(move || handle(&d, &who, op, &params, &req, &flag)).await;
         let result =
             joined.unwrap_or_else(|e| Err(ApiError::internal(format!("handler panicked: {e}"))));
         let us = started.elapsed().as_micros() as u64;
@@ -127,7 +251,12 @@ pub async fn answer(
         match result.and_then(|reply| reply.into_response(op)) {
             Ok(r) => {
                 log::info(&format!("{rid} {method} {path} -> {} {us}us", r.status));
-                r.into_hyper(&rid)
+                // What a create or a checkpoint made is named in its answer.
+                let made = matches!(op, Operation::CreateSandbox | Operation::CheckpointSandbox)
+                    .then(|| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+                    .flatten()
+                    .and_then(|v| v["id"].as_str().map(str::to_string));
+                (r.into_hyper(&rid), made)
             }
             Err(mut e) => {
                 e.request_id = rid.clone();
@@ -136,7 +265,7 @@ pub async fn answer(
                     e.status(),
                     e.message
                 ));
-                Response::error(&e).into_hyper(&rid)
+                (Response::error(&e).into_hyper(&rid), None)
             }
         }
     });
@@ -153,9 +282,16 @@ pub async fn answer(
     } else {
         task.await
     };
-    joined.unwrap_or_else(|e| {
-        Response::error(&ApiError::internal(format!("request task: {e}"))).into_hyper("")
-    })
+    let (resp, made) = joined.unwrap_or_else(|e| {
+        (
+            Response::error(&ApiError::internal(format!("request task: {e}"))).into_hyper(""),
+            None,
+        )
+    });
+    if made.is_some() {
+        noted.id = made;
+    }
+    (resp, noted)
 }
 
 /// What a handler answers; the status and content type come from the operation's spec.
@@ -215,6 +351,7 @@ fn flag(op: Operation, req: &Request, name: &str) -> Result<bool, ApiError> {
 /// gone; the operations that can stop midway (pulls) watch it.
 fn handle(
     d: &Arc<Daemon>,
+    who: &Who,
     op: Operation,
     params: &HashMap<&str, String>,
     req: &Request,
@@ -262,9 +399,9 @@ fn handle(
                 }
             };
             if !stats {
-                return Ok(Reply::Json(d.list_sandboxes_body()));
+                return Ok(Reply::Json(d.list_sandboxes_body(who.sees_only())));
             }
-            let list = d.list_sandboxes_with_stats();
+            let list = d.list_sandboxes_with_stats(who.sees_only());
             // A description is some 400 bytes: sized once, the buffer of a list of
             // thousands is not copied over and over as it grows.
             let mut body = Vec::with_capacity(2 + list.len() * 512);
@@ -272,7 +409,7 @@ fn handle(
             Ok(Reply::Json(body))
         }
         O::CreateSandbox => {
-            let sb = d.create_sandbox(req.json()?)?;
+            let sb = d.create_sandbox(req.json()?, who.owner())?;
             Ok(Reply::json(&d.info(&sb)))
         }
         O::InspectSandbox => Ok(Reply::json(&d.info(&*d.sandboxes.get(&param("id"))?))),
@@ -329,7 +466,7 @@ fn handle(
             let c = d.checkpoint_sandbox(&sb, &body)?;
             Ok(Reply::json(&d.checkpoint_info(&c)))
         }
-        O::ListCheckpoints => Ok(Reply::json(&d.list_checkpoints())),
+        O::ListCheckpoints => Ok(Reply::json(&d.list_checkpoints(who.sees_only()))),
         O::InspectCheckpoint => Ok(Reply::json(
             &d.checkpoint_info(&*d.checkpoints.get(&param("id"))?),
         )),
@@ -343,7 +480,7 @@ fn handle(
         O::ForkCheckpoint => {
             let c = d.checkpoints.get(&param("id"))?;
             let body: api::ForkRequest = req.json()?;
-            Ok(Reply::json(&d.fork_checkpoint(&c, &body)?))
+            Ok(Reply::json(&d.fork_checkpoint(&c, &body, who.owner())?))
         }
         O::ExportCheckpoint => {
             let c = d.checkpoints.get(&param("id"))?;

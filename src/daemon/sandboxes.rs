@@ -123,6 +123,7 @@ impl Daemon {
     pub fn create_sandbox(
         self: &Arc<Self>,
         req: CreateSandboxRequest,
+        owner: Option<String>,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let started = Instant::now();
         let mut req = req;
@@ -183,6 +184,7 @@ impl Daemon {
             config: image.config.clone(),
             network,
             seccomp: super::edge::seccomp(req.seccomp),
+            owner,
         };
         let memory_cgroup = self
             .sandboxes

@@ -32,6 +32,10 @@ pub struct Node {
     /// The volume's space and state, as its watcher last found them (see [`health`]).
     pub volume_watch: health::Watch,
     pub metrics: metrics::Metrics,
+    /// The API keys TCP callers present (`ROOT/keys.json`, read again when it changes).
+    pub keys: forkd_keys::Keys,
+    /// What keys did (`ROOT/audit.log`).
+    pub audit: super::server::audit::Audit,
     /// Keep `favordynmods` on the cgroup2 mount (unless `FORKD_CGROUP_FAVOR_DYNMODS=0`).
     pub(super) favor_dynmods: bool,
     /// Whether the last attempt to set it failed (so a failure is logged once).

@@ -540,3 +540,78 @@ pub fn settings() -> forkd::daemon::config::Config {
 pub fn nft() -> Result<std::path::PathBuf, String> {
     forkd_net::locate_nft(settings().nft.as_deref(), None)
 }
+
+/// A test PKI in `dir`, made with openssl: a CA (`ca.crt`, `ca.key`), a server's pair
+/// for 127.0.0.1 (`server.crt`, `server.key`) and a client's (`client.cert`,
+/// `client.key`), each signed by the CA and good for two days.
+pub fn make_pki(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("/usr/bin/openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=forkd test CA",
+    ]);
+    for (who, cn, ext, cert) in [
+        (
+            "server",
+            "/CN=127.0.0.1",
+            "subjectAltName=IP:127.0.0.1\n",
+            "server.crt",
+        ),
+        (
+            "client",
+            "/CN=forkd-client",
+            "extendedKeyUsage=clientAuth\n",
+            "client.cert",
+        ),
+    ] {
+        let (key, csr, extfile) = (
+            format!("{who}.key"),
+            format!("{who}.csr"),
+            format!("{who}.ext"),
+        );
+        openssl(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", cn,
+        ]);
+        std::fs::write(dir.join(&extfile), ext).unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-extfile",
+            &extfile,
+        ]);
+    }
+}

@@ -370,6 +370,7 @@ impl Daemon {
             image: name.to_string(),
             lowers,
             base: Some(base.id.clone()),
+            owner: None,
             parent: None,
             created: super::now_secs(),
             hostname: "build".into(),

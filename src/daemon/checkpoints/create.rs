@@ -242,6 +242,8 @@ impl Daemon {
             live: req.live,
             created: crate::daemon::now_secs(),
             labels: req.labels.clone(),
+            // Whoever owns the sandbox owns what is made of it.
+            owner: rec.owner.clone(),
             fs_hash: None,
             tree_hash: None,
             phases_us: phases,

@@ -24,6 +24,8 @@ struct Plan<'a> {
     c: &'a Checkpoint,
     record: CheckpointRecord,
     labels: BTreeMap<String, String>,
+    /// The key that asked for the branches.
+    owner: Option<String>,
     network: forkd_net::Network,
     policy: Option<forkd_net::Policy>,
     /// CRIU to restore the tree with; none for a fresh branch (or a filesystem
@@ -82,6 +84,7 @@ impl Daemon {
         self: &Arc<Self>,
         c: &Arc<Checkpoint>,
         req: &ForkRequest,
+        owner: Option<String>,
     ) -> Result<ForkResult, ApiError> {
         let count = req.count.unwrap_or(1);
         if count == 0 || count > 10_000 {
@@ -104,7 +107,7 @@ impl Daemon {
             &mut limits,
         )?;
         let _in_use = c.use_for("fork")?;
-        let plan = self.plan_fork(c, req, limits)?;
+        let plan = self.plan_fork(c, req, limits, owner)?;
         if count > 1 {
             // The branches' layers, made side by side: btrfs commits them together.
             self.images
@@ -155,6 +158,7 @@ impl Daemon {
         c: &'a Checkpoint,
         req: &ForkRequest,
         limits: crate::api::Limits,
+        owner: Option<String>,
     ) -> Result<Plan<'a>, ApiError> {
         let mut ck = c.record.locked().clone();
         ck.limits = limits;
@@ -237,6 +241,7 @@ impl Daemon {
             c,
             record: ck,
             labels,
+            owner,
             network,
             policy,
             criu,
@@ -286,6 +291,7 @@ impl Daemon {
             // A live branch's processes carry the filter CRIU restored; a fresh init
             // gets the same.
             seccomp: ck.seccomp,
+            owner: plan.owner.clone(),
         };
         let memory_cgroup = self
             .sandboxes

@@ -79,6 +79,10 @@ pub struct CheckpointRecord {
     pub live: bool,
     pub created: u64,
     pub labels: BTreeMap<String, String>,
+    /// The API key that made it (its name); none when the node's operator did, or it was
+    /// imported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// Tree hash of this checkpoint's own layer (computed after creation).
     #[serde(default)]
     pub fs_hash: Option<String>,
@@ -256,8 +260,17 @@ impl Daemon {
         }
     }
 
-    pub fn list_checkpoints(&self) -> Vec<CheckpointInfo> {
-        let all: Vec<Arc<Checkpoint>> = self.checkpoints.table.locked().values().cloned().collect();
+    pub fn list_checkpoints(&self, viewer: Option<&str>) -> Vec<CheckpointInfo> {
+        let all: Vec<Arc<Checkpoint>> = self
+            .checkpoints
+            .table
+            .locked()
+            .values()
+            .filter(|c| {
+                crate::daemon::server::access::shown(viewer, c.record.locked().owner.as_deref())
+            })
+            .cloned()
+            .collect();
         let mut out: Vec<CheckpointInfo> = all.iter().map(|c| self.checkpoint_info(c)).collect();
         out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
         out

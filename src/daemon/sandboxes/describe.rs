@@ -2,6 +2,7 @@
 //! changes, see `super::super::record`), and one sandbox with its memory and disk.
 
 use super::*;
+use crate::daemon::server::access::shown;
 
 impl Daemon {
     /// Every sandbox, oldest first. The table lock is held only to copy the entries out.
@@ -21,9 +22,10 @@ impl Daemon {
 
     /// Every sandbox, oldest first, each with its cgroup's counters (two file reads a
     /// sandbox).
-    pub fn list_sandboxes_with_stats(&self) -> Vec<SandboxInfo> {
+    pub fn list_sandboxes_with_stats(&self, viewer: Option<&str>) -> Vec<SandboxInfo> {
         self.sandboxes_in_order()
             .iter()
+            .filter(|sb| shown(viewer, sb.record.locked().owner.as_deref()))
             .map(|sb| self.info(sb))
             .collect()
     }
@@ -31,10 +33,11 @@ impl Daemon {
     /// The body of a list of every sandbox, oldest first (a JSON array of
     /// `SandboxInfo`): each description as kept since its record last changed, made
     /// again only for records that did.
-    pub fn list_sandboxes_body(&self) -> Vec<u8> {
+    pub fn list_sandboxes_body(&self, viewer: Option<&str>) -> Vec<u8> {
         let shown: Vec<Arc<[u8]>> = self
             .sandboxes_in_order()
             .iter()
+            .filter(|sb| shown(viewer, sb.record.locked().owner.as_deref()))
             .map(|sb| {
                 sb.record.locked().shown(|rec| {
                     serde_json::to_vec(&self.describe_record(sb, rec)).expect("answers serialise")

@@ -1,7 +1,12 @@
-//! The API's connections: every listener (the daemon's Unix socket, the grants' sockets)
-//! hands each connection to hyper with the [`Caller`] it stands for, and hyper hands each
-//! request to the router (`routes::answer`). Bounds that keep a slow or hostile peer
-//! cheap are set here, once for every listener.
+//! The API's connections: every listener (the daemon's Unix socket, the grants' sockets,
+//! TCP with or without TLS) hands each connection to hyper with the [`Caller`] it stands
+//! for, and hyper hands each request to the router (`routes::answer`), which authenticates
+//! and admits it (`access.rs`). Bounds that keep a slow or hostile peer cheap are set
+//! here, once for every listener. See docs/DESIGN.md, "Reach".
+
+pub mod access;
+pub mod audit;
+mod tls;
 
 use super::grants::{Grant, GrantSocket};
 use super::{log, routes, Daemon};
@@ -24,6 +29,103 @@ pub enum Caller {
     Node,
     /// A grant's socket: one sandbox, some operations, a step budget.
     Grant(Arc<Grant>),
+    /// A TCP peer: each request must carry an API key.
+    Remote(std::net::SocketAddr),
+}
+
+/// The TCP listeners (`FORKD_LISTEN`) and what they share.
+#[derive(Debug, Clone, Default)]
+pub struct Listen {
+    pub tcp: Vec<std::net::SocketAddr>,
+    pub tls: Option<TlsFiles>,
+    /// Connections each listener serves at once.
+    pub max_connections: usize,
+    pub audit_max_bytes: u64,
+}
+
+/// PEM files: the listeners' certificate chain and key, and the CA clients' certificates
+/// must chain to (mutual TLS).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+/// Binds every TCP listener of `listen` (and reads the TLS files): an error names the
+/// address or the file, and the daemon does not start.
+pub async fn bind_tcp(
+    listen: &Listen,
+) -> anyhow::Result<Vec<(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>> {
+    let acceptor = listen.tls.as_ref().map(tls::acceptor).transpose()?;
+    let mut out = Vec::new();
+    for addr in &listen.tcp {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen on tcp://{addr}: {e}"))?;
+        out.push((l, acceptor.clone()));
+    }
+    Ok(out)
+}
+
+/// Serves one TCP listener until `stop` resolves: at most `max` connections at once
+/// (the rest wait in the kernel's backlog), each with `HEAD_TIMEOUT` to finish its TLS
+/// handshake.
+pub async fn serve_tcp(
+    daemon: Arc<Daemon>,
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    max: usize,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use std::os::fd::AsFd;
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    tokio::pin!(stop);
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+            () = &mut stop => break,
+        };
+        let (stream, addr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors, say: wait rather than spin.
+                    log::warn(&format!("accept on {:?}: {e}", listener.local_addr().ok()));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let peer = match Peer::of(stream.as_fd(), true) {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn(&format!("accept from {addr}: {e}"));
+                continue;
+            }
+        };
+        let daemon = daemon.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let caller = Caller::Remote(addr);
+            match tls {
+                None => serve_connection(daemon, stream, caller, peer).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => serve_connection(daemon, s, caller, peer).await,
+                        // A failed or slow handshake: rustls has said what it could.
+                        Ok(Err(_)) | Err(_) => {}
+                    }
+                }
+            }
+        });
+    }
 }
 
 /// A connection's peer, watched for hanging up while its request runs: hyper is told to

@@ -1,0 +1,285 @@
+//! forkd over TCP: a daemon listening on loopback with TLS from a CA the test makes, API
+//! keys made with `forkd key`, and the CLI reaching it as a remote client would. A wrong,
+//! missing or removed key runs nothing; a key of scope `own` sees and touches only what
+//! it made; mutual TLS refuses a client without a certificate; plain TCP is refused off
+//! loopback; what keys did is in the audit log, and no key is.
+
+#![forbid(unsafe_code)]
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A key made on the node, as an operator would.
+fn make_key(root: &Path, name: &str, scope: &str) -> String {
+    let out = Command::new(BIN)
+        .args(["key", "create", name, "--scope", scope, "--root"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The CLI as a remote client: `FORKD_HOST`, the CA, and `key` if any.
+struct Remote {
+    host: String,
+    ca: PathBuf,
+}
+
+impl Remote {
+    fn cli(&self, key: Option<&str>, args: &[&str]) -> Output {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env_remove("FORKD_SOCKET")
+            .env("FORKD_HOST", &self.host)
+            .env("FORKD_CA_CERT", &self.ca);
+        match key {
+            Some(k) => c.env("FORKD_API_KEY", k),
+            None => c.env_remove("FORKD_API_KEY"),
+        };
+        c.output().unwrap()
+    }
+
+    fn ok(&self, key: &str, args: &[&str]) -> String {
+        let out = self.cli(Some(key), args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+fn sandbox_count(d: &TestDaemon) -> usize {
+    d.client
+        .call::<Vec<serde_json::Value>>("GET", "/v1/sandboxes", None)
+        .unwrap()
+        .len()
+}
+
+#[test]
+fn keys_over_tls_reach_their_own_and_nothing_else() {
+    let name = "keys_over_tls_reach_their_own_and_nothing_else";
+    if !can_run(name)
+        || !require(
+            name,
+            Path::new("/usr/bin/openssl").exists(),
+            "openssl missing (run fixtures/setup.sh packages)",
+        )
+    {
+        return;
+    }
+    let pki = PathBuf::from(format!("/tmp/forkd-test-{name}-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pki);
+    make_pki(&pki);
+    let port = free_port();
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let cert = pki.join("server.crt").display().to_string();
+    let key = pki.join("server.key").display().to_string();
+    let d = TestDaemon::start_with_env(
+        name,
+        &[
+            ("FORKD_LISTEN", &listen),
+            ("FORKD_TLS_CERT", &cert),
+            ("FORKD_TLS_KEY", &key),
+        ],
+    );
+    let remote = Remote {
+        host: listen.clone(),
+        ca: pki.join("ca.crt"),
+    };
+    let admin = make_key(&d.root, "admin", "full");
+    let a = make_key(&d.root, "harness-a", "own");
+    let b = make_key(&d.root, "harness-b", "own");
+    assert!(admin.starts_with("e2b_") && admin.len() == 44, "{admin}");
+
+    // Key a runs a sandbox and streams an exec in it, over TLS.
+    let id = remote.ok(&a, &["run", "-d", "busybox"]).trim().to_string();
+    assert!(!id.is_empty());
+    let out = remote.ok(
+        &a,
+        &["exec", &id, "--", "sh", "-c", "echo over-tls; echo err >&2"],
+    );
+    assert_eq!(out, "over-tls\n");
+    let listed = remote.ok(&a, &["ps", "-q"]);
+    assert!(listed.contains(&id), "{listed}");
+
+    // Key b (own scope too) sees none of it and cannot touch it: as if it did not exist.
+    assert_eq!(remote.ok(&b, &["ps", "-q"]).trim(), "");
+    let out = remote.cli(Some(&b), &["exec", &id, "--", "true"]);
+    assert!(
+        !out.status.success() && text(&out).contains("no such sandbox"),
+        "{}",
+        text(&out)
+    );
+    let out = remote.cli(Some(&b), &["rm", "-f", &id]);
+    assert!(!out.status.success(), "{}", text(&out));
+    // Nor the node's own: host paths and the whole store are the operator's.
+    let out = remote.cli(Some(&a), &["gc"]);
+    assert!(text(&out).contains("scope own"), "{}", text(&out));
+    // The full key sees every sandbox.
+    assert!(remote.ok(&admin, &["ps", "-q"]).contains(&id));
+
+    // A checkpoint and its fork belong to the key too.
+    let ck = remote.ok(&a, &["checkpoint", &id]).trim().to_string();
+    assert!(!ck.is_empty());
+    let out = remote.cli(Some(&b), &["fork", &ck]);
+    assert!(text(&out).contains("no such checkpoint"), "{}", text(&out));
+    let branch = remote.ok(&a, &["fork", &ck]).trim().to_string();
+    assert!(remote.ok(&a, &["ps", "-q"]).contains(&branch));
+
+    // No key, a wrong one, a removed one: 401, and nothing runs.
+    let before = sandbox_count(&d);
+    let mut wrong = a.clone();
+    wrong.replace_range(10..11, if &a[10..11] == "0" { "1" } else { "0" });
+    let out = Command::new(BIN)
+        .args(["key", "rm", "harness-b", "--root"])
+        .arg(&d.root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    for (what, k) in [
+        ("no key", None),
+        ("a wrong key", Some(wrong.as_str())),
+        ("a removed key", Some(b.as_str())),
+    ] {
+        let out = remote.cli(k, &["run", "-d", "busybox"]);
+        assert!(!out.status.success(), "{what}: {}", text(&out));
+        assert!(text(&out).contains("API key"), "{what}: {}", text(&out));
+    }
+    assert_eq!(sandbox_count(&d), before, "a refused request ran nothing");
+
+    // A client that does not trust the CA does not talk at all.
+    let out = Command::new(BIN)
+        .args(["ps"])
+        .env("FORKD_HOST", &listen)
+        .env("FORKD_API_KEY", &admin)
+        .env("FORKD_CA_CERT", pki.join("server.crt"))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && text(&out).contains("TLS"),
+        "{}",
+        text(&out)
+    );
+
+    // The audit log: who did what, refusals too, and no key in it.
+    let audit = std::fs::read_to_string(d.root.join("audit.log")).unwrap();
+    let lines: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["key"] == "harness-a"
+            && l["op"] == "createSandbox"
+            && l["id"] == id.as_str()
+            && l["status"] == 201),
+        "{audit}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["key"].is_null() && l["status"] == 401),
+        "{audit}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["key"] == "harness-b" && l["status"] == 404),
+        "{audit}"
+    );
+    for k in [&admin, &a, &b] {
+        assert!(!audit.contains(&k[4..]), "a key is in the audit log");
+    }
+    assert!(!d.log().contains(&a[4..]), "a key is in the daemon's log");
+    let _ = std::fs::remove_dir_all(&pki);
+}
+
+#[test]
+fn mutual_tls_refuses_a_client_without_a_certificate() {
+    let name = "mutual_tls_refuses_a_client_without_a_certificate";
+    if !can_run(name)
+        || !require(
+            name,
+            Path::new("/usr/bin/openssl").exists(),
+            "openssl missing (run fixtures/setup.sh packages)",
+        )
+    {
+        return;
+    }
+    let pki = PathBuf::from(format!("/tmp/forkd-test-{name}-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pki);
+    make_pki(&pki);
+    let port = free_port();
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let s = |f: &str| pki.join(f).display().to_string();
+    let d = TestDaemon::start_with_env(
+        name,
+        &[
+            ("FORKD_LISTEN", &listen),
+            ("FORKD_TLS_CERT", &s("server.crt")),
+            ("FORKD_TLS_KEY", &s("server.key")),
+            ("FORKD_TLS_CLIENT_CA", &s("ca.crt")),
+        ],
+    );
+    let key = make_key(&d.root, "admin", "full");
+    let remote = Remote {
+        host: listen,
+        ca: pki.join("ca.crt"),
+    };
+    let out = remote.cli(Some(&key), &["ps"]);
+    assert!(!out.status.success(), "no certificate: {}", text(&out));
+    let out = Command::new(BIN)
+        .args(["ps", "-q"])
+        .env("FORKD_HOST", &remote.host)
+        .env("FORKD_CA_CERT", &remote.ca)
+        .env("FORKD_API_KEY", &key)
+        .env("FORKD_CLIENT_CERT", pki.join("client.cert"))
+        .env("FORKD_CLIENT_KEY", pki.join("client.key"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "with its certificate: {}", text(&out));
+    let _ = std::fs::remove_dir_all(&pki);
+}
+
+#[test]
+fn plain_tcp_off_loopback_stops_the_daemon_by_name() {
+    let name = "plain_tcp_off_loopback_stops_the_daemon_by_name";
+    if !can_run(name) {
+        return;
+    }
+    let root = PathBuf::from(format!("/tmp/forkd-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let out = Command::new(BIN)
+        .args(["daemon", "--root"])
+        .arg(root.join("root"))
+        .arg("--socket")
+        .arg(root.join("s.sock"))
+        .env("FORKD_LISTEN", "tcp://0.0.0.0:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FORKD_LISTEN") && err.contains("loopback only"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
