@@ -180,6 +180,51 @@ fn keys_over_tls_reach_their_own_and_nothing_else() {
         text(&out)
     );
 
+    // The Python clients, sync and asyncio, with the same settings.
+    if let Some(py) = harness_python(name) {
+        let script = r#"
+import asyncio, sys
+import forkd
+from forkd.aio import AsyncClient
+
+c = forkd.Client()
+sb = c.create("busybox")
+r = c.exec(sb.id, "echo py-over-tls")
+assert r.text == "py-over-tls\n", r
+assert any(s.id == sb.id for s in c.list_sandboxes())
+c.write_file(sb.id, "/tmp/f", b"bytes over tls")
+assert c.read_file(sb.id, "/tmp/f") == b"bytes over tls"
+
+async def main():
+    a = AsyncClient()
+    r = await a.exec(sb.id, "echo async")
+    assert r.text == "async\n", r
+    assert (await a.inspect(sb.id)).id == sb.id
+
+asyncio.run(main())
+try:
+    forkd.Client(api_key="e2b_" + "0" * 40).list_sandboxes()
+except forkd.Unauthorized:
+    pass
+else:
+    sys.exit("a wrong key was accepted")
+c.remove(sb.id, force=True)
+print("python ok")
+"#;
+        let out = Command::new(&py)
+            .args(["-c", script])
+            .env_remove("FORKD_SOCKET")
+            .env("FORKD_HOST", &listen)
+            .env("FORKD_CA_CERT", pki.join("ca.crt"))
+            .env("FORKD_API_KEY", &a)
+            .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src"))
+            .output()
+            .unwrap();
+        assert!(out.status.success() && text(&out).contains("python ok"), "{}", text(&out));
+    } else {
+        return;
+    }
+
     // The audit log: who did what, refusals too, and no key in it.
     let audit = std::fs::read_to_string(d.root.join("audit.log")).unwrap();
     let lines: Vec<serde_json::Value> = audit

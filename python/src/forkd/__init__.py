@@ -9,7 +9,7 @@
 
 from .aio import AsyncClient
 from .client import Client
-from .errors import BadRequest, Conflict, ConnectionFailed, Forbidden, ForkdError, InternalError, NotFound, Unavailable
+from .errors import BadRequest, Conflict, ConnectionFailed, Forbidden, ForkdError, InternalError, NotFound, Unauthorized, Unavailable
 from .types import (
     BranchInfo,
     CheckpointInfo,
@@ -44,6 +44,7 @@ __all__ = [
     "GcResult",
     "ImageInfo",
     "InternalError",
+    "Unauthorized",
     "Unavailable",
     "Limits",
     "NotFound",

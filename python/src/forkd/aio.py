@@ -23,7 +23,7 @@ from typing import Optional, TypeVar, Union
 from . import _files, _ops
 from . import types as t
 from ._ops import Command
-from ._wire import MAX_ANSWER, Call, socket_path
+from ._wire import MAX_ANSWER, Call, endpoint
 from .errors import BadRequest, ConnectionFailed
 
 T = TypeVar("T")
@@ -32,11 +32,12 @@ T = TypeVar("T")
 class AsyncClient:
     """An asyncio client of one forkd daemon."""
 
-    def __init__(self, socket: Optional[str] = None) -> None:
-        self.socket = socket_path(socket)
+    def __init__(self, socket: Optional[str] = None, *, host: Optional[str] = None, api_key: Optional[str] = None) -> None:
+        self.endpoint = endpoint(socket, host, api_key)
+        self.socket = str(self.endpoint)
 
     def __repr__(self) -> str:
-        return f"AsyncClient(socket={self.socket!r})"
+        return f"AsyncClient({str(self.endpoint)!r})"
 
     async def _send(self, call: Call[T]) -> T:
         what = f"{call.method} {call.path}"
@@ -45,13 +46,19 @@ class AsyncClient:
         except asyncio.TimeoutError:
             raise ConnectionFailed(f"{what}: no answer from {self.socket} within {call.timeout} s") from None
         except OSError as e:
-            raise ConnectionFailed(f"{what}: daemon socket {self.socket}: {e.strerror or e}") from None
+            raise ConnectionFailed(f"{what}: daemon at {self.socket}: {e.strerror or e}") from None
         return call.finish(raw)
 
     async def _exchange(self, call: Call[T]) -> bytes:
-        reader, writer = await asyncio.open_unix_connection(self.socket, limit=1 << 20)
+        e = self.endpoint
+        if e.socket is not None:
+            reader, writer = await asyncio.open_unix_connection(e.socket, limit=1 << 20)
+        else:
+            reader, writer = await asyncio.open_connection(
+                e.host, e.port, ssl=e.ssl, server_hostname=e.host if e.ssl else None, limit=1 << 20
+            )
         try:
-            writer.write(call.encode())
+            writer.write(call.encode(e.key))
             await writer.drain()
             chunks: list[bytes] = []
             size = 0

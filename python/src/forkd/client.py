@@ -1,7 +1,8 @@
-"""The synchronous client: `Client(socket=None)`.
+"""The synchronous client: `Client(socket=None, *, host=None, api_key=None)`.
 
-Every method sends one API call (see `forkd._ops`) on a fresh connection to the daemon's
-Unix socket and returns its typed result, or raises the `forkd.errors.ForkdError` of the
+Every method sends one API call (see `forkd._ops`) on a fresh connection to the daemon
+(its Unix socket, or `host`/`FORKD_HOST`: TCP with TLS and an API key) and returns its
+typed result, or raises the `forkd.errors.ForkdError` of the
 answer's error kind. A `Client` holds no connection between calls, so one may be shared
 by threads.
 
@@ -24,7 +25,7 @@ from typing import Optional, TypeVar, Union
 from . import _files, _ops
 from . import types as t
 from ._ops import Command
-from ._wire import MAX_ANSWER, Call, socket_path
+from ._wire import MAX_ANSWER, Call, endpoint
 from .errors import BadRequest, ConnectionFailed
 
 T = TypeVar("T")
@@ -33,19 +34,39 @@ T = TypeVar("T")
 class Client:
     """A client of one forkd daemon."""
 
-    def __init__(self, socket: Optional[str] = None) -> None:
-        self.socket = socket_path(socket)
+    def __init__(self, socket: Optional[str] = None, *, host: Optional[str] = None, api_key: Optional[str] = None) -> None:
+        self.endpoint = endpoint(socket, host, api_key)
+        self.socket = str(self.endpoint)
 
     def __repr__(self) -> str:
-        return f"Client(socket={self.socket!r})"
+        return f"Client({str(self.endpoint)!r})"
+
+    def _connect(self, timeout: Optional[float]) -> socket.socket:
+        e = self.endpoint
+        if e.socket is not None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(timeout)
+                s.connect(e.socket)
+            except BaseException:
+                s.close()
+                raise
+            return s
+        s = socket.create_connection((e.host, e.port), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if e.ssl is None:
+            return s
+        try:
+            return e.ssl.wrap_socket(s, server_hostname=e.host)
+        except BaseException:
+            s.close()
+            raise
 
     def _send(self, call: Call[T]) -> T:
         what = f"{call.method} {call.path}"
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(call.timeout)
-                s.connect(self.socket)
-                s.sendall(call.encode())
+            with self._connect(call.timeout) as s:
+                s.sendall(call.encode(self.endpoint.key))
                 chunks: list[bytes] = []
                 size = 0
                 while True:
@@ -59,7 +80,7 @@ class Client:
         except socket.timeout:
             raise ConnectionFailed(f"{what}: no answer from {self.socket} within {call.timeout} s") from None
         except OSError as e:
-            raise ConnectionFailed(f"{what}: daemon socket {self.socket}: {e.strerror or e}") from None
+            raise ConnectionFailed(f"{what}: daemon at {self.socket}: {e.strerror or e}") from None
         return call.finish(b"".join(chunks))
 
     def version(self) -> t.VersionInfo:

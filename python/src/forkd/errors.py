@@ -41,8 +41,15 @@ class NotFound(ForkdError):
     kind = "not_found"
 
 
+class Unauthorized(ForkdError):
+    """401: over TCP, no API key, or one the daemon does not hold (a wrong or removed key)."""
+
+    kind = "unauthorized"
+
+
 class Forbidden(ForkdError):
-    """403: on a grant's socket, a request outside the grant or past its step budget."""
+    """403: on a grant's socket, a request outside the grant or past its step budget; or
+    outside the scope of the API key."""
 
     kind = "forbidden"
 
@@ -72,7 +79,7 @@ class ConnectionFailed(ForkdError):
 
 
 _BY_KIND: dict[str, type[ForkdError]] = {
-    c.kind: c for c in (BadRequest, NotFound, Forbidden, Conflict, InternalError, Unavailable, ConnectionFailed)
+    c.kind: c for c in (BadRequest, NotFound, Unauthorized, Forbidden, Conflict, InternalError, Unavailable, ConnectionFailed)
 }
 
 

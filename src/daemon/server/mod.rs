@@ -117,10 +117,11 @@ pub async fn serve_tcp(
             match tls {
                 None => serve_connection(daemon, stream, caller, peer).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => serve_connection(daemon, s, caller, peer).await,
-                        // A failed or slow handshake: rustls has said what it could.
-                        Ok(Err(_)) | Err(_) => {}
+                    // A failed or slow handshake ends the connection; rustls has sent
+                    // the peer what alert it could.
+                    let shaken = tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await;
+                    if let Ok(Ok(s)) = shaken {
+                        serve_connection(daemon, s, caller, peer).await
                     }
                 }
             }
