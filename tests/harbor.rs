@@ -67,13 +67,26 @@ fn harbor_command(
     jobs: &Path,
     args: &[&str],
 ) -> std::process::Output {
+    let socket = [("FORKD_SOCKET", d.socket.display().to_string())];
+    harbor_command_via(py, task, jobs, args, &socket)
+}
+
+/// The same, reaching the daemon as `via` says (its socket, or a host and key).
+fn harbor_command_via(
+    py: &Path,
+    task: &Path,
+    jobs: &Path,
+    args: &[&str],
+    via: &[(&str, String)],
+) -> std::process::Output {
     Command::new(py.parent().unwrap().join("harbor"))
         .args(["run", "--env", "forkd.harbor:ForkdEnvironment", "-p"])
         .arg(task)
         .arg("-o")
         .arg(jobs)
         .args(args)
-        .env("FORKD_SOCKET", &d.socket)
+        .env_remove("FORKD_SOCKET")
+        .envs(via.iter().map(|(k, v)| (*k, v.as_str())))
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .output()
         .expect("run harbor")
@@ -91,7 +104,11 @@ fn harbor_run_task(
     jobs: &Path,
     args: &[&str],
 ) -> serde_json::Value {
-    let out = harbor_command(d, py, task, jobs, args);
+    harbor_result(harbor_command(d, py, task, jobs, args), jobs, args)
+}
+
+/// The result.json of the job `out` ran in `jobs`, set aside.
+fn harbor_result(out: std::process::Output, jobs: &Path, args: &[&str]) -> serde_json::Value {
     let log = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -225,6 +242,42 @@ fn harbor_runs_tasks_on_forks_of_one_checkpoint() {
 /// A service started by the image's ENTRYPOINT (a start-up script, then `exec "$@"`) is
 /// in the live checkpoint and answers in every trial; a two-stage Dockerfile builds; a
 /// server the solution starts is there for the verifier (serve-sum).
+/// Harbor on a harness host: the forkd backend reaches the daemon over TLS with an API
+/// key (`FORKD_HOST`, `FORKD_CA_CERT`, `FORKD_API_KEY`), builds, checkpoints and forks
+/// there, and Harbor's own verifier passes the oracle; the audit log names the key.
+#[test]
+fn harbor_reaches_the_daemon_over_tls_with_a_key() {
+    let name = "harbor_reaches_the_daemon_over_tls_with_a_key";
+    if !can_run_criu(name) {
+        return;
+    }
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let Some((d, tls)) = start_tls("harbor-tls", &[]) else {
+        return;
+    };
+    d.import(&debian, "debian");
+    let key = make_key(&d.root, "harness-host", "full");
+    let jobs = d.root.parent().unwrap().join("jobs");
+    let args = ["--agent", "oracle"];
+    let out = harbor_command_via(&py, &task(), &jobs, &args, &tls.env(&key));
+    let r = harbor_result(out, &jobs, &args);
+    assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
+    let audit = std::fs::read_to_string(d.root.join("audit.log")).unwrap();
+    for op in ["buildImage", "createSandbox", "checkpointSandbox", "forkCheckpoint"] {
+        assert!(
+            audit.lines().any(|l| l.contains("\"harness-host\"") && l.contains(op)),
+            "{op} by the key is not in the audit log:\n{audit}"
+        );
+    }
+    assert!(!audit.contains(&key[4..]), "the key is in the audit log");
+    let _ = std::fs::remove_dir_all(&tls.pki);
+}
+
 #[test]
 fn harbor_builds_service_and_multi_stage_tasks() {
     let Some((d, py)) = harbor_setup(

@@ -12,14 +12,6 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
@@ -27,17 +19,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// A key made on the node, as an operator would.
-fn make_key(root: &Path, name: &str, scope: &str) -> String {
-    let out = Command::new(BIN)
-        .args(["key", "create", name, "--scope", scope, "--root"])
-        .arg(root)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// The CLI as a remote client: `FORKD_HOST`, the CA, and `key` if any.
@@ -77,33 +58,16 @@ fn sandbox_count(d: &TestDaemon) -> usize {
 #[test]
 fn keys_over_tls_reach_their_own_and_nothing_else() {
     let name = "keys_over_tls_reach_their_own_and_nothing_else";
-    if !can_run(name)
-        || !require(
-            name,
-            Path::new("/usr/bin/openssl").exists(),
-            "openssl missing (run fixtures/setup.sh packages)",
-        )
-    {
+    if !can_run(name) {
         return;
     }
-    let pki = PathBuf::from(format!("/tmp/forkd-test-{name}-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&pki);
-    make_pki(&pki);
-    let port = free_port();
-    let listen = format!("tcp://127.0.0.1:{port}");
-    let cert = pki.join("server.crt").display().to_string();
-    let key = pki.join("server.key").display().to_string();
-    let d = TestDaemon::start_with_env(
-        name,
-        &[
-            ("FORKD_LISTEN", &listen),
-            ("FORKD_TLS_CERT", &cert),
-            ("FORKD_TLS_KEY", &key),
-        ],
-    );
+    let Some((d, tls)) = start_tls(name, &[]) else {
+        return;
+    };
+    let (listen, pki) = (tls.host.clone(), tls.pki.clone());
     let remote = Remote {
         host: listen.clone(),
-        ca: pki.join("ca.crt"),
+        ca: tls.ca.clone(),
     };
     let admin = make_key(&d.root, "admin", "full");
     let a = make_key(&d.root, "harness-a", "own");
@@ -260,42 +224,25 @@ print("python ok")
 #[test]
 fn mutual_tls_refuses_a_client_without_a_certificate() {
     let name = "mutual_tls_refuses_a_client_without_a_certificate";
-    if !can_run(name)
-        || !require(
-            name,
-            Path::new("/usr/bin/openssl").exists(),
-            "openssl missing (run fixtures/setup.sh packages)",
-        )
-    {
+    if !can_run(name) {
         return;
     }
+    // The client CA is the test CA, made by start_tls before the daemon starts.
     let pki = PathBuf::from(format!("/tmp/forkd-test-{name}-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&pki);
-    make_pki(&pki);
-    let port = free_port();
-    let listen = format!("tcp://127.0.0.1:{port}");
-    let s = |f: &str| pki.join(f).display().to_string();
-    let d = TestDaemon::start_with_env(
-        name,
-        &[
-            ("FORKD_LISTEN", &listen),
-            ("FORKD_TLS_CERT", &s("server.crt")),
-            ("FORKD_TLS_KEY", &s("server.key")),
-            ("FORKD_TLS_CLIENT_CA", &s("ca.crt")),
-        ],
-    );
+    let ca = pki.join("ca.crt").display().to_string();
+    let Some((d, tls)) = start_tls(name, &[("FORKD_TLS_CLIENT_CA", &ca)]) else {
+        return;
+    };
     let key = make_key(&d.root, "admin", "full");
     let remote = Remote {
-        host: listen,
-        ca: pki.join("ca.crt"),
+        host: tls.host.clone(),
+        ca: tls.ca.clone(),
     };
     let out = remote.cli(Some(&key), &["ps"]);
     assert!(!out.status.success(), "no certificate: {}", text(&out));
     let out = Command::new(BIN)
         .args(["ps", "-q"])
-        .env("FORKD_HOST", &remote.host)
-        .env("FORKD_CA_CERT", &remote.ca)
-        .env("FORKD_API_KEY", &key)
+        .envs(tls.env(&key))
         .env("FORKD_CLIENT_CERT", pki.join("client.cert"))
         .env("FORKD_CLIENT_KEY", pki.join("client.key"))
         .output()
