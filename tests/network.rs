@@ -144,7 +144,7 @@ fn keys_over_tls_reach_their_own_and_nothing_else() {
         text(&out)
     );
 
-    // The Python clients, sync and asyncio, with the same settings.
+    // The Python clients, sync and asyncio, and mini-swe-agent, with the same settings.
     if let Some(py) = harness_python(name) {
         let script = r#"
 import asyncio, sys
@@ -173,6 +173,19 @@ except forkd.Unauthorized:
 else:
     sys.exit("a wrong key was accepted")
 c.remove(sb.id, force=True)
+
+# mini-swe-agent's own agent, with its deterministic model, on a ForkdEnvironment that
+# finds the daemon by the same settings.
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.models.test_models import DeterministicModel, make_output
+from forkd.minisweagent import ForkdEnvironment
+
+env = ForkdEnvironment(image="busybox", interpreter=["sh", "-c"], cwd="/root")
+model = DeterministicModel(outputs=[make_output("submit", [{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo remote"}])])
+agent = DefaultAgent(model, env, system_template="You act.", instance_template="Task: {{task}}", step_limit=5, cost_limit=0)
+info = agent.run("say remote")
+assert info["exit_status"] == "Submitted" and info["submission"] == "remote\n", info
+env.cleanup()
 print("python ok")
 "#;
         let out = Command::new(&py)
@@ -182,6 +195,7 @@ print("python ok")
             .env("FORKD_CA_CERT", pki.join("ca.crt"))
             .env("FORKD_API_KEY", &a)
             .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src"))
+            .env("MSWEA_SILENT_STARTUP", "1")
             .output()
             .unwrap();
         assert!(out.status.success() && text(&out).contains("python ok"), "{}", text(&out));
