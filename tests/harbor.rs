@@ -268,9 +268,16 @@ fn harbor_reaches_the_daemon_over_tls_with_a_key() {
     let r = harbor_result(out, &jobs, &args);
     assert_eq!(summary(&r), (1, 0, 1.0), "{r}");
     let audit = std::fs::read_to_string(d.root.join("audit.log")).unwrap();
-    for op in ["buildImage", "createSandbox", "checkpointSandbox", "forkCheckpoint"] {
+    for op in [
+        "buildImage",
+        "createSandbox",
+        "checkpointSandbox",
+        "forkCheckpoint",
+    ] {
         assert!(
-            audit.lines().any(|l| l.contains("\"harness-host\"") && l.contains(op)),
+            audit
+                .lines()
+                .any(|l| l.contains("\"harness-host\"") && l.contains(op)),
             "{op} by the key is not in the audit log:\n{audit}"
         );
     }

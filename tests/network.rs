@@ -174,6 +174,21 @@ else:
     sys.exit("a wrong key was accepted")
 c.remove(sb.id, force=True)
 
+# /metrics, read by Prometheus's own parser.
+from prometheus_client.parser import text_string_to_metric_families
+families = {f.name: f for f in text_string_to_metric_families(c.prometheus_metrics())}
+for name in ["forkd_requests", "forkd_request_duration_seconds", "forkd_sandboxes", "forkd_branches_running",
+             "forkd_checkpoints", "forkd_checkpoint_image_bytes", "forkd_volume_bytes", "forkd_pulls_in_progress"]:
+    assert name in families, (name, sorted(families))
+created = [s for s in families["forkd_requests"].samples
+           if s.labels.get("op") == "createSandbox" and s.labels.get("outcome") == "ok" and s.name == "forkd_requests_total"]
+assert created and created[0].value >= 1, created
+hist = families["forkd_request_duration_seconds"]
+assert hist.type == "histogram"
+assert any(s.name.endswith("_bucket") and s.labels.get("le") == "+Inf" and s.labels.get("op") == "execInSandbox" for s in hist.samples)
+assert any(s.labels.get("status") == "running" and s.value >= 1 for s in families["forkd_sandboxes"].samples)
+assert [s.value for s in families["forkd_volume_bytes"].samples if s.labels.get("kind") == "size"][0] > 0
+
 # mini-swe-agent's own agent, with its deterministic model, on a ForkdEnvironment that
 # finds the daemon by the same settings.
 from minisweagent.agents.default import DefaultAgent
@@ -194,11 +209,18 @@ print("python ok")
             .env("FORKD_HOST", &listen)
             .env("FORKD_CA_CERT", pki.join("ca.crt"))
             .env("FORKD_API_KEY", &a)
-            .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src"))
+            .env(
+                "PYTHONPATH",
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+            )
             .env("MSWEA_SILENT_STARTUP", "1")
             .output()
             .unwrap();
-        assert!(out.status.success() && text(&out).contains("python ok"), "{}", text(&out));
+        assert!(
+            out.status.success() && text(&out).contains("python ok"),
+            "{}",
+            text(&out)
+        );
     } else {
         return;
     }

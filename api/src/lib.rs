@@ -21,7 +21,7 @@ pub use health::*;
 pub use images::*;
 pub use limits::Limits;
 pub use network::{Network, NetworkMode, Seccomp};
-pub use ops::{Answer, OpSpec, Operation, RequestBody, GRANTED_OPERATIONS};
+pub use ops::{Answer, OpSpec, Operation, RequestBody, GRANTED_OPERATIONS, PROMETHEUS_TEXT};
 pub use size::parse_size;
 
 pub use forkd_proto as proto;

@@ -2,6 +2,9 @@
 //! ([`OpSpec`]). The daemon's router answers from it and `tests/api_spec.rs` checks it
 //! against `docs/openapi.json`.
 
+/// The content type of `GET /metrics`: Prometheus's text exposition format.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 /// Every operation of the API. The daemon's router matches on it exhaustively, so an
 /// operation without a handler does not compile; what each one takes and answers is
 /// [`Operation::spec`], which `docs/openapi.json` is checked against.
@@ -10,6 +13,7 @@ pub enum Operation {
     Version,
     Health,
     Metrics,
+    PrometheusMetrics,
     ListImages,
     ImportImage,
     BuildImage,
@@ -78,10 +82,11 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 33] = [
+    pub const ALL: [Operation; 34] = [
         Operation::Version,
         Operation::Health,
         Operation::Metrics,
+        Operation::PrometheusMetrics,
         Operation::ListImages,
         Operation::ImportImage,
         Operation::BuildImage,
@@ -141,6 +146,15 @@ impl Operation {
                 status: 200,
                 body: RequestBody::None,
                 answer: Answer::Json("Metrics"),
+                query: &[],
+            },
+            Operation::PrometheusMetrics => OpSpec {
+                method: "GET",
+                path: "/metrics",
+                id: "prometheusMetrics",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Bytes(PROMETHEUS_TEXT),
                 query: &[],
             },
             Operation::ListImages => OpSpec {

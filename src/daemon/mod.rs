@@ -28,6 +28,7 @@ mod metrics;
 mod network;
 mod open;
 mod paths;
+mod prometheus;
 mod pull;
 mod record;
 mod routes;

@@ -375,6 +375,7 @@ fn handle(
             Ok(Reply::json(&d.health(tasks)))
         }
         O::Metrics => Ok(Reply::json(&d.node.metrics.snapshot())),
+        O::PrometheusMetrics => Ok(Reply::Bytes(d.prometheus().into_bytes())),
         O::ListImages => Ok(Reply::json(&d.list_images()?)),
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
         O::BuildImage => Ok(Reply::json(&d.build_image(req.json()?)?)),

@@ -36,8 +36,9 @@ fn document_is_openapi_3_0_3_for_this_api_version() {
     assert_eq!(doc["openapi"], "3.0.3");
     assert_eq!(doc["info"]["version"], api::API_VERSION);
     for path in doc["paths"].as_object().unwrap().keys() {
+        // Prometheus's scrapers look at /metrics.
         assert!(
-            path.starts_with(&format!("/{}/", api::API_VERSION)),
+            path == "/metrics" || path.starts_with(&format!("/{}/", api::API_VERSION)),
             "{path} is outside /{}/",
             api::API_VERSION
         );
@@ -108,6 +109,7 @@ fn every_error_response_is_an_api_error_with_its_kinds_status() {
     let kinds = [
         ErrorKind::BadRequest,
         ErrorKind::NotFound,
+        ErrorKind::Unauthorized,
         ErrorKind::Forbidden,
         ErrorKind::Conflict,
         ErrorKind::Internal,
@@ -129,7 +131,7 @@ fn every_error_response_is_an_api_error_with_its_kinds_status() {
         .collect();
     assert_eq!(
         statuses,
-        ["400", "403", "404", "409", "500", "503"]
+        ["400", "401", "403", "404", "409", "500", "503"]
             .map(String::from)
             .into()
     );

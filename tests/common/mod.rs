@@ -586,7 +586,12 @@ pub fn make_pki(dir: &Path) {
     let client_ext = format!("{leaf}extendedKeyUsage=clientAuth\n");
     for (who, cn, ext, cert) in [
         ("server", "/CN=127.0.0.1", server_ext.as_str(), "server.crt"),
-        ("client", "/CN=forkd-client", client_ext.as_str(), "client.cert"),
+        (
+            "client",
+            "/CN=forkd-client",
+            client_ext.as_str(),
+            "client.cert",
+        ),
     ] {
         let (key, csr, extfile) = (
             format!("{who}.key"),

@@ -88,6 +88,11 @@ def metrics() -> Call[dict[str, t.OpStats]]:
     return json_call("GET", "/v1/metrics", lambda d: {k: t.OpStats.from_json(v) for k, v in d.items()})
 
 
+def prometheus_metrics() -> Call[str]:
+    """`prometheusMetrics`: the daemon in Prometheus's text exposition format."""
+    return Call("GET", "/metrics", lambda a: a.body.decode("utf-8"))
+
+
 def gc() -> Call[t.GcResult]:
     """`gc`."""
     return json_call("POST", "/v1/gc", t.GcResult.from_json)

@@ -90,6 +90,10 @@ class AsyncClient:
         """Latency per operation."""
         return await self._send(_ops.metrics())
 
+    async def prometheus_metrics(self) -> str:
+        """The daemon in Prometheus's text format (`GET /metrics`)."""
+        return await self._send(_ops.prometheus_metrics())
+
     async def gc(self) -> t.GcResult:
         """Removes every store layer nothing uses."""
         return await self._send(_ops.gc())

@@ -95,6 +95,10 @@ class Client:
         """Latency per operation."""
         return self._send(_ops.metrics())
 
+    def prometheus_metrics(self) -> str:
+        """The daemon in Prometheus's text format (`GET /metrics`)."""
+        return self._send(_ops.prometheus_metrics())
+
     def gc(self) -> t.GcResult:
         """Removes every store layer nothing uses."""
         return self._send(_ops.gc())

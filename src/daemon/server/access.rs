@@ -60,7 +60,7 @@ enum Reach {
 fn reach(op: Operation) -> Reach {
     use Operation as O;
     match op {
-        O::Version | O::Health | O::Metrics => Reach::Open,
+        O::Version | O::Health | O::Metrics | O::PrometheusMetrics => Reach::Open,
         O::ListImages | O::InspectImage | O::PullImage | O::ListPulls | O::ListBuilds => {
             Reach::Open
         }
