@@ -414,3 +414,129 @@ fn mirrors_aliases_and_blocked_registries_follow_registries_conf() {
     );
     assert_eq!(reg.requests().len(), before);
 }
+
+/// The caller's credentials travel with its pull: a daemon with no credentials of its
+/// own pulls from an htpasswd registry with those of `REGISTRY_AUTH_FILE` as the CLI and
+/// the Python client find them; a wrong file is a 401 naming it; the credentials are in
+/// no log.
+#[test]
+fn a_pull_carries_the_callers_credentials_to_a_daemon_with_none() {
+    let name = "a_pull_carries_the_callers_credentials_to_a_daemon_with_none";
+    if !can_run(name) {
+        return;
+    }
+    let dir = Path::new("/tmp/forkd-test-registry-caller");
+    let extra = format!(
+        "auth:\n  htpasswd:\n    realm: forkd-test\n    path: {}/htpasswd\n",
+        dir.display()
+    );
+    let Some(reg) = Registry::start_with(dir, &extra, Some(htpasswd_push_auth)) else {
+        return;
+    };
+    let password = reg
+        .push_auth
+        .as_deref()
+        .and_then(|a| forkd::api::b64::decode(a.trim_start_matches("Basic ")).ok())
+        .map(|b| {
+            String::from_utf8(b)
+                .unwrap()
+                .trim_start_matches("docker:")
+                .to_string()
+        })
+        .unwrap();
+    push_image(
+        &reg,
+        "forkd/app",
+        "1",
+        &[base_layer(), top_layer("the caller's\n")],
+        "A=1",
+    );
+    // The daemon's own credential files do not exist.
+    let d = daemon_with_registry("registry-caller", &reg);
+    let reference = format!("{}/forkd/app:1", reg.host());
+    let caller = reg.dir.join("caller");
+    std::fs::create_dir_all(&caller).unwrap();
+    let b64 = |s: &str| forkd::api::b64::encode(s.as_bytes());
+    let good = caller.join("auth.json");
+    std::fs::write(
+        &good,
+        serde_json::json!({"auths": {reg.host(): {"auth": b64(&format!("docker:{password}"))}}})
+            .to_string(),
+    )
+    .unwrap();
+    let wrong = caller.join("wrong.json");
+    std::fs::write(
+        &wrong,
+        serde_json::json!({"auths": {reg.host(): {"auth": b64("docker:wrong")}}}).to_string(),
+    )
+    .unwrap();
+    let cli_pull = |file: &Path| {
+        std::process::Command::new(BIN)
+            .args(["image", "pull", &reference])
+            .env("FORKD_SOCKET", &d.socket)
+            .env("REGISTRY_AUTH_FILE", file)
+            .env("DOCKER_CONFIG", &caller)
+            .output()
+            .unwrap()
+    };
+    let out = cli_pull(&wrong);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("401") && err.contains(&wrong.display().to_string()),
+        "the 401 names the caller's file: {err}"
+    );
+    let out = cli_pull(&good);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sb = d.create(serde_json::json!({ "image": reference }));
+    assert_eq!(d.sh(&sb.id, "cat /etc/pulled").1, "the caller's\n");
+    d.remove(&sb.id);
+    let _: serde_json::Value = d
+        .client
+        .call(
+            "DELETE",
+            &format!(
+                "/v1/images/{}",
+                forkd::api::url::encode(&reference).replace('/', "%2F")
+            ),
+            None,
+        )
+        .unwrap();
+
+    // The Python client, the same way.
+    if let Some(py) = harness_python(name) {
+        let out = std::process::Command::new(&py)
+            .args([
+                "-c",
+                "import sys, forkd\nimg = forkd.Client().pull_image(sys.argv[1])\nprint(img.name)",
+                &reference,
+            ])
+            .env("FORKD_SOCKET", &d.socket)
+            .env("REGISTRY_AUTH_FILE", &good)
+            .env("DOCKER_CONFIG", &caller)
+            .env(
+                "PYTHONPATH",
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src"),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "python pull: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = d.log();
+    assert!(
+        !log.contains(&password),
+        "the password is in the daemon's log"
+    );
+    assert!(
+        !log.contains(&b64(&format!("docker:{password}"))),
+        "the credentials are in the daemon's log"
+    );
+}

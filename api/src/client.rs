@@ -124,8 +124,29 @@ impl Client {
 
     /// Sends a request and reads the whole response.
     pub fn raw(&self, method: &str, path: &str, body: &[u8]) -> Result<HttpResponse, ClientError> {
+        self.raw_with(method, path, &[], body)
+    }
+
+    /// Sends a request with more headers (names and values without CR or LF) and reads
+    /// the whole response.
+    pub fn raw_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<HttpResponse, ClientError> {
         let mut s = self.connect()?;
-        self.send_head(&mut s, method, path, "Connection: close\r\n", body)?;
+        let mut extra = String::from("Connection: close\r\n");
+        for (k, v) in headers {
+            if [k, v].iter().any(|x| x.contains(['\r', '\n'])) {
+                return Err(ClientError::Protocol(format!(
+                    "header {k} holds a line break"
+                )));
+            }
+            extra.push_str(&format!("{k}: {v}\r\n"));
+        }
+        self.send_head(&mut s, method, path, &extra, body)?;
         let proto = |e: std::io::Error| ClientError::Protocol(format!("read answer: {e}"));
         let mut buf = Vec::with_capacity(8192);
         let mut chunk = [0u8; 8192];
@@ -190,6 +211,18 @@ impl Client {
     ) -> Result<T, ClientError> {
         let bytes = serde_json::to_vec(body).expect("json");
         Self::decode(self.raw(method, path, &bytes)?)
+    }
+
+    /// [`Client::send`] with more headers.
+    pub fn send_with<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).expect("json");
+        Self::decode(self.raw_with(method, path, headers, &bytes)?)
     }
 
     pub fn decode<T: serde::de::DeserializeOwned>(resp: HttpResponse) -> Result<T, ClientError> {

@@ -13,6 +13,7 @@ mod images;
 mod limits;
 mod network;
 mod ops;
+pub mod registry_auth;
 mod size;
 pub mod transport;
 

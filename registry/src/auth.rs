@@ -67,6 +67,32 @@ struct AuthEntry {
     other: BTreeMap<String, serde_json::Value>,
 }
 
+/// Credentials a request brought (its caller's), by registry host. Where a request
+/// brings them, they are the only ones used: the daemon's own files are not looked at.
+pub type Given = BTreeMap<String, Credential>;
+
+/// The credential `given` holds for `registry` (Docker Hub by any of its names).
+pub fn given_for(given: &Given, registry: &str) -> Option<Credential> {
+    aliases(registry)
+        .iter()
+        .find_map(|name| given.iter().find(|(k, _)| normalize_key(k) == *name))
+        .map(|(_, c)| c.clone())
+}
+
+/// The caller's own credential for the registry `reference` names, from the files of
+/// this process's environment (as [`AuthFiles::from_env`]): what a client sends with a
+/// pull. None for a short name, whose registry is the daemon's registries.conf's to say.
+pub fn for_reference(reference: &str) -> Result<Option<(String, Credential)>, RegistryError> {
+    let parsed = crate::reference::Parsed::parse(reference)?;
+    let Some(registry) = &parsed.registry else {
+        return Ok(None);
+    };
+    let r = parsed.qualify(registry);
+    Ok(AuthFiles::from_env()
+        .lookup(&r.registry, &r.repository)?
+        .map(|c| (r.registry.clone(), c)))
+}
+
 /// The files credentials are looked up in, in order.
 #[derive(Debug, Clone, Default)]
 pub struct AuthFiles {

@@ -225,6 +225,12 @@ impl Client {
     }
 
     pub(crate) fn no_credentials(&self, ep: &Endpoint) -> String {
+        if self.config.given.is_some() {
+            return format!(
+                "the registry {} wants credentials and the request brought none for it (its caller's credential files have none: `forkd login {}` stores some)",
+                ep.reference.registry, ep.reference.registry
+            );
+        }
         let files: Vec<String> = self
             .config
             .auth

@@ -49,6 +49,8 @@ pub struct ClientConfig {
     /// client pairs (containers-certs.d(5)).
     pub certs_dirs: Vec<PathBuf>,
     pub retry: RetryPolicy,
+    /// The caller's credentials, when its request brought any: then the only ones used.
+    pub given: Option<crate::auth::Given>,
     pub connect_timeout: Duration,
     /// Longest silence while reading an answer.
     pub read_timeout: Duration,
@@ -86,6 +88,7 @@ impl ClientConfig {
             auth: AuthFiles::from_env(),
             certs_dirs,
             retry: RetryPolicy::default(),
+            given: None,
             connect_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(120),
         })
@@ -268,7 +271,10 @@ impl Client {
         if let Some(c) = lock(&self.creds).get(&key) {
             return Ok(c.clone());
         }
-        let c = self.config.auth.lookup(&key.0, &key.1)?;
+        let c = match &self.config.given {
+            Some(given) => crate::auth::given_for(given, &key.0),
+            None => self.config.auth.lookup(&key.0, &key.1)?,
+        };
         lock(&self.creds).insert(key, c.clone());
         Ok(c)
     }

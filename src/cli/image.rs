@@ -180,13 +180,16 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 platform: Some(platform),
                 name,
             };
+            let auth = caller_credentials(&reference)?;
+            let headers: Vec<(&str, &str)> = auth
+                .iter()
+                .map(|v| (crate::api::registry_auth::HEADER, v.as_str()))
+                .collect();
             let progress = (!ctx.json).then(|| watch_pull(ctx, &reference));
             let t = std::time::Instant::now();
-            let res: Result<ImageInfo, _> = ctx.client.call(
-                "POST",
-                "/v1/images/pull",
-                Some(&serde_json::to_value(&req)?),
-            );
+            let res: Result<ImageInfo, _> =
+                ctx.client
+                    .send_with("POST", "/v1/images/pull", &headers, &req);
             if let Some((stop, handle)) = progress {
                 drop(stop);
                 let _ = handle.join();
@@ -334,4 +337,31 @@ fn watch_pull(
         }
     });
     (stop, handle)
+}
+
+/// The `X-Registry-Config` a pull of `reference` carries: the caller's own credentials
+/// for its registry (REGISTRY_AUTH_FILE, the containers auth files, Docker's config and
+/// its helpers), as podman-remote and docker send theirs. None when the caller has none,
+/// or the name is short: the daemon's own files are used then.
+fn caller_credentials(reference: &str) -> anyhow::Result<Option<String>> {
+    let Some((registry, c)) = forkd_registry::auth::for_reference(reference)? else {
+        return Ok(None);
+    };
+    let auth = if c.identity_token {
+        crate::api::registry_auth::RegistryAuth {
+            username: Some(c.username),
+            identitytoken: Some(c.secret),
+            from: Some(c.from),
+            ..Default::default()
+        }
+    } else {
+        crate::api::registry_auth::RegistryAuth {
+            username: Some(c.username),
+            password: Some(c.secret),
+            from: Some(c.from),
+            ..Default::default()
+        }
+    };
+    let config = [(registry, auth)].into_iter().collect();
+    Ok(Some(crate::api::registry_auth::encode(&config)))
 }

@@ -106,3 +106,43 @@ mod tests {
         }
     }
 }
+
+/// The caller's registry credentials (the `X-Registry-Config` header's value) as the
+/// registry client takes them; an error names the header and the registry, never a secret.
+pub fn registry_given(
+    header: Option<&str>,
+) -> Result<Option<forkd_registry::auth::Given>, crate::api::ApiError> {
+    let Some(value) = header else {
+        return Ok(None);
+    };
+    let config = api::registry_auth::decode(value).map_err(api::ApiError::bad_request)?;
+    let mut given = forkd_registry::auth::Given::new();
+    for (registry, a) in config {
+        let from = format!(
+            "the caller's {}",
+            a.from.as_deref().unwrap_or("credentials")
+        );
+        let cred = match (a.identitytoken, a.username, a.password) {
+            (Some(token), user, _) => forkd_registry::auth::Credential {
+                username: user.unwrap_or_else(|| "<token>".into()),
+                secret: token,
+                identity_token: true,
+                from,
+            },
+            (None, Some(username), Some(secret)) => forkd_registry::auth::Credential {
+                username,
+                secret,
+                identity_token: false,
+                from,
+            },
+            _ => {
+                return Err(api::ApiError::bad_request(format!(
+                    "{}: the credentials for {registry} have neither a user name and password nor an identity token",
+                    api::registry_auth::HEADER
+                )))
+            }
+        };
+        given.insert(registry, cred);
+    }
+    Ok(Some(given))
+}

@@ -31,6 +31,9 @@ pub struct Request {
     /// an encoded '/' stays inside its segment).
     pub path: String,
     pub query: HashMap<String, String>,
+    /// The caller's registry credentials (`X-Registry-Config`), as sent: read by pulls
+    /// and builds only, and never logged.
+    pub registry_config: Option<String>,
     pub body: Vec<u8>,
 }
 

@@ -27,6 +27,7 @@
 //! lock is held for reading throughout, so `gc` cannot take a layer sealed by this pull
 //! before the image refers to it.
 
+use forkd_registry::auth::Given;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -159,9 +160,15 @@ impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
 
 impl Daemon {
     /// A pull; `cancel` turning true (its client went away) stops it, leaving no image.
-    pub fn pull_image(&self, req: PullRequest, cancel: &AtomicBool) -> Result<ImageInfo, ApiError> {
+    /// `given`, the caller's credentials, are the only ones used when it brought any.
+    pub fn pull_image(
+        &self,
+        req: PullRequest,
+        given: Option<Given>,
+        cancel: &AtomicBool,
+    ) -> Result<ImageInfo, ApiError> {
         let _store = self.images.store_lock.read_locked();
-        self.pull_held(req, cancel)
+        self.pull_held(req, given, cancel)
             .map(|img| self.image_to_info(img))
     }
 
@@ -169,7 +176,11 @@ impl Daemon {
     /// one pulled before under the fully qualified reference the name means; else
     /// pulled now, as `docker build` pulls a missing base. The caller holds the store
     /// lock for reading.
-    pub(super) fn image_for_build(&self, name: &str) -> Result<Image, ApiError> {
+    pub(super) fn image_for_build(
+        &self,
+        name: &str,
+        given: &Option<Given>,
+    ) -> Result<Image, ApiError> {
         match self.images.local(name, &self.config.registries_conf) {
             Ok(img) => return Ok(img),
             Err(forkd_layers::ImageError::NotFound(_)) => {}
@@ -183,6 +194,7 @@ impl Daemon {
                 reference: name.to_owned(),
                 ..Default::default()
             },
+            given.clone(),
             &AtomicBool::new(false),
         )
         .map_err(|mut e| {
@@ -192,7 +204,12 @@ impl Daemon {
     }
 
     /// A pull; the caller holds the store lock for reading.
-    fn pull_held(&self, req: PullRequest, cancel: &AtomicBool) -> Result<Image, ApiError> {
+    fn pull_held(
+        &self,
+        req: PullRequest,
+        given: Option<Given>,
+        cancel: &AtomicBool,
+    ) -> Result<Image, ApiError> {
         let t0 = Instant::now();
         let platform: Platform = match &req.platform {
             Some(p) => p
@@ -204,9 +221,10 @@ impl Daemon {
             forkd_layers::validate_image_name(n)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
         }
-        let config =
+        let mut config =
             ClientConfig::with(&self.config.registries_conf, self.config.certs_dirs.clone())
                 .map_err(|e| api_error(&e))?;
+        config.given = given;
         let candidates = config
             .registries
             .candidates(&req.reference)

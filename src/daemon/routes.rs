@@ -225,10 +225,15 @@ async fn dispatch(
             .headers
             .get(hyper::header::UPGRADE)
             .is_some_and(|v| v.as_bytes() == EXEC_UPGRADE.as_bytes());
+    let registry_config = parts
+        .headers
+        .get(crate::api::registry_auth::HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let req = Request {
         method,
         path,
         query,
+        registry_config,
         body,
     };
     if upgrade {
@@ -378,9 +383,15 @@ fn handle(
         O::PrometheusMetrics => Ok(Reply::Bytes(d.prometheus().into_bytes())),
         O::ListImages => Ok(Reply::json(&d.list_images()?)),
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
-        O::BuildImage => Ok(Reply::json(&d.build_image(req.json()?)?)),
+        O::BuildImage => {
+            let given = super::edge::registry_given(req.registry_config.as_deref())?;
+            Ok(Reply::json(&d.build_image(req.json()?, given)?))
+        }
         O::ListBuilds => Ok(Reply::json(&d.images.builds.list())),
-        O::PullImage => Ok(Reply::json(&d.pull_image(req.json()?, cancel)?)),
+        O::PullImage => {
+            let given = super::edge::registry_given(req.registry_config.as_deref())?;
+            Ok(Reply::json(&d.pull_image(req.json()?, given, cancel)?))
+        }
         O::ListPulls => Ok(Reply::json(&d.images.pulls.list())),
         O::InspectImage => Ok(Reply::json(&d.image_info(&param("name"))?)),
         O::RemoveImage => {

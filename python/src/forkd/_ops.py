@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
+from . import _credentials
 from . import requests as r
 from . import types as t
 from ._wire import Call, json_call, segment
@@ -146,9 +147,14 @@ def list_builds() -> Call[list[t.BuildStatus]]:
 
 
 def pull_image(reference: str, *, platform: Optional[str] = None, name: Optional[str] = None) -> Call[t.ImageInfo]:
-    """`pullImage`: from a registry, as registries.conf and the daemon's credentials say."""
+    """`pullImage`: from a registry, as the daemon's registries.conf says, with the caller's
+    own credentials for it when it has some (`forkd._credentials`), else the daemon's."""
     body = r.PullRequest(reference=reference, platform=platform, name=name).body()
-    return json_call("POST", "/v1/images/pull", t.ImageInfo.from_json, body, timeout=None)
+    call = json_call("POST", "/v1/images/pull", t.ImageInfo.from_json, body, timeout=None)
+    auth = _credentials.header_for(reference)
+    if auth is not None:
+        call.headers[_credentials.HEADER] = auth
+    return call
 
 
 def list_pulls() -> Call[list[t.PullStatus]]:

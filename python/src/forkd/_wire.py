@@ -132,6 +132,8 @@ class Call(Generic[T]):
     body: Optional[bytes] = None
     content_type: str = "application/json"
     timeout: Optional[float] = DEFAULT_TIMEOUT
+    # More headers (the caller's registry credentials for a pull).
+    headers: dict[str, str] = field(default_factory=dict)
 
     def target(self) -> str:
         if not self.query:
@@ -149,6 +151,10 @@ class Call(Generic[T]):
         ]
         if key:
             head.append(f"Authorization: Bearer {key}")
+        for k, v in self.headers.items():
+            if "\r" in k + v or "\n" in k + v:
+                raise ValueError(f"header {k} holds a line break")
+            head.append(f"{k}: {v}")
         if self.body is not None:
             head.append(f"Content-Type: {self.content_type}")
         return ("\r\n".join(head) + "\r\n\r\n").encode() + body

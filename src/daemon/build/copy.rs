@@ -52,7 +52,7 @@ impl Job<'_> {
                 // `COPY --from=<uv image>`: an image, pulled if it is not here.
                 None => {
                     self.d
-                        .image_for_build(&from)
+                        .image_for_build(&from, self.given)
                         .map_err(|e| {
                             self.err(
                                 line,

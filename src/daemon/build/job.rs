@@ -125,7 +125,7 @@ impl Job<'_> {
         } else {
             let img = self
                 .d
-                .image_for_build(base)
+                .image_for_build(base, self.given)
                 .map_err(|e| self.err(line, format!("FROM {base}: {}", e.message)))?;
             (img.layers, img.config)
         };

@@ -199,7 +199,13 @@ impl Daemon {
     }
 
     /// Builds an image from a Dockerfile. See the module header.
-    pub fn build_image(self: &Arc<Self>, req: BuildRequest) -> Result<BuildResult, ApiError> {
+    /// Builds an image; the images its `FROM` and `COPY --from` pull are pulled with
+    /// `given`, the caller's credentials, when it brought any.
+    pub fn build_image(
+        self: &Arc<Self>,
+        req: BuildRequest,
+        given: Option<forkd_registry::auth::Given>,
+    ) -> Result<BuildResult, ApiError> {
         let started = Instant::now();
         forkd_layers::validate_image_name(&req.name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -272,6 +278,7 @@ impl Daemon {
             plan: &plan,
             ctx: &ctx,
             status: &status,
+            given: &given,
         };
         let res = job.run(target, &mut made);
         match res {
@@ -423,6 +430,8 @@ struct Job<'a> {
     plan: &'a Plan,
     ctx: &'a forkd_build::Context,
     status: &'a Arc<Mutex<BuildStatus>>,
+    /// The caller's registry credentials.
+    given: &'a Option<forkd_registry::auth::Given>,
 }
 
 const ESC: char = '\\';
