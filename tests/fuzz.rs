@@ -179,13 +179,27 @@ impl Gen<'_> {
     }
 }
 
-/// One request, raw; the status and body, or None when the daemon closed without
-/// answering.
+/// One request, raw, on the daemon's socket; the status and body, or None when the
+/// daemon closed without answering.
 fn send(socket: &std::path::Path, request: &[u8]) -> Option<(u16, String)> {
-    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("daemon answers");
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let s = std::os::unix::net::UnixStream::connect(socket).expect("daemon answers");
+    exchange(s, |s| s.shutdown(std::net::Shutdown::Write), request)
+}
+
+/// The same on a TCP listener.
+fn send_tcp(addr: &str, request: &[u8]) -> Option<(u16, String)> {
+    let s = std::net::TcpStream::connect(addr).expect("daemon answers");
+    exchange(s, |s| s.shutdown(std::net::Shutdown::Write), request)
+}
+
+/// Writes `request`, shuts the sending half, and reads what comes back to the end.
+fn exchange<S: Read + Write>(
+    mut s: S,
+    shut: impl FnOnce(&S) -> std::io::Result<()>,
+    request: &[u8],
+) -> Option<(u16, String)> {
     let _ = s.write_all(request);
-    let _ = s.shutdown(std::net::Shutdown::Write);
+    let _ = shut(&s);
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).to_string();
@@ -359,23 +373,17 @@ fn the_api_answers_every_generated_request_as_documented() {
     );
 }
 
-#[test]
-fn mutated_request_bytes_get_an_answer_or_a_closed_connection_never_a_crash() {
-    let name = "mutated_request_bytes_get_an_answer_or_a_closed_connection_never_a_crash";
-    if !can_run(name) {
-        return;
-    }
-    let d = TestDaemon::start("fuzz-bytes");
-    let seeds: Vec<Vec<u8>> = vec![
-        b"GET /v1/sandboxes HTTP/1.1\r\nHost: forkd\r\n\r\n".to_vec(),
-        b"POST /v1/sandboxes HTTP/1.1\r\nContent-Length: 19\r\n\r\n{\"image\":\"nothing\"}".to_vec(),
-        b"POST /v1/sandboxes/0000/exec HTTP/1.1\r\nUpgrade: forkd-exec\r\nConnection: Upgrade\r\nContent-Length: 17\r\n\r\n{\"argv\":[\"true\"]}".to_vec(),
-        b"GET /v1/sandboxes?stats=true&x=%41 HTTP/1.1\r\nExpect: 100-continue\r\n\r\n".to_vec(),
-    ];
-    let mut rng = Rng::new("bytes");
+/// Sends mutations of `seeds` for the budget; returns how many. An answer never tells
+/// of a panic.
+fn mutate_requests(
+    label: &str,
+    seeds: &[Vec<u8>],
+    mut send: impl FnMut(&[u8]) -> Option<(u16, String)>,
+) -> usize {
+    let mut rng = Rng::new(label);
     let (start, mut cases) = (Instant::now(), 0usize);
     while start.elapsed() < budget() {
-        let mut req = rng.pick(&seeds).clone();
+        let mut req = rng.pick(seeds).clone();
         for _ in 0..1 + rng.below(4) {
             let at = rng.below(req.len());
             match rng.below(5) {
@@ -396,7 +404,7 @@ fn mutated_request_bytes_get_an_answer_or_a_closed_connection_never_a_crash() {
             }
         }
         cases += 1;
-        if let Some((_, text)) = send(&d.socket, &req) {
+        if let Some((_, text)) = send(&req) {
             assert!(
                 !text.contains("panicked"),
                 "{:?}: {text}",
@@ -404,12 +412,67 @@ fn mutated_request_bytes_get_an_answer_or_a_closed_connection_never_a_crash() {
             );
         }
     }
-    println!("fuzz bytes: {cases} requests in {:?}", start.elapsed());
+    println!("fuzz {label}: {cases} requests in {:?}", start.elapsed());
+    cases
+}
+
+#[test]
+fn mutated_request_bytes_get_an_answer_or_a_closed_connection_never_a_crash() {
+    let name = "mutated_request_bytes_get_an_answer_or_a_closed_connection_never_a_crash";
+    if !can_run(name) {
+        return;
+    }
+    let d = TestDaemon::start("fuzz-bytes");
+    let seeds: Vec<Vec<u8>> = vec![
+        b"GET /v1/sandboxes HTTP/1.1\r\nHost: forkd\r\n\r\n".to_vec(),
+        b"POST /v1/sandboxes HTTP/1.1\r\nContent-Length: 19\r\n\r\n{\"image\":\"nothing\"}".to_vec(),
+        b"POST /v1/sandboxes/0000/exec HTTP/1.1\r\nUpgrade: forkd-exec\r\nConnection: Upgrade\r\nContent-Length: 17\r\n\r\n{\"argv\":[\"true\"]}".to_vec(),
+        b"GET /v1/sandboxes?stats=true&x=%41 HTTP/1.1\r\nExpect: 100-continue\r\n\r\n".to_vec(),
+        b"POST /v1/images/pull HTTP/1.1\r\nX-Registry-Config: e30\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"ref\r\n0\r\n\r\n".to_vec(),
+    ];
+    mutate_requests("bytes", &seeds, |req| send(&d.socket, req));
     let v: Value = d
         .client
         .call("GET", "/v1/version", None)
         .expect("still answering");
     assert!(v["version"].is_string());
+}
+
+/// The request parser over TCP, with a key (so that requests get past it) and without:
+/// kept-alive connections with several requests in one write, chunked bodies, upgrades
+/// and heads cut anywhere. The daemon answers or closes, never panics, and serves on.
+#[test]
+fn mutated_requests_over_tcp_with_and_without_a_key_never_crash() {
+    let name = "mutated_requests_over_tcp_with_and_without_a_key_never_crash";
+    if !can_run(name) {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = TestDaemon::start_with_env("fuzz-tcp", &[("FORKD_LISTEN", &format!("tcp://{addr}"))]);
+    let key = make_key(&d.root, "fuzz", "own");
+    let auth = format!("Authorization: Bearer {key}\r\n");
+    let with_key = |head: &str, rest: &str| format!("{head}\r\n{auth}{rest}").into_bytes();
+    let seeds: Vec<Vec<u8>> = vec![
+        with_key("GET /v1/sandboxes HTTP/1.1", "Host: forkd\r\n\r\nGET /v1/version HTTP/1.1\r\n\r\n"),
+        with_key("POST /v1/sandboxes HTTP/1.1", "Content-Length: 19\r\n\r\n{\"image\":\"nothing\"}"),
+        with_key("POST /v1/sandboxes HTTP/1.1", "Transfer-Encoding: chunked\r\n\r\n13\r\n{\"image\":\"nothing\"}\r\n0\r\n\r\n"),
+        with_key("POST /v1/sandboxes/0000/exec HTTP/1.1", "Upgrade: forkd-exec\r\nConnection: Upgrade\r\nContent-Length: 17\r\n\r\n{\"argv\":[\"true\"]}"),
+        with_key("GET /metrics HTTP/1.1", "Connection: close\r\n\r\n"),
+        b"GET /v1/sandboxes HTTP/1.1\r\nAuthorization: Bearer e2b_0000\r\n\r\n".to_vec(),
+    ];
+    let cases = mutate_requests("tcp", &seeds, |req| send_tcp(&addr, req));
+    assert!(cases > 0);
+    let (status, _) = send_tcp(
+        &addr,
+        &with_key("GET /v1/version HTTP/1.1", "Connection: close\r\n\r\n"),
+    )
+    .expect("still answering");
+    assert_eq!(status, 200);
 }
 
 #[test]

@@ -311,3 +311,142 @@ fn plain_tcp_off_loopback_stops_the_daemon_by_name() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The daemon's open descriptors.
+fn fds(d: &TestDaemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", d.pid().unwrap()))
+        .unwrap()
+        .count()
+}
+
+/// Peers that are slow, hostile or many cost the daemon a bounded amount, are answered
+/// where HTTP allows, and never stop it serving: a thousand idle connections, garbage
+/// instead of TLS, a head of a megabyte, a body over its limit, a head sent a byte at a
+/// time; afterwards the daemon holds the descriptors it held before.
+#[test]
+fn hostile_peers_are_bounded_and_the_daemon_keeps_serving() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let name = "hostile_peers_are_bounded_and_the_daemon_keeps_serving";
+    if !can_run(name) {
+        return;
+    }
+    let Some((d, tls)) = start_tls(name, &[("FORKD_MAX_CONNECTIONS", "256")]) else {
+        return;
+    };
+    let key = make_key(&d.root, "admin", "full");
+    let env: Vec<(&str, String)> = tls.env(&key);
+    let endpoint = forkd::api::transport::Endpoint::parse(&tls.host, &|k: &str| {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    let client = forkd::client::Client::at(endpoint.clone());
+    let serving = || {
+        client
+            .call::<serde_json::Value>("GET", "/v1/version", None)
+            .is_ok()
+    };
+    assert!(serving());
+    let before = fds(&d);
+    let addr = tls.host.trim_start_matches("tcp://").to_string();
+
+    // A thousand connections that never speak: past the 256 served at once the rest
+    // wait in the backlog; each has 10 s to finish its handshake.
+    let idle: Vec<std::net::TcpStream> = (0..1000)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // Garbage where a TLS ClientHello belongs: closed.
+    let mut junk = std::net::TcpStream::connect(&addr).unwrap();
+    junk.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let _ = junk.write_all(&[0x16, 0x03, 0x01, 0xff, 0xff, 0xde, 0xad, 0xbe, 0xef].repeat(64));
+    let mut sink = Vec::new();
+    let _ = junk.read_to_end(&mut sink);
+    // The idle ones are dropped by the server after the handshake's bound, and a real
+    // client is served again.
+    let t = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(40), serving),
+        "not serving after idle connections"
+    );
+    eprintln!("served again {:?} after the idle connections", t.elapsed());
+    let closed = idle
+        .into_iter()
+        .filter(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut b = [0u8; 1];
+            matches!(s.read(&mut b), Ok(0) | Err(_))
+        })
+        .count();
+    assert_eq!(
+        closed, 1000,
+        "every idle connection is closed by the daemon"
+    );
+
+    // Over TLS with a key: a head of a megabyte is refused (431) or the connection
+    // closed; a body claiming 100 GB is a 400 before a byte of it is read.
+    let mut s = endpoint.connect().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let huge = format!(
+        "GET /v1/version HTTP/1.1\r\nHost: forkd\r\nAuthorization: Bearer {key}\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let _ = s.write_all(huge.as_bytes());
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 431"),
+        "a huge head: {text}"
+    );
+    let mut s = endpoint.connect().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: forkd\r\nAuthorization: Bearer {key}\r\nConnection: close\r\nContent-Length: 100000000000\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("over the limit"),
+        "{answer}"
+    );
+    // A head a byte a second: cut off at its bound (10 s), not held for ever.
+    let mut s = endpoint.connect().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let t = Instant::now();
+    let mut cut = false;
+    for b in b"GET /v1/version HTTP/1.1\r\nHost: forkd\r\nX-Slow: "
+        .iter()
+        .cycle()
+        .take(40)
+    {
+        if s.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        let mut one = [0u8; 1];
+        match s.read(&mut one) {
+            Ok(0) => {
+                cut = true;
+                break;
+            }
+            Ok(_) => {
+                cut = true;
+                break;
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(cut, "a slow head is cut off");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(serving());
+    // Nothing held for the peers that went.
+    assert!(
+        wait_until(Duration::from_secs(30), || fds(&d) <= before + 4),
+        "descriptors: {} before, {} after",
+        before,
+        fds(&d)
+    );
+}
