@@ -7,6 +7,7 @@ use crate::{ApiError, EXEC_UPGRADE};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 pub use crate::defaults::{DEFAULT_ROOT, DEFAULT_SOCKET};
 
@@ -25,9 +26,14 @@ pub enum ClientError {
     Protocol(String),
 }
 
+/// Kept TCP connections a client holds at most.
+const POOLED: usize = 16;
+
 #[derive(Debug, Clone)]
 pub struct Client {
     endpoint: Endpoint,
+    /// Kept-alive connections to a TCP endpoint, shared by the client's clones.
+    pool: Arc<Mutex<Vec<UnixStream>>>,
 }
 
 pub struct HttpResponse {
@@ -38,14 +44,15 @@ pub struct HttpResponse {
 impl Client {
     /// A client of the daemon on `socket`.
     pub fn new(socket: &Path) -> Self {
-        Client {
-            endpoint: Endpoint::Unix(socket.to_path_buf()),
-        }
+        Client::at(Endpoint::Unix(socket.to_path_buf()))
     }
 
     /// A client of the daemon at `endpoint`.
     pub fn at(endpoint: Endpoint) -> Self {
-        Client { endpoint }
+        Client {
+            endpoint,
+            pool: Arc::default(),
+        }
     }
 
     pub fn endpoint(&self) -> &Endpoint {
@@ -136,8 +143,10 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<HttpResponse, ClientError> {
-        let mut s = self.connect()?;
-        let mut extra = String::from("Connection: close\r\n");
+        // A Unix socket's connection carries one request; a TCP one (TLS) is kept for the
+        // next, since making one costs a handshake.
+        let keep = matches!(self.endpoint, Endpoint::Tcp(_));
+        let mut extra = String::from(if keep { "" } else { "Connection: close\r\n" });
         for (k, v) in headers {
             if [k, v].iter().any(|x| x.contains(['\r', '\n'])) {
                 return Err(ClientError::Protocol(format!(
@@ -146,45 +155,52 @@ impl Client {
             }
             extra.push_str(&format!("{k}: {v}\r\n"));
         }
+        if keep {
+            if let Some(mut s) = self.pooled() {
+                // A kept connection the daemon closed meanwhile (idle too long) fails
+                // before a byte of answer: the request did not run, so it goes again on a
+                // new connection.
+                if self.send_head(&mut s, method, path, &extra, body).is_ok() {
+                    match read_answer(&mut s) {
+                        Ok((resp, reusable)) => {
+                            if reusable {
+                                self.put_back(s);
+                            }
+                            return Ok(resp);
+                        }
+                        Err(Unanswered::Nothing) => {}
+                        Err(Unanswered::Failed(e)) => return Err(e),
+                    }
+                }
+            }
+        }
+        let mut s = self.connect()?;
         self.send_head(&mut s, method, path, &extra, body)?;
-        let proto = |e: std::io::Error| ClientError::Protocol(format!("read answer: {e}"));
-        let mut buf = Vec::with_capacity(8192);
-        let mut chunk = [0u8; 8192];
-        let (head, status, length, chunked) = loop {
-            let n = s.read(&mut chunk).map_err(proto)?;
-            if n == 0 {
-                return Err(ClientError::Protocol(if buf.is_empty() {
-                    "the daemon closed the connection without answering".into()
-                } else {
-                    format!("incomplete answer head ({} bytes)", buf.len())
-                }));
+        match read_answer(&mut s) {
+            Ok((resp, reusable)) => {
+                if keep && reusable {
+                    self.put_back(s);
+                }
+                Ok(resp)
             }
-            buf.extend_from_slice(&chunk[..n]);
-            if let Some(h) = parse_head(&buf)? {
-                break h;
-            }
-        };
-        let mut rest = buf.split_off(head);
-        let body = if chunked {
-            s.read_to_end(&mut rest).map_err(proto)?;
-            dechunk(&rest)?
-        } else if let Some(n) = length {
-            if rest.len() < n {
-                let have = rest.len();
-                rest.resize(n, 0);
-                s.read_exact(&mut rest[have..]).map_err(|e| {
-                    ClientError::Protocol(format!(
-                        "answer cut short after {have} of {n} bytes: {e}"
-                    ))
-                })?;
-            }
-            rest.truncate(n);
-            rest
-        } else {
-            s.read_to_end(&mut rest).map_err(proto)?;
-            rest
-        };
-        Ok(HttpResponse { status, body })
+            Err(Unanswered::Nothing) => Err(ClientError::Protocol(
+                "the daemon closed the connection without answering".into(),
+            )),
+            Err(Unanswered::Failed(e)) => Err(e),
+        }
+    }
+
+    /// A kept connection, if there is one.
+    fn pooled(&self) -> Option<UnixStream> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    /// Keeps a connection for a next request (a few at most).
+    fn put_back(&self, s: UnixStream) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < POOLED {
+            pool.push(s);
+        }
     }
 
     /// Sends a request; decodes a JSON answer or the daemon's typed error.
@@ -274,7 +290,7 @@ impl Client {
             }
             if head.ends_with(b"\r\n\r\n") {
                 match parse_head(&head)? {
-                    Some((_, status, length, _)) => break (status, length),
+                    Some(h) => break (h.status, h.length),
                     None => return Err(ClientError::Protocol("malformed answer head".into())),
                 }
             }
@@ -288,9 +304,90 @@ impl Client {
     }
 }
 
-/// An answer's head: its length, the status, the body's length if given, and whether the
-/// body is chunked.
-type Head = (usize, u16, Option<usize>, bool);
+/// An answer's head, as far as reading the answer goes.
+#[derive(Debug, PartialEq, Eq)]
+struct Head {
+    /// Its length in bytes.
+    len: usize,
+    status: u16,
+    /// The body's length, if given.
+    length: Option<usize>,
+    chunked: bool,
+    /// The daemon closes the connection after it.
+    close: bool,
+}
+
+/// Why no answer came.
+enum Unanswered {
+    /// The connection ended before a byte of it.
+    Nothing,
+    Failed(ClientError),
+}
+
+/// Reads one answer; says whether the connection may carry another.
+fn read_answer(s: &mut UnixStream) -> Result<(HttpResponse, bool), Unanswered> {
+    let proto = |e: std::io::Error| Unanswered::Failed(ClientError::Protocol(format!("read answer: {e}")));
+    let mut buf = Vec::with_capacity(8192);
+    let mut chunk = [0u8; 8192];
+    let head = loop {
+        let n = match s.read(&mut chunk) {
+            Ok(n) => n,
+            Err(_) if buf.is_empty() => return Err(Unanswered::Nothing),
+            Err(e) => return Err(proto(e)),
+        };
+        if n == 0 {
+            return Err(if buf.is_empty() {
+                Unanswered::Nothing
+            } else {
+                Unanswered::Failed(ClientError::Protocol(format!(
+                    "incomplete answer head ({} bytes)",
+                    buf.len()
+                )))
+            });
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(h) = parse_head(&buf).map_err(Unanswered::Failed)? {
+            break h;
+        }
+    };
+    let mut rest = buf.split_off(head.len);
+    let (body, reusable) = if head.chunked {
+        loop {
+            if let Some(body) = dechunk(&rest).map_err(Unanswered::Failed)? {
+                break (body, !head.close);
+            }
+            let n = s.read(&mut chunk).map_err(proto)?;
+            if n == 0 {
+                return Err(Unanswered::Failed(ClientError::Protocol(
+                    "chunked answer cut short".into(),
+                )));
+            }
+            rest.extend_from_slice(&chunk[..n]);
+        }
+    } else if let Some(n) = head.length {
+        if rest.len() < n {
+            let have = rest.len();
+            rest.resize(n, 0);
+            s.read_exact(&mut rest[have..]).map_err(|e| {
+                Unanswered::Failed(ClientError::Protocol(format!(
+                    "answer cut short after {have} of {n} bytes: {e}"
+                )))
+            })?;
+        }
+        rest.truncate(n);
+        (rest, !head.close)
+    } else {
+        s.read_to_end(&mut rest).map_err(proto)?;
+        (rest, false)
+    };
+    Ok((
+        HttpResponse {
+            status: head.status,
+            body,
+        },
+        reusable,
+    ))
+}
 
 /// An answer's head, parsed by httparse once it is all in `buf`.
 fn parse_head(buf: &[u8]) -> Result<Option<Head>, ClientError> {
@@ -301,38 +398,48 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ClientError> {
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(ClientError::Protocol(format!("malformed answer head: {e}"))),
     };
-    let status = r.code.unwrap_or(0);
-    let mut length = None;
-    let mut chunked = false;
+    let mut head = Head {
+        len: n,
+        status: r.code.unwrap_or(0),
+        length: None,
+        chunked: false,
+        close: false,
+    };
     for h in r.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            length = std::str::from_utf8(h.value)
+            head.length = std::str::from_utf8(h.value)
                 .ok()
                 .and_then(|v| v.trim().parse().ok());
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = h.value.eq_ignore_ascii_case(b"chunked");
+            head.chunked = h.value.eq_ignore_ascii_case(b"chunked");
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            head.close = h.value.eq_ignore_ascii_case(b"close");
         }
     }
-    Ok(Some((n, status, length, chunked)))
+    Ok(Some(head))
 }
 
-/// A chunked body, joined.
-fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, ClientError> {
+/// A chunked body, joined; `None` until all of it is in `raw`.
+fn dechunk(mut raw: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
     let bad = |what: &str| ClientError::Protocol(format!("malformed chunked answer: {what}"));
     let mut out = Vec::new();
     loop {
         let (at, size) = match httparse::parse_chunk_size(raw) {
             Ok(httparse::Status::Complete(x)) => x,
-            Ok(httparse::Status::Partial) => return Err(bad("cut short")),
+            Ok(httparse::Status::Partial) => return Ok(None),
             Err(_) => return Err(bad("bad chunk size")),
         };
         let size = usize::try_from(size).map_err(|_| bad("chunk too large"))?;
         raw = &raw[at..];
         if size == 0 {
-            return Ok(out);
+            // The last chunk, then (no trailers) the closing line.
+            return Ok(raw.starts_with(b"\r\n").then_some(out));
         }
-        if raw.len() < size + 2 || &raw[size..size + 2] != b"\r\n" {
-            return Err(bad("cut short"));
+        if raw.len() < size + 2 {
+            return Ok(None);
+        }
+        if &raw[size..size + 2] != b"\r\n" {
+            return Err(bad("a chunk does not end where its size says"));
         }
         out.extend_from_slice(&raw[..size]);
         raw = &raw[size + 2..];
@@ -345,17 +452,27 @@ mod tests {
 
     #[test]
     fn heads_and_chunks_are_read() {
-        let head = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}";
+        let head = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nConnection: close\r\n\r\n{}";
         assert_eq!(
             parse_head(head).unwrap(),
-            Some((head.len() - 2, 201, Some(2), false))
+            Some(Head {
+                len: head.len() - 2,
+                status: 201,
+                length: Some(2),
+                chunked: false,
+                close: true
+            })
         );
         assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
         assert!(parse_head(b"nonsense\r\n\r\n").is_err());
         assert_eq!(
-            dechunk(b"3\r\nabc\r\n1\r\nd\r\n0\r\n\r\n").unwrap(),
+            dechunk(b"3\r\nabc\r\n1\r\nd\r\n0\r\n\r\n")
+                .unwrap()
+                .unwrap(),
             b"abcd"
         );
-        assert!(dechunk(b"3\r\nab").is_err());
+        assert_eq!(dechunk(b"3\r\nab").unwrap(), None);
+        assert_eq!(dechunk(b"3\r\nabc\r\n0\r\n").unwrap(), None);
+        assert!(dechunk(b"3\r\nabcd\r\n").is_err());
     }
 }

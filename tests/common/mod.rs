@@ -541,7 +541,7 @@ pub fn nft() -> Result<std::path::PathBuf, String> {
     forkd_net::locate_nft(settings().nft.as_deref(), None)
 }
 
-/// A test PKI in `dir`, made with openssl: a CA (`ca.crt`, `ca.key`), a server's pair
+/// A test PKI in `dir`, made with openssl (P-256 keys): a CA (`ca.crt`, `ca.key`), a server's pair
 /// for 127.0.0.1 (`server.crt`, `server.key`) and a client's (`client.cert`,
 /// `client.key`), each signed by the CA and good for two days.
 pub fn make_pki(dir: &Path) {
@@ -562,7 +562,9 @@ pub fn make_pki(dir: &Path) {
         "req",
         "-x509",
         "-newkey",
-        "rsa:2048",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
         "-nodes",
         "-keyout",
         "ca.key",
@@ -580,7 +582,7 @@ pub fn make_pki(dir: &Path) {
         "subjectKeyIdentifier=hash",
     ]);
     // What strict verifiers (Python 3.13's ssl) ask of a leaf: key usage and key ids.
-    let leaf = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+    let leaf = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
                 subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n";
     let server_ext = format!("{leaf}extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n");
     let client_ext = format!("{leaf}extendedKeyUsage=clientAuth\n");
@@ -599,7 +601,18 @@ pub fn make_pki(dir: &Path) {
             format!("{who}.ext"),
         );
         openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", cn,
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            cn,
         ]);
         std::fs::write(dir.join(&extfile), ext).unwrap();
         openssl(&[
