@@ -326,7 +326,8 @@ enum Unanswered {
 
 /// Reads one answer; says whether the connection may carry another.
 fn read_answer(s: &mut UnixStream) -> Result<(HttpResponse, bool), Unanswered> {
-    let proto = |e: std::io::Error| Unanswered::Failed(ClientError::Protocol(format!("read answer: {e}")));
+    let proto =
+        |e: std::io::Error| Unanswered::Failed(ClientError::Protocol(format!("read answer: {e}")));
     let mut buf = Vec::with_capacity(8192);
     let mut chunk = [0u8; 8192];
     let head = loop {
