@@ -211,3 +211,150 @@ fn sixty_four_clients_create_exec_checkpoint_fork_and_remove() {
     assert_eq!(dirs, 0, "sandbox directories left");
     assert!(d.sandbox_mounts().is_empty());
 }
+
+/// 256 clients over TLS, each with an API key's connection kept alive, creating a
+/// sandbox, running commands in it and removing it, over and over for a minute
+/// (`FORKD_TLS_LOAD_SECS`, default 60): no request fails, nothing is left, and the
+/// daemon ends with the descriptors it had and no more than a bounded growth of memory.
+#[test]
+fn two_hundred_fifty_six_tls_clients_create_exec_and_remove() {
+    let name = "two_hundred_fifty_six_tls_clients_create_exec_and_remove";
+    if !can_run(name) {
+        return;
+    }
+    let secs: u64 = std::env::var("FORKD_TLS_LOAD_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let Some((d, tls)) = start_tls("load-tls", &[]) else {
+        return;
+    };
+    let key = make_key(&d.root, "load", "own");
+    let env = tls.env(&key);
+    let endpoint = forkd::api::transport::Endpoint::parse(&tls.host, &|k: &str| {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    let pid = d.pid().unwrap();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let rss_kib = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap()
+    };
+    let round = |c: &Client| -> Result<(), String> {
+        let sb: SandboxInfo = c
+            .call(
+                "POST",
+                "/v1/sandboxes",
+                Some(&serde_json::json!({"image": "busybox"})),
+            )
+            .map_err(|e| format!("create: {e}"))?;
+        for i in 0..3 {
+            let r: forkd::api::ExecResult = c
+                .call(
+                    "POST",
+                    &format!("/v1/sandboxes/{}/exec", sb.id),
+                    Some(&serde_json::json!({"argv": ["sh", "-c", format!("echo {i}")]})),
+                )
+                .map_err(|e| format!("exec: {e}"))?;
+            if r.exit.exit_code != 0 {
+                return Err(format!("exec exited {}", r.exit.exit_code));
+            }
+        }
+        let _: serde_json::Value = c
+            .call(
+                "DELETE",
+                &format!("/v1/sandboxes/{}?force=true", sb.id),
+                None,
+            )
+            .map_err(|e| format!("remove: {e}"))?;
+        Ok(())
+    };
+    // A warm-up round from every client, so that what is measured after is growth.
+    let clients: Vec<Client> = (0..256).map(|_| Client::at(endpoint.clone())).collect();
+    std::thread::scope(|s| {
+        for c in &clients {
+            s.spawn(move || round(c).unwrap());
+        }
+    });
+    let (fds_before, rss_before) = (fds(), rss_kib());
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let rounds = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for (i, c) in clients.iter().enumerate() {
+            let (errors, rounds) = (&errors, &rounds);
+            s.spawn(move || {
+                while Instant::now() < deadline {
+                    match round(c) {
+                        Ok(()) => {
+                            rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            errors.lock().unwrap().push(format!("client {i}: {e}"));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let errors = errors.into_inner().unwrap();
+    let rounds = rounds.into_inner();
+    println!(
+        "256 TLS clients: {rounds} rounds (create, 3 execs, remove) in {secs} s; daemon fds {fds_before} -> {}, RSS {} -> {} MiB",
+        fds(),
+        rss_before >> 10,
+        rss_kib() >> 10
+    );
+    assert!(
+        errors.is_empty(),
+        "{} failed: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert!(rounds >= 256, "{rounds} rounds");
+    let left: Vec<SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(left.is_empty(), "{} sandboxes left", left.len());
+    drop(clients);
+    // The namespaces of removed sandboxes are torn down behind the removals (unmounts,
+    // syncs, in bursts): they all go, and the time they lag is said.
+    let held = || {
+        let text = d.client.raw("GET", "/metrics", b"").unwrap().body;
+        String::from_utf8(text)
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("forkd_namespaces_held "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    let t = Instant::now();
+    let at_end = held();
+    assert!(
+        wait_until(Duration::from_secs(300), || held() == 0),
+        "namespaces still held: {}",
+        held()
+    );
+    println!(
+        "tear-downs: {at_end} namespaces held when the load ended, all released {:?} later",
+        t.elapsed()
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || fds() <= fds_before + 8),
+        "descriptors grew: {fds_before} -> {}",
+        fds()
+    );
+    assert!(
+        rss_kib() <= rss_before + (96 << 10),
+        "memory grew: {rss_before} KiB -> {} KiB",
+        rss_kib()
+    );
+}

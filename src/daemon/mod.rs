@@ -224,8 +224,10 @@ impl Daemon {
         }
         // The roots of sandboxes that stopped a moment ago may still be held, each
         // unmounted (and the volume synced) on the exit watcher's releasing thread.
+        log::info("stopping: spare layers and templates");
         self.images.spare_layers.stop();
         self.checkpoints.templates.stop();
+        log::info("stopping: waiting for sandbox roots to be released");
         if !self
             .sandboxes
             .exits
@@ -304,6 +306,7 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             }
         };
         server::serve_unix(daemon.clone(), listener, stop).await;
+        log::info("stopping: no new requests");
         let _ = stopping.send(true);
         // Sandboxes keep running: a restarted daemon picks them up again.
         let _ = std::fs::remove_file(&cfg.socket);

@@ -146,6 +146,12 @@ impl Daemon {
             t.sample("forkd_sandboxes", &[("status", status)], n);
         }
         t.family(
+            "forkd_namespaces_held",
+            "gauge",
+            "Sandboxes whose namespaces are still held open: those running, and those ended whose tear-down (unmount, sync) is still queued.",
+        );
+        t.sample("forkd_namespaces_held", &[], self.sandboxes.exits.kept());
+        t.family(
             "forkd_branches_running",
             "gauge",
             "Running sandboxes that were forked from a checkpoint.",
