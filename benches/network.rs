@@ -196,7 +196,7 @@ fn run() -> Result<()> {
     );
     let api_key = String::from_utf8(out.stdout)?.trim().to_string();
     let ca = pki_dir.join("ca.crt").display().to_string();
-    let remote_env = vec![
+    let remote_env = [
         ("FORKD_HOST", host.clone()),
         ("FORKD_API_KEY", api_key.clone()),
         ("FORKD_CA_CERT", ca.clone()),

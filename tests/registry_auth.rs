@@ -22,20 +22,13 @@ fn htpasswd_push_auth(log: &str) -> Option<String> {
     ))
 }
 
-#[test]
-fn credentials_come_from_the_users_files_and_forkd_login() {
-    let name = "credentials_come_from_the_users_files_and_forkd_login";
-    if !can_run(name) {
-        return;
-    }
-    let dir = Path::new("/tmp/forkd-test-registry-creds");
+/// A registry with htpasswd auth that made its own user, `docker`; and its password.
+fn htpasswd_registry(dir: &Path) -> Option<(Registry, String)> {
     let extra = format!(
         "auth:\n  htpasswd:\n    realm: forkd-test\n    path: {}/htpasswd\n",
         dir.display()
     );
-    let Some(reg) = Registry::start_with(dir, &extra, Some(htpasswd_push_auth)) else {
-        return;
-    };
+    let reg = Registry::start_with(dir, &extra, Some(htpasswd_push_auth))?;
     let password = reg
         .push_auth
         .as_deref()
@@ -47,6 +40,19 @@ fn credentials_come_from_the_users_files_and_forkd_login() {
                 .to_string()
         })
         .unwrap();
+    Some((reg, password))
+}
+
+#[test]
+fn credentials_come_from_the_users_files_and_forkd_login() {
+    let name = "credentials_come_from_the_users_files_and_forkd_login";
+    if !can_run(name) {
+        return;
+    }
+    let dir = Path::new("/tmp/forkd-test-registry-creds");
+    let Some((reg, password)) = htpasswd_registry(dir) else {
+        return;
+    };
     push_image(
         &reg,
         "forkd/app",
@@ -426,24 +432,9 @@ fn a_pull_carries_the_callers_credentials_to_a_daemon_with_none() {
         return;
     }
     let dir = Path::new("/tmp/forkd-test-registry-caller");
-    let extra = format!(
-        "auth:\n  htpasswd:\n    realm: forkd-test\n    path: {}/htpasswd\n",
-        dir.display()
-    );
-    let Some(reg) = Registry::start_with(dir, &extra, Some(htpasswd_push_auth)) else {
+    let Some((reg, password)) = htpasswd_registry(dir) else {
         return;
     };
-    let password = reg
-        .push_auth
-        .as_deref()
-        .and_then(|a| forkd::api::b64::decode(a.trim_start_matches("Basic ")).ok())
-        .map(|b| {
-            String::from_utf8(b)
-                .unwrap()
-                .trim_start_matches("docker:")
-                .to_string()
-        })
-        .unwrap();
     push_image(
         &reg,
         "forkd/app",

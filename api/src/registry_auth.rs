@@ -56,9 +56,8 @@ pub fn decode(value: &str) -> Result<RegistryConfig, String> {
             c => c,
         })
         .collect();
-    while text.len() % 4 != 0 {
-        text.push('=');
-    }
+    let pad = (4 - text.len() % 4) % 4;
+    text.extend(std::iter::repeat_n('=', pad));
     let bytes = crate::b64::decode(&text).map_err(|e| format!("{HEADER} is not base64 ({e})"))?;
     serde_json::from_slice(&bytes).map_err(|e| {
         format!("{HEADER} is not a JSON object of registry hosts and credentials ({e})")

@@ -82,31 +82,6 @@ pub fn image_config(c: forkd_layers::ImageConfig) -> api::ImageConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn networks_and_filters_go_both_ways() {
-        for n in [
-            api::Network::none(),
-            api::Network::egress(),
-            api::Network::allowlist(vec!["10.0.0.0/8".into(), "pypi.example".into()]),
-        ] {
-            assert_eq!(api_network(&network(&n)), n);
-            // One wire form: a record written with either type reads as the other.
-            assert_eq!(
-                serde_json::to_string(&n).unwrap(),
-                serde_json::to_string(&network(&n)).unwrap()
-            );
-        }
-        for s in [api::Seccomp::Default, api::Seccomp::Unconfined] {
-            assert_eq!(api_seccomp(seccomp(s)), s);
-            assert_eq!(s.as_str(), seccomp(s).as_str());
-        }
-    }
-}
-
 /// The caller's registry credentials (the `X-Registry-Config` header's value) as the
 /// registry client takes them; an error names the header and the registry, never a secret.
 pub fn registry_given(
@@ -145,4 +120,29 @@ pub fn registry_given(
         given.insert(registry, cred);
     }
     Ok(Some(given))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks_and_filters_go_both_ways() {
+        for n in [
+            api::Network::none(),
+            api::Network::egress(),
+            api::Network::allowlist(vec!["10.0.0.0/8".into(), "pypi.example".into()]),
+        ] {
+            assert_eq!(api_network(&network(&n)), n);
+            // One wire form: a record written with either type reads as the other.
+            assert_eq!(
+                serde_json::to_string(&n).unwrap(),
+                serde_json::to_string(&network(&n)).unwrap()
+            );
+        }
+        for s in [api::Seccomp::Default, api::Seccomp::Unconfined] {
+            assert_eq!(api_seccomp(seccomp(s)), s);
+            assert_eq!(s.as_str(), seccomp(s).as_str());
+        }
+    }
 }

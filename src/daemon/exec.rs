@@ -150,7 +150,7 @@ pub(super) fn exec_upgraded(
             let upgraded = on_upgrade
                 .await
                 .map_err(|e| ApiError::internal(format!("upgrade: {e}")))?;
-            let client = super::server::into_std_stream(upgraded)
+            let client = super::server::conn::into_std_stream(upgraded)
                 .map_err(|e| ApiError::internal(format!("upgraded stream: {e}")))?;
             let d2 = d.clone();
             tokio::task::spawn_blocking(move || {

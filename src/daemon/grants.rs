@@ -163,6 +163,9 @@ pub struct Grants {
     /// `<the daemon's socket>.grants`.
     dir: PathBuf,
     table: Mutex<HashMap<String, Arc<Grant>>>,
+    /// Where a new grant's socket goes to be served (the server takes the other end).
+    to_serve: tokio::sync::mpsc::UnboundedSender<GrantSocket>,
+    sockets: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<GrantSocket>>>,
 }
 
 impl Grants {
@@ -199,10 +202,18 @@ impl Grants {
                 }
             }
         }
+        let (to_serve, sockets) = tokio::sync::mpsc::unbounded_channel();
         Ok(Grants {
             dir,
             table: Mutex::new(HashMap::new()),
+            to_serve,
+            sockets: Mutex::new(Some(sockets)),
         })
+    }
+
+    /// The grants' sockets, each as it is made, for the server to serve (once).
+    pub fn sockets(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<GrantSocket>> {
+        self.sockets.locked().take()
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Grant>, ApiError> {
@@ -240,12 +251,8 @@ pub struct GrantSocket {
 }
 
 impl Grants {
-    /// Makes a grant on `sandbox`: its socket listens, and the caller serves it.
-    pub fn grant(
-        &self,
-        sb: &super::Sandbox,
-        req: &GrantRequest,
-    ) -> Result<(GrantInfo, GrantSocket), ApiError> {
+    /// Makes a grant on `sandbox`: its socket listens, and goes to the server to serve.
+    pub fn grant(&self, sb: &super::Sandbox, req: &GrantRequest) -> Result<GrantInfo, ApiError> {
         if req.uid == 0 {
             return Err(ApiError::bad_request(
                 "grant: uid 0 is root, which needs no grant (give an unprivileged uid)",
@@ -319,14 +326,22 @@ impl Grants {
                 .map(|m| m.to_string())
                 .unwrap_or_else(|| "unlimited".into())
         ));
-        Ok((
-            grant.info(),
-            GrantSocket {
+        let info = grant.info();
+        if self
+            .to_serve
+            .send(GrantSocket {
                 listener,
                 grant,
                 stopped,
-            },
-        ))
+            })
+            .is_err()
+        {
+            let _ = self.revoke(&id);
+            return Err(ApiError::internal(format!(
+                "grant {id}: the daemon is stopping and serves no new socket"
+            )));
+        }
+        Ok(info)
     }
 
     /// Ends a grant: its socket goes, requests already admitted finish.

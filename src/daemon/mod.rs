@@ -276,6 +276,9 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             daemon.sandboxes.table.locked().len()
         ));
         let tcp = server::bind_tcp(&daemon.config.listen).await?;
+        if let Some(sockets) = daemon.sandboxes.grants.sockets() {
+            tokio::spawn(server::serve_grants(daemon.clone(), sockets));
+        }
         let (stopping, stopped) = tokio::sync::watch::channel(false);
         for (l, tls) in tcp {
             log::info(&format!(

@@ -184,7 +184,7 @@ impl Daemon {
     }
 
     fn volume_and_pulls(&self, t: &mut Text) {
-        let space = self.node.volume_watch.state.locked().space.clone();
+        let space = self.node.volume_watch.state.locked().space;
         t.family(
             "forkd_volume_bytes",
             "gauge",

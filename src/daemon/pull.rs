@@ -28,7 +28,6 @@
 //! before the image refers to it.
 
 use forkd_registry::auth::Given;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -37,86 +36,13 @@ use forkd_layers::{Image, LayerId};
 use forkd_registry::manifest::{self, ConfigHead, Descriptor};
 use forkd_registry::{Client, ClientConfig, Digest, Platform, RegistryError, Resolved};
 
+mod flights;
+
 use super::{log, Daemon};
 use super::{Lock as _, RwLockExt as _};
 use crate::api::{ApiError, ImageInfo, PullLayer, PullRequest, PullStatus};
-
-/// Pulls in progress, the daemon's bound on concurrent blob fetches, and the blobs
-/// being fetched now.
-pub struct Pulls {
-    jobs: super::jobs::Jobs<u64, PullStatus>,
-    next: std::sync::atomic::AtomicU64,
-    slots: Slots,
-    flights: Mutex<HashMap<String, Arc<Flight>>>,
-}
-
-/// A counting semaphore.
-struct Slots {
-    free: Mutex<usize>,
-    freed: Condvar,
-}
-
-struct SlotGuard<'a>(&'a Slots);
-
-impl Slots {
-    fn acquire(&self) -> SlotGuard<'_> {
-        let mut free = self.free.locked();
-        while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(|p| p.into_inner());
-        }
-        *free -= 1;
-        SlotGuard(self)
-    }
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        *self.0.free.locked() += 1;
-        self.0.freed.notify_one();
-    }
-}
-
-/// One blob being fetched: waiters block until it is done, then look in the index.
-struct Flight {
-    done: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Pulls {
-    /// A table whose jobs run `n` at once (`FORKD_PULL_PARALLEL`).
-    pub fn new(n: usize) -> Self {
-        Pulls {
-            jobs: Default::default(),
-            next: std::sync::atomic::AtomicU64::new(1),
-            slots: Slots {
-                free: Mutex::new(n),
-                freed: Condvar::new(),
-            },
-            flights: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl Pulls {
-    pub fn list(&self) -> Vec<PullStatus> {
-        self.jobs.list()
-    }
-}
-
-/// Ends a flight however its leader ends.
-struct Leading<'a> {
-    pulls: &'a Pulls,
-    key: String,
-    flight: Arc<Flight>,
-}
-
-impl Drop for Leading<'_> {
-    fn drop(&mut self) {
-        self.pulls.flights.locked().remove(&self.key);
-        *self.flight.done.locked() = true;
-        self.flight.cv.notify_all();
-    }
-}
+pub use flights::Pulls;
+use flights::{Flight, Leading};
 
 /// Maps a registry error to the API's kinds: what describes the input or the remote
 /// registry is a 400 (bad reference, unknown manifest, credentials, a bad blob), a

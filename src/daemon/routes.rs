@@ -5,7 +5,7 @@
 
 use super::http::{self, Request, Response};
 use super::server::access::{self, Who};
-use super::server::{serve_grant, Caller, Peer};
+use super::server::conn::{Caller, Peer};
 use super::{log, Daemon};
 use crate::api::{self, Answer, ApiError, ExecBody, Operation, VersionInfo, EXEC_UPGRADE};
 use std::collections::HashMap;
@@ -525,9 +525,7 @@ fn handle(
         O::GrantSandbox => {
             let sb = d.sandboxes.get(&param("id"))?;
             let body: api::GrantRequest = req.json()?;
-            let (info, socket) = d.sandboxes.grants.grant(&sb, &body)?;
-            serve_grant(d, socket);
-            Ok(Reply::json(&info))
+            Ok(Reply::json(&d.sandboxes.grants.grant(&sb, &body)?))
         }
         O::InspectGrant => Ok(Reply::json(
             &d.sandboxes.grants.get(&param("grant"))?.info(),

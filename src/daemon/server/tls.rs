@@ -2,7 +2,7 @@
 //! a client CA, certificates asked of every client. Files are read once, at start; an
 //! error names the file and what is wrong with it.
 
-use super::TlsFiles;
+use super::super::config::TlsFiles;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
