@@ -95,9 +95,22 @@ fn keys_over_tls_reach_their_own_and_nothing_else() {
     );
     let out = remote.cli(Some(&b), &["rm", "-f", &id]);
     assert!(!out.status.success(), "{}", text(&out));
-    // Nor the node's own: host paths and the whole store are the operator's.
+    // Not by a prefix either: b's prefix is looked up among b's own.
+    let out = remote.cli(Some(&b), &["inspect", &id[..6]]);
+    assert!(text(&out).contains("no such sandbox"), "{}", text(&out));
+    // Nor the node's own: host paths and the whole store are the operator's; nor another
+    // name for a pulled image (it could replace one others use).
     let out = remote.cli(Some(&a), &["gc"]);
     assert!(text(&out).contains("scope own"), "{}", text(&out));
+    let out = remote.cli(
+        Some(&a),
+        &["image", "pull", "--name", "busybox", "127.0.0.1:9/x:1"],
+    );
+    assert!(text(&out).contains("may not name it"), "{}", text(&out));
+    assert!(d
+        .client
+        .call::<serde_json::Value>("GET", "/v1/images/busybox", None)
+        .is_ok());
     // The full key sees every sandbox.
     assert!(remote.ok(&admin, &["ps", "-q"]).contains(&id));
 
@@ -108,6 +121,19 @@ fn keys_over_tls_reach_their_own_and_nothing_else() {
     assert!(text(&out).contains("no such checkpoint"), "{}", text(&out));
     let branch = remote.ok(&a, &["fork", &ck]).trim().to_string();
     assert!(remote.ok(&a, &["ps", "-q"]).contains(&branch));
+    // Nor does the health of a branch of it answer b.
+    let as_b = forkd::client::Client::at(
+        forkd::api::transport::Endpoint::parse(&listen, &|k: &str| match k {
+            "FORKD_CA_CERT" => Some(tls.ca.display().to_string()),
+            "FORKD_API_KEY" => Some(b.clone()),
+            _ => None,
+        })
+        .unwrap(),
+    );
+    let r = as_b
+        .raw("GET", &format!("/v1/health?checkpoint={ck}"), b"")
+        .unwrap();
+    assert_eq!(r.status, 404, "{}", String::from_utf8_lossy(&r.body));
 
     // No key, a wrong one, a removed one: 401, and nothing runs.
     let before = sandbox_count(&d);
@@ -254,6 +280,19 @@ print("python ok")
         assert!(!audit.contains(&k[4..]), "a key is in the audit log");
     }
     assert!(!d.log().contains(&a[4..]), "a key is in the daemon's log");
+    assert!(lines
+        .iter()
+        .any(|l| l["key_id"].as_str().is_some_and(|i| i.len() == 16)));
+
+    // A new key of a removed one's name owns nothing of the old one's.
+    let out = Command::new(BIN)
+        .args(["key", "rm", "harness-a", "--root"])
+        .arg(&d.root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let again = make_key(&d.root, "harness-a", "own");
+    assert_eq!(remote.ok(&again, &["ps", "-q"]).trim(), "");
     let _ = std::fs::remove_dir_all(&pki);
 }
 

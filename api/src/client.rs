@@ -157,20 +157,25 @@ impl Client {
         }
         if keep {
             if let Some(mut s) = self.pooled() {
-                // A kept connection the daemon closed meanwhile (idle too long) fails
-                // before a byte of answer: the request did not run, so it goes again on a
-                // new connection.
-                if self.send_head(&mut s, method, path, &extra, body).is_ok() {
-                    match read_answer(&mut s) {
-                        Ok((resp, reusable)) => {
-                            if reusable {
-                                self.put_back(s);
-                            }
-                            return Ok(resp);
+                // A kept connection the daemon closed just as it was taken (idle too
+                // long) ends before a byte of answer. Whether the request ran then is
+                // not known, so only a request that may run twice goes again.
+                let again = matches!(method, "GET" | "HEAD");
+                let sent = self.send_head(&mut s, method, path, &extra, body);
+                match sent.map_err(Unanswered::Failed).and_then(|()| read_answer(&mut s)) {
+                    Ok((resp, reusable)) => {
+                        if reusable {
+                            self.put_back(s);
                         }
-                        Err(Unanswered::Nothing) => {}
-                        Err(Unanswered::Failed(e)) => return Err(e),
+                        return Ok(resp);
                     }
+                    Err(Unanswered::Nothing) if again => {}
+                    Err(Unanswered::Nothing) => {
+                        return Err(ClientError::Protocol(format!(
+                            "the daemon closed a kept connection before answering {method} {path}: it may or may not have run"
+                        )))
+                    }
+                    Err(Unanswered::Failed(e)) => return Err(e),
                 }
             }
         }
@@ -190,9 +195,23 @@ impl Client {
         }
     }
 
-    /// A kept connection, if there is one.
+    /// A kept connection that is still open, if there is one: one the daemon closed
+    /// (idle too long) reads as ended, and is let go.
     fn pooled(&self) -> Option<UnixStream> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        loop {
+            let s = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+            if s.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let mut byte = [0u8; 1];
+            let open = matches!(
+                (&s).read(&mut byte),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            );
+            if open && s.set_nonblocking(false).is_ok() {
+                return Some(s);
+            }
+        }
     }
 
     /// Keeps a connection for a next request (a few at most).

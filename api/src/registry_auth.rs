@@ -59,8 +59,14 @@ pub fn decode(value: &str) -> Result<RegistryConfig, String> {
     let pad = (4 - text.len() % 4) % 4;
     text.extend(std::iter::repeat_n('=', pad));
     let bytes = crate::b64::decode(&text).map_err(|e| format!("{HEADER} is not base64 ({e})"))?;
+    // serde's message may quote a value (a secret): say only what kind of error, where.
     serde_json::from_slice(&bytes).map_err(|e| {
-        format!("{HEADER} is not a JSON object of registry hosts and credentials ({e})")
+        format!(
+            "{HEADER} is not a JSON object of registry hosts and credentials ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        )
     })
 }
 
@@ -90,5 +96,13 @@ mod tests {
         let e = decode("not base64 at all!").unwrap_err();
         assert!(e.contains(HEADER), "{e}");
         assert!(decode(&crate::b64::encode(b"[1]")).is_err());
+        // A value of the wrong shape is not quoted back.
+        let e = decode(&crate::b64::encode(
+            br#"{"r": {"password": 7, "username": "hunter2-secret"}}"#,
+        ))
+        .unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = decode(&crate::b64::encode(br#"{"password": "hunter2-secret"}"#)).unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
     }
 }

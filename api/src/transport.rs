@@ -14,6 +14,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+/// How long a connection (and its TLS handshake) may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The system's CA bundle (Debian's), used when `FORKD_CA_CERT` is unset.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
@@ -216,7 +219,14 @@ fn bridge(r: Arc<Remote>) -> std::io::Result<UnixStream> {
     let (tx, rx) = std::sync::mpsc::channel();
     rt.spawn(async move {
         let connected = async {
-            let tcp = tokio::net::TcpStream::connect((r.host.as_str(), r.port)).await?;
+            let tcp = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                tokio::net::TcpStream::connect((r.host.as_str(), r.port)),
+            )
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+            })??;
             tcp.set_nodelay(true)?;
             let far = tokio::net::UnixStream::from_std(far)?;
             Ok::<_, std::io::Error>((tcp, far))
@@ -247,7 +257,15 @@ fn bridge(r: Arc<Remote>) -> std::io::Result<UnixStream> {
                     }
                 };
                 let connector = tokio_rustls::TlsConnector::from(config.clone());
-                match connector.connect(name, tcp).await {
+                let shaken = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "handshake timed out",
+                        ))
+                    });
+                match shaken {
                     Ok(mut tls) => {
                         let _ = tx.send(Ok(()));
                         let _ = tokio::io::copy_bidirectional(&mut tls, &mut far).await;

@@ -12,9 +12,10 @@ pub enum KeyCmd {
     /// Make a key; it is printed once, and only its digest is kept
     Create {
         name: String,
-        /// full: every operation; own: images, and only the sandboxes and checkpoints
-        /// this key makes (a harness host's)
-        #[arg(long, default_value = "full")]
+        /// own (the default): images, and only the sandboxes and checkpoints this key
+        /// makes (a harness host's); full: every operation, host paths included (the
+        /// node's operator's)
+        #[arg(long, default_value = "own")]
         scope: String,
         /// State root [env: FORKD_ROOT; default /var/lib/forkd]
         #[arg(long)]
@@ -49,7 +50,7 @@ pub fn run(cmd: KeyCmd, json: bool) -> anyhow::Result<i32> {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"name": key.name, "scope": key.scope, "created": key.created, "key": secret})
+                    serde_json::json!({"name": key.name, "id": key.id, "scope": key.scope, "created": key.created, "key": secret})
                 );
             } else {
                 println!("{secret}");
@@ -64,13 +65,13 @@ pub fn run(cmd: KeyCmd, json: bool) -> anyhow::Result<i32> {
             if json {
                 let shown: Vec<_> = keys
                     .iter()
-                    .map(|k| serde_json::json!({"name": k.name, "scope": k.scope, "created": k.created}))
+                    .map(|k| serde_json::json!({"name": k.name, "id": k.id, "scope": k.scope, "created": k.created}))
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
-                println!("{:<32} {:<6} CREATED", "NAME", "SCOPE");
+                println!("{:<32} {:<16} {:<6} CREATED", "NAME", "ID", "SCOPE");
                 for k in keys.iter() {
-                    println!("{:<32} {:<6} {}", k.name, k.scope, k.created);
+                    println!("{:<32} {:<16} {:<6} {}", k.name, k.id, k.scope, k.created);
                 }
             }
         }

@@ -116,6 +116,8 @@ pub(super) fn exec_upgraded(
     on_upgrade: hyper::upgrade::OnUpgrade,
     rid: String,
     started: Instant,
+    // Held until the relay ends: the stream counts against its listener's connections.
+    peer: super::server::Peer,
 ) -> hyper::Response<http::Body> {
     let prepared = (|| {
         let sb = d
@@ -146,6 +148,7 @@ pub(super) fn exec_upgraded(
     };
     let answer = http::upgrade(EXEC_UPGRADE, &rid);
     tokio::spawn(async move {
+        let _peer = peer;
         let relayed = async {
             let upgraded = on_upgrade
                 .await

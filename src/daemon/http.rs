@@ -8,6 +8,8 @@ use std::collections::HashMap;
 
 /// Largest JSON request body accepted (an exec's stdin included).
 pub const MAX_JSON_BODY: usize = 64 << 20;
+/// The longest a body may go without a byte arriving.
+pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The body of every answer.
 pub type Body = Full<Bytes>;
@@ -96,7 +98,17 @@ pub async fn read_body(
     }
     let mut body = body;
     let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(BODY_IDLE, body.frame()).await else {
+            return Err(ApiError::bad_request(format!(
+                "request body stalled: no byte for {} s after {} bytes",
+                BODY_IDLE.as_secs(),
+                out.len()
+            )));
+        };
+        let Some(frame) = next else {
+            break;
+        };
         let frame = frame.map_err(|e| {
             let eof = e.is_incomplete_message()
                 || std::error::Error::source(&e)

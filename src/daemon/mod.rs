@@ -154,23 +154,40 @@ pub(crate) fn find_by_prefix<K, V>(
 where
     K: std::str::FromStr + std::fmt::Display + std::hash::Hash + Eq,
 {
-    use crate::api::ApiError;
+    one_of(by_prefix(table, id), id, what)
+}
+
+/// What `id` names in `table`: the entry of that full id, or every entry it is a prefix
+/// of (at least 4 hex digits).
+pub(crate) fn by_prefix<K, V>(table: &HashMap<K, Arc<V>>, id: &str) -> Vec<Arc<V>>
+where
+    K: std::str::FromStr + std::fmt::Display + std::hash::Hash + Eq,
+{
     if let Ok(full) = id.parse::<K>() {
         if let Some(v) = table.get(&full) {
-            return Ok(v.clone());
+            return vec![v.clone()];
         }
     }
-    let matches: Vec<&Arc<V>> = if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if id.len() >= 4 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         table
             .iter()
             .filter(|(k, _)| k.to_string().starts_with(id))
-            .map(|(_, v)| v)
+            .map(|(_, v)| v.clone())
             .collect()
     } else {
         Vec::new()
-    };
+    }
+}
+
+/// The one entry of `matches`, or why not.
+pub(crate) fn one_of<V>(
+    matches: Vec<Arc<V>>,
+    id: &str,
+    what: &str,
+) -> Result<Arc<V>, crate::api::ApiError> {
+    use crate::api::ApiError;
     match matches.as_slice() {
-        [one] => Ok((*one).clone()),
+        [one] => Ok(one.clone()),
         [] => Err(ApiError::not_found(format!("no such {what}: {id}"))),
         many => Err(ApiError::bad_request(format!(
             "{what} id prefix {id} is ambiguous: {} match",

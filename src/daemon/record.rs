@@ -38,7 +38,7 @@ pub struct SandboxRecord {
     /// A record without one was made before bases: its `lowers` are stacked as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseId>,
-    /// The API key that made it (its name); none when the node's operator did.
+    /// The API key that made it (its id); none when the node's operator did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// The checkpoint this sandbox was forked from.

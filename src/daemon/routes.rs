@@ -88,7 +88,7 @@ pub async fn answer(
     let path = req.uri().path().to_string();
     let (resp, noted, key) = match authenticate(&daemon, req.headers()) {
         Ok(key) => {
-            let name = key.name.clone();
+            let who = (key.name.clone(), key.id.clone());
             let (resp, noted) = dispatch(
                 daemon.clone(),
                 Who::Key(key),
@@ -98,7 +98,7 @@ pub async fn answer(
                 started,
             )
             .await;
-            (resp, noted, Some(name))
+            (resp, noted, Some(who))
         }
         Err(mut e) => {
             e.request_id = rid.clone();
@@ -117,12 +117,13 @@ pub async fn answer(
     };
     let status = resp.status().as_u16();
     if method != "GET" || status == 401 || status == 403 {
-        daemon.node.audit.write(&super::server::audit::Entry {
+        daemon.node.audit.write(super::server::audit::Entry {
             t_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_millis() as u64,
-            key: key.as_deref(),
+            key: key.as_ref().map(|(name, _)| name.as_str()),
+            key_id: key.as_ref().map(|(_, id)| id.as_str()),
             peer: addr.to_string(),
             method: &method,
             path: &path,
@@ -130,6 +131,7 @@ pub async fn answer(
             id: noted.id,
             status,
             request_id: &rid,
+            suppressed: None,
         });
     }
     resp
@@ -195,7 +197,7 @@ async fn dispatch(
             )
         }
     };
-    let (op, params) = match match_route(&method, &path) {
+    let (op, mut params) = match match_route(&method, &path) {
         Ok(x) => x,
         Err(e) => return (refuse(e, &method, &path, ""), noted),
     };
@@ -208,9 +210,8 @@ async fn dispatch(
         Who::Grant(g) => g
             .admit(&daemon, &method, &path, op, &params)
             .map_err(|e| (e, format!(" grant {}", g.id))),
-        Who::Key(k) => {
-            access::admit_key(&daemon, k, op, &params).map_err(|e| (e, format!(" key {}", k.name)))
-        }
+        Who::Key(k) => access::admit_key(&daemon, k, op, &mut params)
+            .map_err(|e| (e, format!(" key {}", k.name))),
     };
     if let Err((e, by)) = admitted {
         return (refuse(e, &method, &path, &by), noted);
@@ -237,7 +238,7 @@ async fn dispatch(
         body,
     };
     if upgrade {
-        let resp = super::exec::exec_upgraded(daemon, req, params, on_upgrade, rid, started);
+        let resp = super::exec::exec_upgraded(daemon, req, params, on_upgrade, rid, started, peer);
         return (resp, noted);
     }
     let cancel = Arc::new(AtomicBool::new(false));
@@ -373,15 +374,22 @@ fn handle(
         })),
         O::Health => {
             // A branch of the checkpoint asked about, or a sandbox of two tasks.
-            let tasks = match query(op, req, "checkpoint")? {
-                Some(id) => d.checkpoints.get(id)?.tasks(),
-                None => 2,
+            let tasks = match (query(op, req, "checkpoint")?, who.sees_only()) {
+                (Some(id), None) => d.checkpoints.get(id)?.tasks(),
+                (Some(id), Some(owner)) => access::own_checkpoint(d, owner, id)?.tasks(),
+                (None, _) => 2,
             };
             Ok(Reply::json(&d.health(tasks)))
         }
         O::Metrics => Ok(Reply::json(&d.node.metrics.snapshot())),
         O::PrometheusMetrics => Ok(Reply::Bytes(d.prometheus().into_bytes())),
-        O::ListImages => Ok(Reply::json(&d.list_images()?)),
+        O::ListImages => {
+            let mut images = d.list_images()?;
+            for i in &mut images {
+                access::own_users(d, who.sees_only(), &mut i.used_by);
+            }
+            Ok(Reply::json(&images))
+        }
         O::ImportImage => Ok(Reply::json(&d.import_image(req.json()?)?)),
         O::BuildImage => {
             let given = super::edge::registry_given(req.registry_config.as_deref())?;
@@ -389,11 +397,27 @@ fn handle(
         }
         O::ListBuilds => Ok(Reply::json(&d.images.builds.list())),
         O::PullImage => {
-            let given = super::edge::registry_given(req.registry_config.as_deref())?;
-            Ok(Reply::json(&d.pull_image(req.json()?, given, cancel)?))
+            let mut given = super::edge::registry_given(req.registry_config.as_deref())?;
+            let body: api::PullRequest = req.json()?;
+            if who.is_confined() {
+                if body.name.is_some() {
+                    return Err(ApiError::forbidden(
+                        "a key of scope own pulls an image under its own reference: it may not name it (another name could replace an image others use)",
+                    ));
+                }
+                // The caller's credentials, or none: never the node's.
+                given.get_or_insert_with(Default::default);
+            }
+            let mut info = d.pull_image(body, given, cancel)?;
+            access::own_users(d, who.sees_only(), &mut info.used_by);
+            Ok(Reply::json(&info))
         }
         O::ListPulls => Ok(Reply::json(&d.images.pulls.list())),
-        O::InspectImage => Ok(Reply::json(&d.image_info(&param("name"))?)),
+        O::InspectImage => {
+            let mut info = d.image_info(&param("name"))?;
+            access::own_users(d, who.sees_only(), &mut info.used_by);
+            Ok(Reply::json(&info))
+        }
         O::RemoveImage => {
             d.remove_image(&param("name"))?;
             Ok(Reply::json(&api::Removed {

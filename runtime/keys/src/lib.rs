@@ -55,6 +55,9 @@ impl std::fmt::Display for Scope {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Key {
+    /// What owns what the key makes: made with the key, never reused, so a new key of a
+    /// removed one's name owns nothing of the old one's.
+    pub id: String,
     pub name: String,
     pub scope: Scope,
     /// Seconds since the epoch.
@@ -190,6 +193,7 @@ impl Keys {
         check_name(name)?;
         let secret = new_secret()?;
         let key = Key {
+            id: hex(&random::<8>()?),
             name: name.to_string(),
             scope,
             created: now,
@@ -285,6 +289,12 @@ fn read(path: &Path) -> Result<File, Error> {
         .map_err(|e| Error::Corrupt(format!("not a key file: {e}"), path.to_path_buf()))?;
     for k in &file.keys {
         check_name(&k.name).map_err(|e| Error::Corrupt(e.to_string(), path.to_path_buf()))?;
+        if k.id.len() != 16 || !k.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::Corrupt(
+                format!("key {:?}: id is not 16 hex digits", k.name),
+                path.to_path_buf(),
+            ));
+        }
         if k.sha256.len() != 64 || !k.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Error::Corrupt(
                 format!("key {:?}: sha256 is not 64 hex digits", k.name),
@@ -295,16 +305,22 @@ fn read(path: &Path) -> Result<File, Error> {
     Ok(file)
 }
 
-fn new_secret() -> Result<String, Error> {
-    let mut raw = [0u8; HEX_DIGITS / 2];
+/// `N` bytes from the kernel's random source.
+fn random<const N: usize>() -> Result<[u8; N], Error> {
+    let mut raw = [0u8; N];
     let urandom = Path::new("/dev/urandom");
     std::fs::File::open(urandom)
         .and_then(|mut f| f.read_exact(&mut raw))
         .map_err(io(urandom, "read"))?;
-    Ok(format!(
-        "{PREFIX}{}",
-        raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    ))
+    Ok(raw)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn new_secret() -> Result<String, Error> {
+    Ok(format!("{PREFIX}{}", hex(&random::<{ HEX_DIGITS / 2 }>()?)))
 }
 
 #[cfg(test)]
@@ -328,7 +344,8 @@ mod tests {
         let mode = std::fs::metadata(keys.path()).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(keys.verify(&a).unwrap().unwrap().name, "harness-1");
-        let (b, _) = keys.create("admin", Scope::Full, 8).unwrap();
+        let (b, rec_b) = keys.create("admin", Scope::Full, 8).unwrap();
+        assert_ne!(rec.id, rec_b.id);
         assert_ne!(a, b);
         assert!(
             keys.create("admin", Scope::Full, 9).is_err(),

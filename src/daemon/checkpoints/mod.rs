@@ -79,7 +79,7 @@ pub struct CheckpointRecord {
     pub live: bool,
     pub created: u64,
     pub labels: BTreeMap<String, String>,
-    /// The API key that made it (its name); none when the node's operator did, or it was
+    /// The API key that made it (its id); none when the node's operator did, or it was
     /// imported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,

@@ -19,10 +19,10 @@ pub enum Who {
 }
 
 impl Who {
-    /// The owner of what this request makes: the key's name.
+    /// The owner of what this request makes: the key's id.
     pub fn owner(&self) -> Option<String> {
         match self {
-            Who::Key(k) => Some(k.name.clone()),
+            Who::Key(k) => Some(k.id.clone()),
             _ => None,
         }
     }
@@ -30,9 +30,14 @@ impl Who {
     /// Whose sandboxes and checkpoints a listing shows: `None` for everyone's.
     pub fn sees_only(&self) -> Option<&str> {
         match self {
-            Who::Key(k) if k.scope == Scope::Own => Some(&k.name),
+            Who::Key(k) if k.scope == Scope::Own => Some(&k.id),
             _ => None,
         }
+    }
+
+    /// A key confined to what it made (scope `own`).
+    pub fn is_confined(&self) -> bool {
+        matches!(self, Who::Key(k) if k.scope == Scope::Own)
     }
 }
 
@@ -61,9 +66,9 @@ fn reach(op: Operation) -> Reach {
     use Operation as O;
     match op {
         O::Version | O::Health | O::Metrics | O::PrometheusMetrics => Reach::Open,
-        O::ListImages | O::InspectImage | O::PullImage | O::ListPulls | O::ListBuilds => {
-            Reach::Open
-        }
+        // A pull's name is its fully qualified reference (a key may not pick another, which
+        // could replace an image others use), and its credentials are the caller's only.
+        O::ListImages | O::InspectImage | O::PullImage => Reach::Open,
         O::ListSandboxes | O::ListCheckpoints => Reach::Listing,
         O::CreateSandbox => Reach::Makes,
         O::InspectSandbox
@@ -79,8 +84,11 @@ fn reach(op: Operation) -> Reach {
             Reach::Checkpoint
         }
         // A build's context, an import's source and an export's target are paths on the
-        // daemon's host; a grant is a socket there.
-        O::ImportImage
+        // daemon's host; a grant is a socket there; the pulls and builds under way are
+        // everyone's.
+        O::ListPulls
+        | O::ListBuilds
+        | O::ImportImage
         | O::BuildImage
         | O::RemoveImage
         | O::ExportCheckpoint
@@ -92,34 +100,72 @@ fn reach(op: Operation) -> Reach {
     }
 }
 
-/// Admits `op` for `key`, or says why not.
+/// Admits `op` for `key`, or says why not. For a key of scope `own`, the `{id}` it
+/// names is looked for among its own sandboxes or checkpoints only (a prefix too) and
+/// replaced by the full id, so the handler acts on what was admitted.
 pub fn admit_key(
     d: &Daemon,
     key: &Key,
     op: Operation,
-    params: &HashMap<&'static str, String>,
+    params: &mut HashMap<&'static str, String>,
 ) -> Result<(), ApiError> {
     if key.scope == Scope::Full {
         return Ok(());
     }
-    let id = params.get("id").map(String::as_str).unwrap_or_default();
-    let mine = |owner: &Option<String>| owner.as_deref() == Some(key.name.as_str());
+    let id = params.get("id").cloned().unwrap_or_default();
     match reach(op) {
         Reach::Open | Reach::Listing | Reach::Makes => Ok(()),
-        Reach::Sandbox => match d.sandboxes.get(id) {
-            Ok(sb) if mine(&sb.record.locked().owner) => Ok(()),
-            Ok(_) => Err(ApiError::not_found(format!("no such sandbox: {id}"))),
-            Err(e) => Err(e),
-        },
-        Reach::Checkpoint => match d.checkpoints.get(id) {
-            Ok(c) if mine(&c.record.locked().owner) => Ok(()),
-            Ok(_) => Err(ApiError::not_found(format!("no such checkpoint: {id}"))),
-            Err(e) => Err(e),
-        },
+        Reach::Sandbox => {
+            let sb = own_sandbox(d, &key.id, &id)?;
+            params.insert("id", sb.id.to_string());
+            Ok(())
+        }
+        Reach::Checkpoint => {
+            let c = own_checkpoint(d, &key.id, &id)?;
+            params.insert("id", c.id.to_string());
+            Ok(())
+        }
         Reach::Operator => Err(ApiError::forbidden(format!(
-            "key {:?} has scope own: {} is the node operator's (it names paths on the daemon's host, or acts on the whole node)",
+            "key {:?} has scope own: {} is the node operator's (it names paths on the daemon's host, or acts on the whole node or on others' work)",
             key.name,
             op.id()
         ))),
     }
+}
+
+/// The sandbox `id` (or a prefix) names among those `owner` made.
+pub fn own_sandbox(
+    d: &Daemon,
+    owner: &str,
+    id: &str,
+) -> Result<Arc<super::super::Sandbox>, ApiError> {
+    // The table's lock is let go before any record's is taken.
+    let named = super::super::by_prefix(d.sandboxes.table.locked().by_id(), id);
+    let mine = named
+        .into_iter()
+        .filter(|sb| sb.record.locked().owner.as_deref() == Some(owner))
+        .collect();
+    super::super::one_of(mine, id, "sandbox")
+}
+
+/// The checkpoint `id` (or a prefix) names among those `owner` made.
+pub fn own_checkpoint(
+    d: &Daemon,
+    owner: &str,
+    id: &str,
+) -> Result<Arc<super::super::checkpoints::Checkpoint>, ApiError> {
+    let named = super::super::by_prefix(&d.checkpoints.table.locked(), id);
+    let mine = named
+        .into_iter()
+        .filter(|c| c.record.locked().owner.as_deref() == Some(owner))
+        .collect();
+    super::super::one_of(mine, id, "checkpoint")
+}
+
+/// An image's `used_by` as `viewer` may see it: only its own sandboxes.
+pub fn own_users(d: &Daemon, viewer: Option<&str>, used_by: &mut Vec<String>) {
+    let Some(owner) = viewer else {
+        return;
+    };
+    used_by.retain(|id| own_sandbox(d, owner, id).is_ok());
 }

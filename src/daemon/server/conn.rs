@@ -33,6 +33,9 @@ pub struct Peer {
     /// On TCP the end of the peer's stream counts as gone (TLS has no half-close); on a
     /// Unix socket only a hang-up of both halves does.
     tcp: bool,
+    /// The listener's slot the connection takes, held by every clone: an upgraded exec
+    /// keeps it until its relay ends.
+    slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl Peer {
@@ -41,7 +44,14 @@ impl Peer {
         Ok(Peer {
             fd: Arc::new(fd.try_clone_to_owned()?),
             tcp,
+            slot: None,
         })
+    }
+
+    /// The peer, holding `slot` of its listener while it or any clone lives.
+    pub fn holding(mut self, slot: tokio::sync::OwnedSemaphorePermit) -> Peer {
+        self.slot = Some(Arc::new(slot));
+        self
     }
 
     /// Whether the peer is on TCP (a connection kept alive between requests).
@@ -61,29 +71,24 @@ impl Peer {
 
     fn is_gone(&self) -> bool {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use nix::sys::socket::{recv, MsgFlags};
-        use std::os::fd::{AsFd, AsRawFd};
-        // A hang-up or an error is reported whatever is asked for.
-        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::empty())];
+        use std::os::fd::AsFd;
+        // A hang-up or an error is reported whatever is asked for; on TCP the end of the
+        // peer's stream (POLLRDHUP) is asked for too, even with bytes unread before it (a
+        // TLS close_notify).
+        let events = if self.tcp {
+            PollFlags::from_bits_retain(libc::POLLRDHUP)
+        } else {
+            PollFlags::empty()
+        };
+        let mut fds = [PollFd::new(self.fd.as_fd(), events)];
         match poll(&mut fds, PollTimeout::ZERO) {
-            Ok(_) => {
-                let r = fds[0].revents().unwrap_or(PollFlags::POLLHUP);
-                if r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
-                    return true;
-                }
-            }
-            Err(_) => return true,
+            Ok(_) => match fds[0].revents() {
+                // nix has no name for POLLRDHUP: a bit it cannot name is that one.
+                None => true,
+                Some(r) => r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR),
+            },
+            Err(_) => true,
         }
-        // The end of the peer's stream: nothing left to read, and no more coming.
-        self.tcp
-            && matches!(
-                recv(
-                    self.fd.as_raw_fd(),
-                    &mut [0u8; 1],
-                    MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
-                ),
-                Ok(0)
-            )
     }
 }
 
@@ -105,19 +110,39 @@ pub fn into_std_stream(
     }
 }
 
-fn bridge<S>(mut far: S, early: bytes::Bytes) -> std::io::Result<std::os::unix::net::UnixStream>
+fn bridge<S>(far: S, early: bytes::Bytes) -> std::io::Result<std::os::unix::net::UnixStream>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     use tokio::io::AsyncWriteExt;
     let (near, inner) = std::os::unix::net::UnixStream::pair()?;
     inner.set_nonblocking(true)?;
-    let mut inner = tokio::net::UnixStream::from_std(inner)?;
+    let inner = tokio::net::UnixStream::from_std(inner)?;
     tokio::spawn(async move {
-        if !early.is_empty() && inner.write_all(&early).await.is_err() {
+        let (mut from_peer, mut to_peer) = tokio::io::split(far);
+        let (mut from_relay, mut to_relay) = inner.into_split();
+        if !early.is_empty() && to_relay.write_all(&early).await.is_err() {
             return;
         }
-        let _ = tokio::io::copy_bidirectional(&mut far, &mut inner).await;
+        let up = async {
+            let _ = tokio::io::copy(&mut from_peer, &mut to_relay).await;
+            let _ = to_relay.shutdown().await;
+        };
+        let down = async {
+            let _ = tokio::io::copy(&mut from_relay, &mut to_peer).await;
+            let _ = to_peer.shutdown().await;
+        };
+        tokio::pin!(up, down);
+        tokio::select! {
+            // The peer ended its side (stdin done): the output still flows, for as long
+            // as the command runs.
+            () = &mut up => down.await,
+            // The relay ended (the command exited): the peer has a bound to say goodbye,
+            // not for ever.
+            () = &mut down => {
+                let _ = tokio::time::timeout(HEAD_TIMEOUT, up).await;
+            }
+        }
     });
     Ok(near)
 }

@@ -70,8 +70,10 @@ pub async fn serve_tcp(
             () = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
+        // A peer that vanished without a word (its host gone) is found out.
+        let _ = nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::KeepAlive, &true);
         let peer = match Peer::of(stream.as_fd(), true) {
-            Ok(p) => p,
+            Ok(p) => p.holding(slot),
             Err(e) => {
                 log::warn(&format!("accept from {addr}: {e}"));
                 continue;
@@ -80,7 +82,6 @@ pub async fn serve_tcp(
         let daemon = daemon.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
             let caller = Caller::Remote(addr);
             match tls {
                 None => serve_connection(daemon, stream, caller, peer).await,
