@@ -338,9 +338,10 @@ impl Daemon {
                 .get(name)
                 .is_ok_and(|old| old.layers != ids)
         {
+            // A count, not their ids: the caller may be a key that owns none of them.
             return Err(ApiError::conflict(format!(
-                "image {name} is in use by sandboxes {} and {shown} has changed; remove them or pull under another name (--name)",
-                users.join(", ")
+                "image {name} is in use by {} sandbox(es) and {shown} has changed; remove them (forkd ps lists them) or pull under another name (--name)",
+                users.len()
             )));
         }
         let image = Image {
