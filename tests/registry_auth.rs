@@ -498,6 +498,48 @@ fn a_pull_carries_the_callers_credentials_to_a_daemon_with_none() {
         )
         .unwrap();
 
+    // A build whose FROM is on that registry carries them too (the base is pulled again:
+    // the image was removed above).
+    let context = caller.join("context");
+    std::fs::create_dir_all(&context).unwrap();
+    std::fs::write(
+        context.join("Dockerfile"),
+        format!("FROM {reference} AS base\nENV BUILT=1\n"),
+    )
+    .unwrap();
+    let cli_build = |file: &Path| {
+        std::process::Command::new(BIN)
+            .args(["image", "build", "-t", "built-with-callers-credentials"])
+            .arg(&context)
+            .env("FORKD_SOCKET", &d.socket)
+            .env("REGISTRY_AUTH_FILE", file)
+            .env("DOCKER_CONFIG", &caller)
+            .output()
+            .unwrap()
+    };
+    let out = cli_build(&wrong);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("401"), "{err}");
+    let out = cli_build(&good);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for image in ["built-with-callers-credentials", reference.as_str()] {
+        let _: serde_json::Value = d
+            .client
+            .call(
+                "DELETE",
+                &format!(
+                    "/v1/images/{}",
+                    forkd::api::url::encode(image).replace('/', "%2F")
+                ),
+                None,
+            )
+            .unwrap();
+    }
+
     // The Python client, the same way.
     if let Some(py) = harness_python(name) {
         let out = std::process::Command::new(&py)

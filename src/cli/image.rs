@@ -136,16 +136,25 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 network: network == "egress",
                 ..Default::default()
             };
+            let file = req
+                .dockerfile
+                .as_ref()
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| abs.join("Dockerfile"));
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            let auth = caller_credentials(&images_named(&text))?;
+            let headers: Vec<(&str, &str)> = auth
+                .iter()
+                .map(|v| (crate::api::registry_auth::HEADER, v.as_str()))
+                .collect();
             let progress = if ctx.json {
                 None
             } else {
                 Some(watch_build(ctx, &name))
             };
-            let res: Result<BuildResult, _> = ctx.client.call(
-                "POST",
-                "/v1/images/build",
-                Some(&serde_json::to_value(&req)?),
-            );
+            let res: Result<BuildResult, _> =
+                ctx.client
+                    .send_with("POST", "/v1/images/build", &headers, &req);
             if let Some((stop, handle)) = progress {
                 drop(stop);
                 let shown = handle.join().unwrap_or(0);
@@ -180,7 +189,7 @@ pub fn run(ctx: &Ctx, cmd: ImageCmd) -> anyhow::Result<i32> {
                 platform: Some(platform),
                 name,
             };
-            let auth = caller_credentials(&reference)?;
+            let auth = caller_credentials(&[reference.as_str()])?;
             let headers: Vec<(&str, &str)> = auth
                 .iter()
                 .map(|v| (crate::api::registry_auth::HEADER, v.as_str()))
@@ -339,15 +348,53 @@ fn watch_pull(
     (stop, handle)
 }
 
-/// The `X-Registry-Config` a pull of `reference` carries: the caller's own credentials
-/// for its registry (REGISTRY_AUTH_FILE, the containers auth files, Docker's config and
-/// its helpers), as podman-remote and docker send theirs. None when the caller has none,
-/// or the name is short: the daemon's own files are used then.
-fn caller_credentials(reference: &str) -> anyhow::Result<Option<String>> {
-    let Some((registry, c)) = forkd_registry::auth::for_reference(reference)? else {
-        return Ok(None);
-    };
-    let auth = if c.identity_token {
+/// The images a Dockerfile's `FROM` and `COPY --from`/`ADD --from` lines name, as
+/// written (a stage's name too, and `scratch`: short names send no credentials). A name
+/// with a `$` is the build's to expand, and left out.
+fn images_named(dockerfile: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for line in dockerfile.lines().map(str::trim) {
+        let mut words = line.split_whitespace();
+        let Some(instruction) = words.next() else {
+            continue;
+        };
+        let named = if instruction.eq_ignore_ascii_case("FROM") {
+            words.find(|w| !w.starts_with("--"))
+        } else if instruction.eq_ignore_ascii_case("COPY")
+            || instruction.eq_ignore_ascii_case("ADD")
+        {
+            words.find_map(|w| w.strip_prefix("--from="))
+        } else {
+            None
+        };
+        if let Some(image) = named.filter(|i| !i.contains('$')) {
+            out.push(image);
+        }
+    }
+    out
+}
+
+/// The `X-Registry-Config` a pull of `references` carries (or a build whose images they
+/// are): the caller's own credentials for each one's registry (REGISTRY_AUTH_FILE, the
+/// containers auth files, Docker's config and its helpers), as podman-remote and docker
+/// send theirs. None when the caller has none, or every name is short: the daemon's own
+/// files are used then.
+fn caller_credentials(references: &[&str]) -> anyhow::Result<Option<String>> {
+    let mut config = crate::api::registry_auth::RegistryConfig::new();
+    for reference in references {
+        let (registry, c) = match forkd_registry::auth::for_reference(reference) {
+            Ok(Some(found)) => found,
+            // A name that is not a reference (a stage's) has no registry either.
+            Ok(None) | Err(forkd_registry::RegistryError::BadReference { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        config.entry(registry).or_insert_with(|| registry_auth(c));
+    }
+    Ok((!config.is_empty()).then(|| crate::api::registry_auth::encode(&config)))
+}
+
+fn registry_auth(c: forkd_registry::auth::Credential) -> crate::api::registry_auth::RegistryAuth {
+    if c.identity_token {
         crate::api::registry_auth::RegistryAuth {
             username: Some(c.username),
             identitytoken: Some(c.secret),
@@ -361,7 +408,27 @@ fn caller_credentials(reference: &str) -> anyhow::Result<Option<String>> {
             from: Some(c.from),
             ..Default::default()
         }
-    };
-    let config = [(registry, auth)].into_iter().collect();
-    Ok(Some(crate::api::registry_auth::encode(&config)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_dockerfile_names_its_images() {
+        let f = "FROM --platform=linux/amd64 reg.example:5000/base:1 AS build\n\
+                 RUN make\n\
+                 from scratch\n\
+                 COPY --from=build /out /out\n\
+                 COPY --from=ghcr.io/astral-sh/uv:0.5 /uv /bin/uv\n\
+                 FROM ${BASE}\n";
+        assert_eq!(
+            super::images_named(f),
+            [
+                "reg.example:5000/base:1",
+                "scratch",
+                "build",
+                "ghcr.io/astral-sh/uv:0.5"
+            ]
+        );
+    }
 }

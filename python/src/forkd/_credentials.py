@@ -110,12 +110,8 @@ def _lookup(doc: dict[str, Any], path: Path, registry: str, repository: str) -> 
     return None
 
 
-def header_for(reference: str) -> Optional[str]:
-    """The `X-Registry-Config` value for a pull of `reference`, or None."""
-    where = _registry_of(reference)
-    if where is None:
-        return None
-    registry, repository = where
+def _found(registry: str, repository: str) -> Optional[dict[str, Any]]:
+    """The caller's credential for `repository` on `registry`, from the first file that has one."""
     for path in _files():
         try:
             text = path.read_text()
@@ -129,6 +125,40 @@ def header_for(reference: str) -> Optional[str]:
             raise ValueError(f"{path}: not a credentials file: {e}") from None
         found = _lookup(doc, path, registry, repository)
         if found is not None:
-            raw = json.dumps({registry: found}).encode()
-            return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+            return found
     return None
+
+
+def header_for(*references: str) -> Optional[str]:
+    """The `X-Registry-Config` value for a pull of `references` (or a build whose images
+    they are), or None when the caller has no credential for any of their registries."""
+    config: dict[str, dict[str, Any]] = {}
+    for reference in references:
+        where = _registry_of(reference)
+        if where is None or where[0] in config:
+            continue
+        found = _found(*where)
+        if found is not None:
+            config[where[0]] = found
+    if not config:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(config).encode()).decode().rstrip("=")
+
+
+def images_named(dockerfile: str) -> list[str]:
+    """The images a Dockerfile's `FROM` and `COPY --from`/`ADD --from` lines name (stage
+    names too: short names send nothing); a name with a `$` is the build's to expand."""
+    out = []
+    for line in dockerfile.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        op = words[0].upper()
+        named = None
+        if op == "FROM":
+            named = next((w for w in words[1:] if not w.startswith("--")), None)
+        elif op in ("COPY", "ADD"):
+            named = next((w[len("--from="):] for w in words[1:] if w.startswith("--from=")), None)
+        if named and "$" not in named:
+            out.append(named)
+    return out

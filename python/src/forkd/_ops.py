@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import _credentials
@@ -138,7 +139,18 @@ def build_image(
         step_timeout_secs=None if step_timeout is None else int(step_timeout),
     ).body()
     # A build runs as long as its RUN steps do: no wire timeout.
-    return json_call("POST", "/v1/images/build", t.BuildResult.from_json, body, timeout=None)
+    call = json_call("POST", "/v1/images/build", t.BuildResult.from_json, body, timeout=None)
+    # The caller's credentials for the images its FROM lines pull, when the Dockerfile
+    # is readable here (it is where the daemon runs on this host).
+    path = Path(dockerfile) if dockerfile and Path(dockerfile).is_absolute() else Path(context) / (dockerfile or "Dockerfile")
+    try:
+        text = path.read_text()
+    except OSError:
+        text = ""
+    auth = _credentials.header_for(*_credentials.images_named(text))
+    if auth is not None:
+        call.headers[_credentials.HEADER] = auth
+    return call
 
 
 def list_builds() -> Call[list[t.BuildStatus]]:
