@@ -117,7 +117,7 @@ pub(super) fn exec_upgraded(
     rid: String,
     started: Instant,
     // Held until the relay ends: the stream counts against its listener's connections.
-    peer: super::server::Peer,
+    peer: super::server::conn::Peer,
 ) -> hyper::Response<http::Body> {
     let prepared = (|| {
         let sb = d

@@ -157,6 +157,12 @@ where
     one_of(by_prefix(table, id), id, what)
 }
 
+/// Whether a listing for `viewer` (a key's id, or `None` for everyone's) shows a thing
+/// whose record names `owner`.
+pub(crate) fn visible(viewer: Option<&str>, owner: Option<&str>) -> bool {
+    viewer.is_none() || viewer == owner
+}
+
 /// What `id` names in `table`: the entry of that full id, or every entry it is a prefix
 /// of (at least 4 hex digits).
 pub(crate) fn by_prefix<K, V>(table: &HashMap<K, Arc<V>>, id: &str) -> Vec<Arc<V>>

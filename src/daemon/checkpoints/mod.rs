@@ -266,9 +266,7 @@ impl Daemon {
             .table
             .locked()
             .values()
-            .filter(|c| {
-                crate::daemon::server::access::shown(viewer, c.record.locked().owner.as_deref())
-            })
+            .filter(|c| crate::daemon::visible(viewer, c.record.locked().owner.as_deref()))
             .cloned()
             .collect();
         let mut out: Vec<CheckpointInfo> = all.iter().map(|c| self.checkpoint_info(c)).collect();

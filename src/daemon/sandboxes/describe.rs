@@ -2,7 +2,6 @@
 //! changes, see `super::super::record`), and one sandbox with its memory and disk.
 
 use super::*;
-use crate::daemon::server::access::shown;
 
 impl Daemon {
     /// Every sandbox, oldest first. The table lock is held only to copy the entries out.
@@ -25,7 +24,7 @@ impl Daemon {
     pub fn list_sandboxes_with_stats(&self, viewer: Option<&str>) -> Vec<SandboxInfo> {
         self.sandboxes_in_order()
             .iter()
-            .filter(|sb| shown(viewer, sb.record.locked().owner.as_deref()))
+            .filter(|sb| crate::daemon::visible(viewer, sb.record.locked().owner.as_deref()))
             .map(|sb| self.info(sb))
             .collect()
     }
@@ -37,7 +36,7 @@ impl Daemon {
         let shown: Vec<Arc<[u8]>> = self
             .sandboxes_in_order()
             .iter()
-            .filter(|sb| shown(viewer, sb.record.locked().owner.as_deref()))
+            .filter(|sb| crate::daemon::visible(viewer, sb.record.locked().owner.as_deref()))
             .map(|sb| {
                 sb.record.locked().shown(|rec| {
                     serde_json::to_vec(&self.describe_record(sb, rec)).expect("answers serialise")

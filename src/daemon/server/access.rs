@@ -41,11 +41,6 @@ impl Who {
     }
 }
 
-/// Whether a listing for `viewer` shows a thing of `owner`.
-pub fn shown(viewer: Option<&str>, owner: Option<&str>) -> bool {
-    viewer.is_none() || viewer == owner
-}
-
 /// What an operation reaches, for a key of scope `own`.
 enum Reach {
     /// The daemon's version, health, metrics, and images: read, pulled.
