@@ -461,15 +461,17 @@ fn a_pull_carries_the_callers_credentials_to_a_daemon_with_none() {
         serde_json::json!({"auths": {reg.host(): {"auth": b64("docker:wrong")}}}).to_string(),
     )
     .unwrap();
-    let cli_pull = |file: &Path| {
+    // The CLI as the caller, with `file` as its credentials.
+    let cli_as_caller = |file: &Path, args: &[&str]| {
         std::process::Command::new(BIN)
-            .args(["image", "pull", &reference])
+            .args(args)
             .env("FORKD_SOCKET", &d.socket)
             .env("REGISTRY_AUTH_FILE", file)
             .env("DOCKER_CONFIG", &caller)
             .output()
             .unwrap()
     };
+    let cli_pull = |file: &Path| cli_as_caller(file, &["image", "pull", &reference]);
     let out = cli_pull(&wrong);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -507,15 +509,18 @@ fn a_pull_carries_the_callers_credentials_to_a_daemon_with_none() {
         format!("FROM {reference} AS base\nENV BUILT=1\n"),
     )
     .unwrap();
+    let context_arg = context.display().to_string();
     let cli_build = |file: &Path| {
-        std::process::Command::new(BIN)
-            .args(["image", "build", "-t", "built-with-callers-credentials"])
-            .arg(&context)
-            .env("FORKD_SOCKET", &d.socket)
-            .env("REGISTRY_AUTH_FILE", file)
-            .env("DOCKER_CONFIG", &caller)
-            .output()
-            .unwrap()
+        cli_as_caller(
+            file,
+            &[
+                "image",
+                "build",
+                "-t",
+                "built-with-callers-credentials",
+                &context_arg,
+            ],
+        )
     };
     let out = cli_build(&wrong);
     let err = String::from_utf8_lossy(&out.stderr);
