@@ -845,3 +845,131 @@ fn sandboxes_checkpoints_and_forks_with_layers_as_links() {
     }
     d.remove(&sb.id);
 }
+
+#[test]
+fn file_operations_run_as_the_user_inside_the_sandbox() {
+    if !can_run("file_operations_run_as_the_user_inside_the_sandbox") {
+        return;
+    }
+    use forkd::api::{FsAnswer, FsKind};
+    let d = TestDaemon::start("fileops");
+    let sb = d.busybox();
+    let c = &d.client;
+    let fs = |body: serde_json::Value| -> Result<FsAnswer, String> {
+        c.send("POST", &format!("/v1/sandboxes/{}/fs", sb.id), &body)
+            .map_err(|e| e.to_string())
+    };
+    d.sh(
+        &sb.id,
+        "mkdir -p /srv/u && chown nobody /srv/u && ln -s /etc/passwd /srv/link",
+    );
+    // A write as a user makes the file theirs, parents included; its bytes come back.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let put = c
+        .raw(
+            "PUT",
+            &format!(
+                "/v1/sandboxes/{}/file?path=/srv/u/d/f.bin&user=nobody",
+                sb.id
+            ),
+            &data,
+        )
+        .unwrap();
+    assert_eq!(put.status, 200, "{}", String::from_utf8_lossy(&put.body));
+    let wrote: FsAnswer = serde_json::from_slice(&put.body).unwrap();
+    assert_eq!(wrote.entries[0].owner, "nobody");
+    assert_eq!(wrote.entries[0].size, data.len() as u64);
+    let got = c
+        .raw(
+            "GET",
+            &format!("/v1/sandboxes/{}/file?path=/srv/u/d/f.bin", sb.id),
+            &[],
+        )
+        .unwrap();
+    assert_eq!((got.status, got.body == data), (200, true));
+    // The sandbox's permissions apply: nobody cannot write under /etc.
+    let denied = c
+        .raw(
+            "PUT",
+            &format!("/v1/sandboxes/{}/file?path=/etc/x&user=nobody", sb.id),
+            b"x",
+        )
+        .unwrap();
+    assert_eq!(
+        denied.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&denied.body)
+    );
+    assert!(String::from_utf8_lossy(&denied.body).contains("/etc/x"));
+    // Stat describes a symlink without following it; list goes depth first.
+    let st = fs(serde_json::json!({"op": "stat", "path": "/srv/link"})).unwrap();
+    assert_eq!(st.entries[0].kind, FsKind::Symlink);
+    assert_eq!(st.entries[0].symlink_target.as_deref(), Some("/etc/passwd"));
+    let ls = fs(serde_json::json!({"op": "list", "path": "/srv", "depth": 3})).unwrap();
+    let paths: Vec<&str> = ls.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["/srv/link", "/srv/u", "/srv/u/d", "/srv/u/d/f.bin"]);
+    let made = fs(serde_json::json!({"op": "make_dir", "path": "/srv/u/d"})).unwrap();
+    assert_eq!(made.created, Some(false));
+    let made =
+        fs(serde_json::json!({"op": "make_dir", "path": "/srv/n/m", "user": "root"})).unwrap();
+    assert_eq!(
+        (made.created, made.entries[0].kind),
+        (Some(true), FsKind::Dir)
+    );
+    let moved =
+        fs(serde_json::json!({"op": "move", "from": "/srv/u/d/f.bin", "to": "/srv/n/g"})).unwrap();
+    assert_eq!(moved.entries[0].path, "/srv/n/g");
+    fs(serde_json::json!({"op": "remove", "path": "/srv/n"})).unwrap();
+    // Errors name the path and keep their kind.
+    let missing = fs(serde_json::json!({"op": "stat", "path": "/srv/n"})).unwrap_err();
+    assert!(
+        missing.contains("/srv/n") && missing.contains("No such file"),
+        "{missing}"
+    );
+    let relative = fs(serde_json::json!({"op": "stat", "path": "srv"})).unwrap_err();
+    assert!(relative.contains("must be absolute"), "{relative}");
+    let read = fs(serde_json::json!({"op": "read", "path": "/etc/passwd"})).unwrap_err();
+    assert!(read.contains("GET or PUT"), "{read}");
+}
+
+#[test]
+fn a_signal_frame_reaches_the_command() {
+    if !can_run("a_signal_frame_reaches_the_command") {
+        return;
+    }
+    use forkd_sandbox::proto::{read_frame, write_frame, ExecExit, ExecRequest, Kind};
+    let d = TestDaemon::start("signal");
+    let sb = d.busybox();
+    let run = |signal: u8, secs: u32| -> ExecExit {
+        let req = ExecRequest {
+            shell: Some(format!(
+                "trap 'echo term; exit 7' TERM; sleep {secs} & wait"
+            )),
+            ..Default::default()
+        };
+        let mut s = d.client.exec_stream(&sb.id, &req).unwrap();
+        loop {
+            match read_frame(&mut s).unwrap() {
+                Some((Kind::Started, _)) => break,
+                Some(_) => {}
+                None => panic!("no Started frame"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        write_frame(&mut s, Kind::Signal, &[signal]).unwrap();
+        loop {
+            match read_frame(&mut s).unwrap() {
+                Some((Kind::Exit, body)) => return serde_json::from_slice(&body).unwrap(),
+                Some(_) => {}
+                None => panic!("no Exit frame"),
+            }
+        }
+    };
+    // SIGTERM is the command's to handle; SIGKILL ends the tree.
+    assert_eq!(run(15, 100).exit_code, 7);
+    let killed = run(9, 101);
+    assert_eq!(killed.signal, Some(9), "{killed:?}");
+    let (_, ps, _) = d.sh(&sb.id, "ps -o args | grep -c '[s]leep 101' || true");
+    assert_eq!(ps.trim(), "0", "the killed command's sleep is gone");
+}

@@ -132,6 +132,16 @@ pub struct CopyResult {
     pub entries: u64,
 }
 
+/// The body of `fileOperation`: one file operation inside the sandbox, carried out as
+/// `user` (default root), so the sandbox's own permissions apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsRequest {
+    #[serde(flatten)]
+    pub op: forkd_proto::FsOp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
 /// The answer of `gc`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GcResult {

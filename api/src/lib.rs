@@ -26,7 +26,7 @@ pub use ops::{Answer, OpSpec, Operation, RequestBody, GRANTED_OPERATIONS, PROMET
 pub use size::parse_size;
 
 pub use forkd_proto as proto;
-pub use forkd_proto::{ExecExit, ExecRequest};
+pub use forkd_proto::{ExecExit, ExecRequest, FsAnswer, FsEntry, FsKind, FsOp};
 use serde::{Deserialize, Serialize};
 
 /// Version of the API; bumped on incompatible changes.

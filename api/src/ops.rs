@@ -31,6 +31,9 @@ pub enum Operation {
     SandboxLogs,
     CopyFromSandbox,
     CopyToSandbox,
+    FileOperation,
+    ReadFile,
+    WriteFile,
     CheckpointSandbox,
     ListCheckpoints,
     InspectCheckpoint,
@@ -54,6 +57,8 @@ pub enum RequestBody {
     Json(&'static str),
     /// A tar stream (`application/x-tar`).
     Tar,
+    /// A file's bytes (`application/octet-stream`).
+    Bytes,
 }
 
 /// What an operation answers on success.
@@ -82,7 +87,7 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 34] = [
+    pub const ALL: [Operation; 37] = [
         Operation::Version,
         Operation::Health,
         Operation::Metrics,
@@ -104,6 +109,9 @@ impl Operation {
         Operation::SandboxLogs,
         Operation::CopyFromSandbox,
         Operation::CopyToSandbox,
+        Operation::FileOperation,
+        Operation::ReadFile,
+        Operation::WriteFile,
         Operation::CheckpointSandbox,
         Operation::ListCheckpoints,
         Operation::InspectCheckpoint,
@@ -310,6 +318,33 @@ impl Operation {
                 answer: Answer::Json("CopyResult"),
                 query: &[("path", true)],
             },
+            Operation::FileOperation => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes/{id}/fs",
+                id: "fileOperation",
+                status: 200,
+                body: RequestBody::Json("FsRequest"),
+                answer: Answer::Json("FsAnswer"),
+                query: &[],
+            },
+            Operation::ReadFile => OpSpec {
+                method: "GET",
+                path: "/v1/sandboxes/{id}/file",
+                id: "readFile",
+                status: 200,
+                body: RequestBody::None,
+                answer: Answer::Bytes("application/octet-stream"),
+                query: &[("path", true), ("user", false)],
+            },
+            Operation::WriteFile => OpSpec {
+                method: "PUT",
+                path: "/v1/sandboxes/{id}/file",
+                id: "writeFile",
+                status: 200,
+                body: RequestBody::Bytes,
+                answer: Answer::Json("FsAnswer"),
+                query: &[("path", true), ("user", false)],
+            },
             Operation::CheckpointSandbox => OpSpec {
                 method: "POST",
                 path: "/v1/sandboxes/{id}/checkpoint",
@@ -451,5 +486,8 @@ pub const GRANTED_OPERATIONS: &[Operation] = &[
     Operation::SandboxLogs,
     Operation::CopyFromSandbox,
     Operation::CopyToSandbox,
+    Operation::FileOperation,
+    Operation::ReadFile,
+    Operation::WriteFile,
     Operation::SandboxExecs,
 ];

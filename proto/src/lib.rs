@@ -13,6 +13,9 @@
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 
+mod fs;
+pub use fs::{FsAnswer, FsEntry, FsKind, FsOp};
+
 /// Largest accepted payload (output is chunked well below this).
 pub const MAX_FRAME: usize = 16 << 20;
 /// Size of the frame header.
@@ -39,6 +42,9 @@ pub enum Kind {
     Error = 8,
     /// client -> init: terminal size, two big-endian u16 (rows, cols).
     Resize = 9,
+    /// client -> init: a signal for the command, one byte (its number); `SIGKILL` ends
+    /// the command's whole tree, as a timeout does. An init that predates it ignores it.
+    Signal = 10,
 }
 
 impl Kind {
@@ -53,6 +59,7 @@ impl Kind {
             7 => Kind::Started,
             8 => Kind::Error,
             9 => Kind::Resize,
+            10 => Kind::Signal,
             _ => return None,
         })
     }

@@ -4,7 +4,7 @@
 
 use super::{Daemon, Sandbox};
 use crate::api::ApiError;
-use forkd_sandbox::proto::{valid_log_name, ExecRequest};
+use forkd_sandbox::proto::{valid_log_name, ExecRequest, FsAnswer, FsOp};
 use std::sync::Arc;
 
 impl Daemon {
@@ -81,5 +81,67 @@ impl Daemon {
     pub fn copy_in(&self, sb: &Arc<Sandbox>, path: &str, body: &[u8]) -> Result<u64, ApiError> {
         let out = self.tool(sb, "__untar", path, Some(body))?;
         Ok(String::from_utf8_lossy(&out).trim().parse().unwrap_or(0))
+    }
+
+    /// Carries out one file operation inside the sandbox as `user` (default root), with
+    /// forkd's own tool there (`forkd_sandbox::fsops`): the sandbox's permissions apply,
+    /// and paths resolve in its root. `stdin` is a `write`'s content; `read` answers the
+    /// file's bytes (up to the copy limit), every other operation an [`FsAnswer`] as JSON.
+    pub fn file_op(
+        &self,
+        sb: &Arc<Sandbox>,
+        op: &FsOp,
+        user: Option<&str>,
+        stdin: Option<&[u8]>,
+    ) -> Result<Vec<u8>, ApiError> {
+        op.validate()
+            .map_err(|e| ApiError::bad_request(format!("sandbox {}: {e}", sb.id)))?;
+        let json = serde_json::to_string(op).expect("requests serialise");
+        let req = ExecRequest {
+            argv: vec![forkd_sandbox::setup::INIT_PATH.into(), "__fs".into(), json],
+            user: user.map(str::to_string),
+            stdin: stdin.is_some(),
+            ..Default::default()
+        };
+        let limit = self.config.max_copy_bytes;
+        let out = self.exec_output(sb, &req, stdin, limit)?;
+        if out.truncated {
+            return Err(ApiError::bad_request(format!(
+                "sandbox {}: {} is over the copy limit of {limit} bytes (FORKD_MAX_COPY_BYTES on the daemon sets it)",
+                sb.id,
+                op.paths()[0]
+            )));
+        }
+        let msg = || {
+            format!(
+                "sandbox {}: {}",
+                sb.id,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        };
+        match out.exit.exit_code {
+            0 => Ok(out.stdout),
+            2 => Err(ApiError::not_found(msg())),
+            3 => Err(ApiError::conflict(msg())),
+            4 => Err(ApiError::forbidden(msg())),
+            _ => Err(ApiError::bad_request(msg())),
+        }
+    }
+
+    /// [`Daemon::file_op`] for the operations that answer JSON.
+    pub fn file_answer(
+        &self,
+        sb: &Arc<Sandbox>,
+        op: &FsOp,
+        user: Option<&str>,
+        stdin: Option<&[u8]>,
+    ) -> Result<FsAnswer, ApiError> {
+        let out = self.file_op(sb, op, user, stdin)?;
+        serde_json::from_slice(&out).map_err(|e| {
+            ApiError::internal(format!(
+                "sandbox {}: the file tool's answer is not JSON: {e}",
+                sb.id
+            ))
+        })
     }
 }

@@ -14,12 +14,13 @@ pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 /// The body of every answer.
 pub type Body = Full<Bytes>;
 
-/// The largest body a request to `path` may carry: uploads (a tar for `cp`) are
+/// The largest body a request to `path` may carry: uploads (a tar for `cp`, a file) are
 /// binary and may be as large as `copy_limit`, every other body is JSON.
 pub fn body_limit(method: &str, path: &str, copy_limit: usize) -> usize {
+    let path = path.trim_end_matches('/');
     let upload = method == "PUT"
         && path.starts_with("/v1/sandboxes/")
-        && path.trim_end_matches('/').ends_with("/files");
+        && (path.ends_with("/files") || path.ends_with("/file"));
     if upload {
         copy_limit
     } else {

@@ -496,6 +496,46 @@ fn handle(
             let entries = d.copy_in(&sb, path, &req.body)?;
             Ok(Reply::json(&api::CopyResult { entries }))
         }
+        O::FileOperation => {
+            let sb = d.sandboxes.get(&param("id"))?;
+            let body: api::FsRequest = req.json()?;
+            if matches!(body.op, api::FsOp::Read { .. } | api::FsOp::Write { .. }) {
+                return Err(ApiError::bad_request(
+                    "read and write carry bytes: use GET or PUT /v1/sandboxes/{id}/file",
+                ));
+            }
+            Ok(Reply::json(&d.file_answer(
+                &sb,
+                &body.op,
+                body.user.as_deref(),
+                None,
+            )?))
+        }
+        O::ReadFile => {
+            let sb = d.sandboxes.get(&param("id"))?;
+            let op = api::FsOp::Read {
+                path: query(op, req, "path")?.unwrap_or_default().to_string(),
+            };
+            Ok(Reply::Bytes(d.file_op(
+                &sb,
+                &op,
+                query(O::ReadFile, req, "user")?,
+                None,
+            )?))
+        }
+        O::WriteFile => {
+            let sb = d.sandboxes.get(&param("id"))?;
+            let op = api::FsOp::Write {
+                path: query(op, req, "path")?.unwrap_or_default().to_string(),
+            };
+            let user = query(O::WriteFile, req, "user")?;
+            Ok(Reply::json(&d.file_answer(
+                &sb,
+                &op,
+                user,
+                Some(&req.body),
+            )?))
+        }
         O::CheckpointSandbox => {
             let sb = d.sandboxes.get(&param("id"))?;
             let body: api::CheckpointRequest = req.json()?;

@@ -562,3 +562,60 @@ fn answers_and_records_are_their_schemas() {
         );
     }
 }
+
+#[test]
+fn file_operations_are_their_schemas() {
+    use forkd::api::{FsAnswer, FsEntry, FsKind, FsOp, FsRequest};
+    let doc = doc();
+    check_serialised(
+        &doc,
+        "FsAnswer",
+        &FsAnswer {
+            entries: vec![FsEntry {
+                name: "l".into(),
+                path: "/home/user/l".into(),
+                kind: FsKind::Symlink,
+                size: 3,
+                mode: 0o120777,
+                owner: "user".into(),
+                group: "user".into(),
+                modified_ns: 1_765_000_000_123_456_789,
+                symlink_target: Some("a/b".into()),
+            }],
+            created: Some(true),
+        },
+    );
+    // Every op the schema names reads, with the fields its description gives it.
+    let (s, _) = resolve(&doc, &schema(&doc, "FsRequest")["properties"]["op"]);
+    let ops: Vec<&str> = s["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for op in ops {
+        let body = match op {
+            "move" => json!({"op": op, "from": "/a", "to": "/b", "user": "user"}),
+            "list" => json!({"op": op, "path": "/a", "depth": 2}),
+            _ => json!({"op": op, "path": "/a"}),
+        };
+        let known = names(schema(&doc, "FsRequest").get("properties"));
+        for k in body.as_object().unwrap().keys() {
+            assert!(
+                known.contains(k),
+                "{op}: {k} is not a property of FsRequest"
+            );
+        }
+        let r: FsRequest = serde_json::from_value(body.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&r).unwrap(), body, "{op}");
+    }
+    let r: FsRequest = serde_json::from_value(json!({"op": "list", "path": "/"})).unwrap();
+    assert_eq!(
+        r.op,
+        FsOp::List {
+            path: "/".into(),
+            depth: 1
+        }
+    );
+    assert!(serde_json::from_value::<FsRequest>(json!({"op": "chmod", "path": "/"})).is_err());
+}

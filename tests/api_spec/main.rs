@@ -195,6 +195,7 @@ fn request_and_response_bodies_reference_the_right_schemas() {
             RequestBody::None => None,
             RequestBody::Json(name) => Some(format!("application/json {name}")),
             RequestBody::Tar => Some("application/x-tar binary".to_string()),
+            RequestBody::Bytes => Some("application/octet-stream binary".to_string()),
         };
         assert_eq!(body(spec.id), want, "{}: request body", spec.id);
     }
@@ -289,7 +290,7 @@ fn exec_upgrade_is_documented() {
             assert_eq!(buf, [n, 0, 0, 0, 3, b'a', b'b', b'c'], "frame layout");
         }
     }
-    assert!(Kind::from_u8(10).is_none() && Kind::from_u8(0).is_none());
+    assert!(Kind::from_u8(11).is_none() && Kind::from_u8(0).is_none());
 }
 
 #[test]

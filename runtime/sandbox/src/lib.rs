@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod files;
+pub mod fsops;
 pub mod host;
 pub mod id;
 pub mod init;

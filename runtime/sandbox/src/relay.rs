@@ -259,6 +259,17 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
                         let _ = forkd_sys::set_window_size(m.as_fd(), rows, cols);
                     }
                 }
+                Ok(Some((Kind::Signal, data))) if data.len() == 1 => {
+                    match Signal::try_from(i32::from(data[0])) {
+                        // A kill ends the whole tree, as a timeout does: orphans would
+                        // otherwise hold the output open.
+                        Ok(Signal::SIGKILL) => kill_tree(pid, &mut status),
+                        Ok(sig) if status.is_none() => {
+                            let _ = kill(Pid::from_raw(pid), sig);
+                        }
+                        _ => {}
+                    }
+                }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
                     // The client hung up: nobody is left to see the command, end it.

@@ -73,6 +73,9 @@ fn reach(op: Operation) -> Reach {
         | O::SandboxLogs
         | O::CopyFromSandbox
         | O::CopyToSandbox
+        | O::FileOperation
+        | O::ReadFile
+        | O::WriteFile
         | O::CheckpointSandbox
         | O::SandboxExecs => Reach::Sandbox,
         O::InspectCheckpoint | O::RemoveCheckpoint | O::ForkCheckpoint | O::CheckpointDelta => {
