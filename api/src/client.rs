@@ -101,7 +101,7 @@ impl Client {
                         "\nstart one with: forkd daemon --socket {} (or set FORKD_SOCKET)",
                         p.display()
                     ),
-                    Endpoint::Tcp(_) => String::new(),
+                    Endpoint::Tcp(_) | Endpoint::Dial(_) => String::new(),
                 },
                 source,
             })

@@ -25,6 +25,18 @@ pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 pub enum Endpoint {
     Unix(PathBuf),
     Tcp(Arc<Remote>),
+    /// Connections a program makes itself: a protocol translation served inside the
+    /// daemon reaches its API this way, as the caller it acts for (one request a
+    /// connection, as on the socket).
+    Dial(Arc<dyn Dial>),
+}
+
+/// Makes connections to the daemon's API for [`Endpoint::Dial`].
+pub trait Dial: Send + Sync {
+    /// A new connection, as a blocking Unix stream.
+    fn dial(&self) -> std::io::Result<UnixStream>;
+    /// What the connections reach, for messages.
+    fn describe(&self) -> String;
 }
 
 /// A TCP endpoint: where, with what TLS, and the key every request carries.
@@ -52,6 +64,7 @@ impl std::fmt::Display for Endpoint {
                 r.port,
                 if r.tls.is_some() { "" } else { " (plain)" }
             ),
+            Endpoint::Dial(d) => f.write_str(&d.describe()),
         }
     }
 }
@@ -133,7 +146,7 @@ impl Endpoint {
     /// The key requests carry, if any.
     pub fn key(&self) -> Option<&str> {
         match self {
-            Endpoint::Unix(_) => None,
+            Endpoint::Unix(_) | Endpoint::Dial(_) => None,
             Endpoint::Tcp(r) => r.key.as_deref(),
         }
     }
@@ -143,6 +156,7 @@ impl Endpoint {
         match self {
             Endpoint::Unix(p) => UnixStream::connect(p),
             Endpoint::Tcp(r) => bridge(r.clone()),
+            Endpoint::Dial(d) => d.dial(),
         }
     }
 }

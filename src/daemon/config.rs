@@ -69,6 +69,7 @@ settings! {
     "FORKD_TLS_CLIENT_CA", "unset", "path (PEM)", "when set, TCP clients must show a certificate this CA signed (mutual TLS)";
     "FORKD_MAX_CONNECTIONS", "1024", "connections", "open connections each TCP listener serves at once (more wait in the backlog)";
     "FORKD_AUDIT_MAX_BYTES", "16777216", "bytes", "the size at which the audit log is rotated (3 old files kept)";
+    "FORKD_E2B_DOMAIN", "unset", "a DNS domain", "E2B's envd is also routed by Host names 49983-ID.DOMAIN (a wildcard domain), beside the E2b-Sandbox-Id header";
     "FORKD_MAX_COPY_BYTES", "1073741824", "bytes", "the largest archive cp carries into or out of a sandbox";
     "FORKD_MAX_LAYERS", "128", "layers (at least 2)", "the deepest layer stack of a checkpoint before it is squashed";
     "FORKD_MEMCG", "limited", "limited or each", "each gives every sandbox a memory cgroup of its own (cgroup v1 shares one otherwise)";
@@ -461,6 +462,8 @@ pub struct Listen {
     /// Connections each listener serves at once.
     pub max_connections: usize,
     pub audit_max_bytes: u64,
+    /// E2B's envd Host names: `49983-<id>.<domain>`.
+    pub e2b_domain: Option<String>,
 }
 
 /// PEM files: the listeners' certificate chain and key, and the CA clients' certificates
@@ -547,6 +550,24 @@ fn listen(v: &Vars) -> Result<Listen, SettingError> {
             "at least 4096 bytes",
             |n: &u64| *n >= 4096,
         )?,
+        e2b_domain: match v.get("FORKD_E2B_DOMAIN") {
+            None => None,
+            Some(d) => {
+                let d = d.trim_matches('.').to_ascii_lowercase();
+                let ok = !d.is_empty()
+                    && d.split('.').all(|l| {
+                        !l.is_empty()
+                            && l.len() <= 63
+                            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    });
+                if !ok {
+                    return Err(SettingError(format!(
+                        "FORKD_E2B_DOMAIN={d:?}: expected a DNS domain (labels of letters, digits and '-')"
+                    )));
+                }
+                Some(d)
+            }
+        },
     })
 }
 

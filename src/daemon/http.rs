@@ -5,14 +5,21 @@ use crate::api::{url, ApiError};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use std::collections::HashMap;
+use std::convert::Infallible;
 
 /// Largest JSON request body accepted (an exec's stdin included).
 pub const MAX_JSON_BODY: usize = 64 << 20;
 /// The longest a body may go without a byte arriving.
 pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The body of every answer.
-pub type Body = Full<Bytes>;
+/// The body of every answer: whole, or streamed (a protocol translation's server
+/// streams).
+pub type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
 
 /// The largest body a request to `path` may carry: uploads (a tar for `cp`, a file) are
 /// binary and may be as large as `copy_limit`, every other body is JSON.
@@ -164,7 +171,7 @@ impl Response {
 
     /// hyper's answer, with the request id.
     pub fn into_hyper(self, request_id: &str) -> hyper::Response<Body> {
-        let mut r = hyper::Response::new(Full::new(Bytes::from(self.body)));
+        let mut r = hyper::Response::new(full(self.body));
         *r.status_mut() = hyper::StatusCode::from_u16(self.status)
             .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
         let h = r.headers_mut();
@@ -181,7 +188,7 @@ impl Response {
 
 /// The answer that switches a connection to `protocol`.
 pub fn upgrade(protocol: &'static str, request_id: &str) -> hyper::Response<Body> {
-    let mut r = hyper::Response::new(Full::new(Bytes::new()));
+    let mut r = hyper::Response::new(full(Bytes::new()));
     *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
     h.insert(

@@ -13,6 +13,7 @@ mod bases;
 mod build;
 mod checkpoints;
 pub mod config;
+mod e2b;
 mod edge;
 mod exec;
 pub mod features;
@@ -73,6 +74,8 @@ pub struct Daemon {
     pub images: services::Images,
     pub sandboxes: services::Sandboxes,
     pub checkpoints: services::Checkpoints,
+    /// E2B's protocol, served beside the API (`e2b.rs`; the `forkd-e2b` crate).
+    pub e2b: Arc<forkd_e2b::Gateway>,
     pub runtime: tokio::runtime::Handle,
 }
 

@@ -289,6 +289,7 @@ impl Daemon {
                 templates,
                 sharing,
             },
+            e2b: Arc::new(forkd_e2b::Gateway::new(super::e2b::settings(&config))),
             config,
             features,
             runtime,

@@ -76,17 +76,31 @@ pub async fn answer(
 ) -> hyper::Response<http::Body> {
     let started = Instant::now();
     let rid = daemon.node.request_id();
-    let addr = match &caller {
-        Caller::Remote(a) => *a,
+    let (addr, acting) = match &caller {
+        Caller::Remote(a) => (*a, None),
+        Caller::Acting { key, peer } => (*peer, Some((**key).clone())),
         Caller::Node => return dispatch(daemon, Who::Node, peer, req, rid, started).await.0,
         Caller::Grant(g) => {
             let who = Who::Grant(g.clone());
             return dispatch(daemon, who, peer, req, rid, started).await.0;
         }
     };
+    // E2B's protocol, beside the API on the same listeners: its own crate translates
+    // it into requests of this API, which come back here as the key they act for.
+    if acting.is_none() && daemon.e2b.claims(req.uri().path(), req.headers()) {
+        let forkd = Arc::new(super::e2b::Acting {
+            daemon: daemon.clone(),
+            peer: addr,
+        });
+        return daemon.e2b.clone().serve(forkd, req).await;
+    }
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
-    let (resp, noted, key) = match authenticate(&daemon, req.headers()) {
+    let authenticated = match acting {
+        Some(key) => Ok(key),
+        None => authenticate(&daemon, req.headers()),
+    };
+    let (resp, noted, key) = match authenticated {
         Ok(key) => {
             let who = (key.name.clone(), key.id.clone());
             let (resp, noted) = dispatch(

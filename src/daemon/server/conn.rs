@@ -22,6 +22,12 @@ pub enum Caller {
     Grant(Arc<Grant>),
     /// A TCP peer: each request must carry an API key.
     Remote(std::net::SocketAddr),
+    /// A protocol translation served inside the daemon (E2B's), acting for a key it has
+    /// authenticated, on behalf of the TCP peer `peer`: as that key's own request.
+    Acting {
+        key: Arc<forkd_keys::Key>,
+        peer: std::net::SocketAddr,
+    },
 }
 
 /// A connection's peer, watched for hanging up while its request runs: hyper is told to
