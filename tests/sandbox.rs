@@ -973,3 +973,40 @@ fn a_signal_frame_reaches_the_command() {
     let (_, ps, _) = d.sh(&sb.id, "ps -o args | grep -c '[s]leep 101' || true");
     assert_eq!(ps.trim(), "0", "the killed command's sleep is gone");
 }
+
+#[test]
+fn setuid_sandboxes_keep_their_filter_and_capability_bound() {
+    if !can_run("setuid_sandboxes_keep_their_filter_and_capability_bound") {
+        return;
+    }
+    let d = TestDaemon::start("setuid");
+    let status = |setuid: bool| {
+        let sb = d.create(serde_json::json!({ "image": "busybox", "setuid": setuid }));
+        assert_eq!(sb.setuid, setuid);
+        let (code, out, err) = d.sh(
+            &sb.id,
+            "grep -E '^(NoNewPrivs|Seccomp|CapBnd):' /proc/1/status /proc/self/status",
+        );
+        assert_eq!(code, 0, "{err}");
+        d.remove(&sb.id);
+        out
+    };
+    let plain = status(false);
+    let setuid = status(true);
+    assert!(plain.contains("/proc/1/status:NoNewPrivs:\t1"), "{plain}");
+    assert!(setuid.contains("/proc/1/status:NoNewPrivs:\t0"), "{setuid}");
+    assert!(
+        setuid.contains("/proc/self/status:NoNewPrivs:\t0"),
+        "{setuid}"
+    );
+    // Both run under the filter, with the same capability bound.
+    for out in [&plain, &setuid] {
+        assert!(out.contains("/proc/self/status:Seccomp:\t2"), "{out}");
+    }
+    let bound = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("/proc/self/status:CapBnd"))
+            .map(str::to_string)
+    };
+    assert_eq!(bound(&plain), bound(&setuid));
+}

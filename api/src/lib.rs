@@ -138,6 +138,11 @@ pub struct CreateSandboxRequest {
     /// The system-call filter: `default`, or `unconfined` for a sandbox without one.
     #[serde(default)]
     pub seccomp: Seccomp,
+    /// Setuid programs (sudo) take effect: `no_new_privs` is left unset, so a process
+    /// may become the sandbox's root (still bounded by its capabilities and filter).
+    /// Off by default.
+    #[serde(default)]
+    pub setuid: bool,
 }
 
 /// A sandbox's network as it is (absent for mode `none`).
@@ -246,6 +251,9 @@ pub struct SandboxInfo {
     /// `memory_bytes` is (inspect, a list with `stats=true`).
     #[serde(default)]
     pub disk_used_bytes: Option<u64>,
+    /// Whether setuid programs take effect in it.
+    #[serde(default)]
+    pub setuid: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -123,10 +123,14 @@ impl Gateway {
         forkd: Arc<dyn Forkd>,
         req: hyper::Request<hyper::body::Incoming>,
     ) -> hyper::Response<Body> {
+        // The control plane's paths first: some SDK versions send the sandbox header
+        // with control-plane calls too.
+        if control::is_control_path(req.uri().path()) {
+            return control::serve(self, forkd, req).await;
+        }
         match self.envd_target(req.headers()) {
             Some(id) => envd::serve(self, forkd, id, req).await,
-            None if envd::is_envd_path(req.uri().path()) => envd::refuse_unnamed(),
-            None => control::serve(self, forkd, req).await,
+            None => envd::refuse_unnamed(),
         }
     }
 }

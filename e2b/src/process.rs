@@ -257,13 +257,17 @@ fn resize(cols: u16, rows: u16) -> [u8; 4] {
     [r[0], r[1], c[0], c[1]]
 }
 
+/// What a `StartRequest` asks for: the exec, its `ProcessConfig` (for `List`), and its
+/// terminal's size.
+type Launch = (ExecRequest, Value, Option<(u16, u16)>);
+
 /// The exec a `StartRequest` asks for.
 fn exec_request(
     t: &Target,
     basic: Option<&str>,
     msg: &Value,
     lifetime: Option<u64>,
-) -> Result<(ExecRequest, Value, Option<(u16, u16)>), Error> {
+) -> Result<Launch, Error> {
     let bad = |m: String| Error::new(Code::InvalidArgument, m);
     let cfg = field(msg, "process", "process")
         .cloned()

@@ -42,7 +42,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "missing", value_parser = ["missing", "never"])]
     pub pull: String,
     /// Security options: `seccomp=unconfined` runs the sandbox without the system-call
-    /// filter (`seccomp=default` is the default)
+    /// filter (`seccomp=default` is the default); `no-new-privileges=false` lets setuid
+    /// programs such as sudo take effect (`true`, the default, does not)
     #[arg(long = "security-opt", value_name = "OPT")]
     pub security_opt: Vec<String>,
     #[command(flatten)]
@@ -52,19 +53,23 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// The system-call filter `--security-opt` asks for (podman's and Docker's spelling);
-/// any other option is refused by name.
-fn security_opts(opts: &[String]) -> anyhow::Result<crate::api::Seccomp> {
+/// The system-call filter and whether setuid programs take effect, as `--security-opt`
+/// asks (podman's and Docker's spelling); any other option is refused by name.
+fn security_opts(opts: &[String]) -> anyhow::Result<(crate::api::Seccomp, bool)> {
     let mut seccomp = crate::api::Seccomp::Default;
+    let mut setuid = false;
     for o in opts {
         match o.split_once(['=', ':']) {
             Some(("seccomp", v)) => seccomp = v.parse().map_err(anyhow::Error::msg)?,
+            None if o == "no-new-privileges" => setuid = false,
+            Some(("no-new-privileges", "true")) => setuid = false,
+            Some(("no-new-privileges", "false")) => setuid = true,
             _ => anyhow::bail!(
-                "--security-opt {o:?} is not supported: forkd knows seccomp=default and seccomp=unconfined"
+                "--security-opt {o:?} is not supported: forkd knows seccomp=default, seccomp=unconfined and no-new-privileges[=true|false]"
             ),
         }
     }
-    Ok(seccomp)
+    Ok((seccomp, setuid))
 }
 
 pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
@@ -80,13 +85,15 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
         disk_bytes: super::parse_size_opt(args.disk.as_deref())?,
     };
     let detached_cmd = args.detach && !args.command.is_empty();
+    let (seccomp, setuid) = security_opts(&args.security_opt)?;
     let mut body = crate::api::CreateSandboxRequest {
         image: args.image.clone(),
         hostname: args.hostname.clone(),
         limits,
         labels: super::checkpoint::labels(&args.labels)?,
         network: args.network.clone(),
-        seccomp: security_opts(&args.security_opt)?,
+        seccomp,
+        setuid,
         command: detached_cmd.then(|| build_request(&args.opts, &args.command)),
     };
     let info: SandboxInfo = match ctx.client.send("POST", "/v1/sandboxes", &body) {

@@ -73,6 +73,9 @@ pub struct SandboxRecord {
     /// one, so its processes run without).
     #[serde(default = "made_without_filter")]
     pub seccomp: forkd_sandbox::Seccomp,
+    /// Setuid programs take effect (no `no_new_privs`).
+    #[serde(default)]
+    pub setuid: bool,
 }
 
 /// Where a new sandbox comes from: what its record takes from its image (a create) or
@@ -88,6 +91,7 @@ pub struct Origin {
     pub config: ImageConfig,
     pub network: forkd_net::Network,
     pub seccomp: forkd_sandbox::Seccomp,
+    pub setuid: bool,
     /// The key that asked for it.
     pub owner: Option<String>,
 }
@@ -118,6 +122,7 @@ impl SandboxRecord {
             network: origin.network,
             lease: None,
             seccomp: origin.seccomp,
+            setuid: origin.setuid,
         }
     }
 }

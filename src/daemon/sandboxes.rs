@@ -184,6 +184,7 @@ impl Daemon {
             config: image.config.clone(),
             network,
             seccomp: super::edge::seccomp(req.seccomp),
+            setuid: req.setuid,
             owner,
         };
         let memory_cgroup = self
@@ -377,6 +378,7 @@ impl Daemon {
             name_files: connected.is_some(),
             sysfs: self.sandboxes.sysfs.clone(),
             seccomp: record.seccomp,
+            setuid: record.setuid,
         };
         if let Some(c) = &connected {
             record.lease = Some(c.lease.clone());

@@ -60,6 +60,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
             table: "forkd_0a1b2c3d".into(),
         }),
         disk_used_bytes: with_values.then_some(12 << 20),
+        setuid: with_values,
         seccomp: if with_values {
             api::Seccomp::Unconfined
         } else {

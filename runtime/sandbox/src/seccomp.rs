@@ -400,6 +400,25 @@ pub fn install_default() -> Result<(), String> {
     Ok(())
 }
 
+/// [`install_default`] without `no_new_privs`, for a sandbox whose setuid programs take
+/// effect: the caller still holds `CAP_SYS_ADMIN`.
+pub fn install_default_keeping_privileges() -> Result<(), String> {
+    for (i, p) in default_programs()?.iter().enumerate() {
+        let insns: Vec<libc::sock_filter> = p
+            .iter()
+            .map(|f| libc::sock_filter {
+                code: f.code,
+                jt: f.jt,
+                jf: f.jf,
+                k: f.k,
+            })
+            .collect();
+        forkd_sys::install_seccomp_keeping_privileges(&insns)
+            .map_err(|e| format!("install the system-call filter (program {}): {e}", i + 1))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

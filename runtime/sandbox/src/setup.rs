@@ -83,6 +83,10 @@ pub struct SetupSpec {
     /// The system-call filter installed right before the init runs.
     #[serde(default)]
     pub seccomp: crate::Seccomp,
+    /// Leave `no_new_privs` unset, so setuid programs (sudo) take effect: a process can
+    /// become the sandbox's root, whose capabilities the bounding set still limits.
+    #[serde(default)]
+    pub setuid: bool,
 }
 
 /// The descriptors the set-up receives with its spec, on its stdin (a Unix socket, in one
@@ -469,12 +473,21 @@ fn child(spec: &SetupSpec, mounts: Mounts, ready: RawFd) -> StepResult<std::conv
     )
     .map_err(|e| ("stdio", format!("keep the ready pipe: {e}")))?;
 
-    drop_capabilities()?;
-    nix::sys::prctl::set_no_new_privs()
-        .map_err(|e| ("capabilities", format!("no_new_privs: {e}")))?;
-    // Last: from here on this process makes only the calls the filter allows (execve).
-    if spec.seccomp == crate::Seccomp::Default {
-        crate::seccomp::install_default().map_err(|e| ("seccomp", e))?;
+    if spec.setuid {
+        // Without no_new_privs a filter is installed with CAP_SYS_ADMIN, so before the
+        // bounding set is cut (the filter allows the calls that cut it).
+        if spec.seccomp == crate::Seccomp::Default {
+            crate::seccomp::install_default_keeping_privileges().map_err(|e| ("seccomp", e))?;
+        }
+        drop_capabilities()?;
+    } else {
+        drop_capabilities()?;
+        nix::sys::prctl::set_no_new_privs()
+            .map_err(|e| ("capabilities", format!("no_new_privs: {e}")))?;
+        // Last: from here on this process makes only the calls the filter allows.
+        if spec.seccomp == crate::Seccomp::Default {
+            crate::seccomp::install_default().map_err(|e| ("seccomp", e))?;
+        }
     }
 
     let path = CString::new(INIT_PATH).unwrap();

@@ -36,6 +36,33 @@ fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
+/// Installs a seccomp filter program on the calling thread without setting
+/// `no_new_privs` first (which a filter library does): the caller needs `CAP_SYS_ADMIN`,
+/// and setuid programs it runs later still take effect.
+pub fn install_seccomp_keeping_privileges(program: &[libc::sock_filter]) -> io::Result<()> {
+    if program.is_empty() || program.len() > u16::MAX as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a filter of {} instructions", program.len()),
+        ));
+    }
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies the
+    // instructions and keeps no pointer to them.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        )
+    })?;
+    Ok(())
+}
+
 /// Opens a pidfd for `pid`: a handle that keeps referring to that process even if the pid
 /// number is later reused, and becomes readable when the process exits.
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {

@@ -396,6 +396,7 @@ impl Daemon {
             network,
             lease: None,
             seccomp: forkd_sandbox::Seccomp::Default,
+            setuid: false,
         };
         let dir = self.sandbox_dir(&id);
         self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {

@@ -252,6 +252,7 @@ impl Daemon {
             network: rec.network.clone(),
             lease: rec.lease.clone(),
             seccomp: rec.seccomp,
+            setuid: rec.setuid,
         };
         let dir = self.node.data.join("checkpoints").join(id.as_str());
         // Not fsynced: the checkpoint is on disk with the volume's next commit (every

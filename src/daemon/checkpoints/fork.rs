@@ -291,6 +291,7 @@ impl Daemon {
             // A live branch's processes carry the filter CRIU restored; a fresh init
             // gets the same.
             seccomp: ck.seccomp,
+            setuid: ck.setuid,
             owner: plan.owner.clone(),
         };
         let memory_cgroup = self

@@ -103,6 +103,9 @@ pub struct CheckpointRecord {
     /// The source sandbox's system-call filter, which its branches keep.
     #[serde(default = "crate::daemon::record::made_without_filter")]
     pub seccomp: forkd_sandbox::Seccomp,
+    /// Whether its setuid programs took effect, which its branches keep.
+    #[serde(default)]
+    pub setuid: bool,
 }
 
 pub struct Checkpoint {

@@ -113,6 +113,7 @@ impl Daemon {
                 .as_ref()
                 .map(|l| crate::daemon::edge::network_info(l, &self.sandboxes.egress.table)),
             seccomp: crate::daemon::edge::api_seccomp(rec.seccomp),
+            setuid: rec.setuid,
             disk_used_bytes: None,
         }
     }

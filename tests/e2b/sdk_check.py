@@ -1,0 +1,172 @@
+"""Drives a forkd daemon through E2B's own Python SDK, as a tool built on it would.
+
+Run by tests/e2b.rs with the SDK of one pinned venv, E2B_API_URL and E2B_SANDBOX_URL set
+to the daemon's TCP listener, E2B_API_KEY to a key of scope own and FORKD_OTHER_KEY to
+another key. Every check asserts; the last line printed is `ok <sdk version>`.
+"""
+
+import os
+import time
+
+import e2b
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxQuery,
+)
+
+def sdk_version():
+    from importlib.metadata import version
+
+    return version("e2b")
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("pass:", what, flush=True)
+
+
+def commands(sb):
+    c = sb.commands
+    r = c.run("id -un; pwd; echo $SBVAR; echo err >&2")
+    check(r.stdout == "user\n/home/user\nfromsandbox\n", f"default user, home and sandbox envs: {r.stdout!r}")
+    check(r.stderr == "err\n" and r.exit_code == 0, f"stderr and exit code: {r.stderr!r} {r.exit_code}")
+    r = c.run("echo $A; pwd; id -u", envs={"A": "x y"}, cwd="/tmp", user="root")
+    check(r.stdout == "x y\n/tmp\n0\n", f"envs, cwd and user root: {r.stdout!r}")
+    r = c.run("sudo -n id -u")
+    check(r.stdout == "0\n", f"user has sudo: {r.stdout!r}")
+    try:
+        c.run("echo partial; exit 3")
+        check(False, "a failing command raises")
+    except CommandExitException as e:
+        check(e.exit_code == 3 and e.stdout == "partial\n", f"exit 3 raises with its output: {e.exit_code}")
+    h = c.run("sleep 0.3; echo bg", background=True)
+    check(h.pid > 0, f"a background command has a pid: {h.pid}")
+    check(h.wait().stdout == "bg\n", "a background command is waited for")
+    h = c.run("read x; echo got:$x", background=True, stdin=True)
+    c.send_stdin(h.pid, "hello\n")
+    check(h.wait().stdout == "got:hello\n", "stdin reaches a command")
+    if hasattr(c, "close_stdin"):
+        h = c.run("wc -c", background=True, stdin=True)
+        c.send_stdin(h.pid, "abcd")
+        c.close_stdin(h.pid)
+        check(h.wait().stdout.strip() == "4", "closing stdin ends its input")
+    h = c.run("sleep 300", background=True)
+    check(h.pid in [p.pid for p in c.list()], "list shows a running command")
+    check(h.kill() is True, "kill answers True for a running command")
+    try:
+        h.wait()
+        check(False, "a killed command raises on wait")
+    except CommandExitException as e:
+        check(e.exit_code == -1, f"a killed command's exit code is -1: {e.exit_code}")
+    check(c.kill(h.pid) is False, "kill answers False for a command that is gone")
+    t = time.monotonic()
+    try:
+        c.run("sleep 30", timeout=1)
+        check(False, "a command past its timeout raises")
+    except Exception as e:  # 2.25 raises httpx's read timeout, later versions TimeoutException
+        check(time.monotonic() - t < 10, f"a timeout ends the command early ({type(e).__name__})")
+    left = c.run("ps -eo args | grep -c '^sleep 30' || true").stdout.strip()
+    check(left == "0", f"the timed-out command was killed ({left} left)")
+    h = c.run("for i in 1 2 3 4 5; do echo tick$i; sleep 0.3; done", background=True)
+    time.sleep(0.5)
+    h2 = c.connect(h.pid)
+    out = h2.wait().stdout
+    check("tick5" in out, f"connect follows a running command: {out!r}")
+
+
+def files(sb):
+    f = sb.files
+    f.write("notes/a.txt", "some text")
+    check(f.read("notes/a.txt") == "some text", "a relative path is in the user's home")
+    info = f.get_info("/home/user/notes/a.txt")
+    check(info.owner == "user", f"a file written is the user's: {info.owner}")
+    data = bytes(range(256)) * 64
+    f.write("/tmp/bin.dat", data)
+    check(f.read("/tmp/bin.dat", format="bytes") == data, "binary content round-trips")
+    big = os.urandom(24 << 20)
+    f.write("/tmp/big.dat", big)
+    check(f.read("/tmp/big.dat", format="bytes") == big, "a 24 MiB file round-trips")
+    check(f.exists("/tmp/big.dat") and not f.exists("/tmp/none"), "exists")
+    check(f.make_dir("/tmp/d/e") is True and f.make_dir("/tmp/d/e") is False, "make_dir, twice")
+    f.rename("/tmp/bin.dat", "/tmp/d/moved.dat")
+    names = sorted(e.name for e in f.list("/tmp/d", depth=2))
+    check(names == ["e", "moved.dat"], f"list with depth: {names}")
+    f.remove("/tmp/d")
+    check(not f.exists("/tmp/d"), "remove a tree")
+    try:
+        f.read("/tmp/none")
+        check(False, "reading a missing file raises")
+    except NotFoundException:
+        check(True, "reading a missing file is NotFound")
+    written = f.write_files([{"path": "/tmp/w1", "data": "1"}, {"path": "/tmp/w2", "data": b"2"}])
+    check(sorted(w.path for w in written) == ["/tmp/w1", "/tmp/w2"], "write_files")
+    try:
+        f.write("/etc/forbidden", "x")
+        check(False, "user cannot write /etc")
+    except Exception as e:
+        check("Permission denied" in str(e) or "permission" in str(e).lower(), f"the sandbox's permissions apply: {e}")
+
+
+def pty(sb):
+    out = []
+    p = sb.pty.create(PtySize(rows=24, cols=80))
+    sb.pty.send_stdin(p.pid, b"stty size; echo pty-$((6*7))\n")
+    time.sleep(0.5)
+    sb.pty.resize(p.pid, PtySize(rows=30, cols=100))
+    sb.pty.send_stdin(p.pid, b"stty size; exit\n")
+    p.wait(on_pty=lambda d: out.append(d))
+    text = b"".join(out).decode(errors="replace")
+    check("24 80" in text and "pty-42" in text and "30 100" in text, f"a PTY runs, sized and resized: {text[-200:]!r}")
+
+
+def isolation(sb):
+    other = os.environ["FORKD_OTHER_KEY"]
+    try:
+        Sandbox.connect(sb.sandbox_id, api_key=other)
+        check(False, "another key cannot connect")
+    except Exception as e:
+        check("not found" in str(e).lower(), f"another key's connect is not found: {type(e).__name__}")
+    theirs = [s.sandbox_id for s in Sandbox.list(api_key=other).next_items()]
+    check(sb.sandbox_id not in theirs, f"another key does not list it: {theirs}")
+    import httpx
+
+    url = os.environ["E2B_SANDBOX_URL"]
+    for token in ["wrong", None]:
+        headers = {"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        if token:
+            headers["X-Access-Token"] = token
+        r = httpx.get(f"{url}/files", params={"path": "/etc/hostname"}, headers=headers)
+        check(r.status_code == 401, f"envd without the sandbox's token is refused: {r.status_code}")
+    try:
+        Sandbox.create(template="base", api_key="e2b_" + "0" * 40)
+        check(False, "a wrong key is refused")
+    except AuthenticationException:
+        check(True, "a wrong key is AuthenticationException")
+
+
+def main():
+    t = time.monotonic()
+    sb = Sandbox.create(template="base", timeout=300, envs={"SBVAR": "fromsandbox"}, metadata={"suite": "sdk"})
+    print(f"created {sb.sandbox_id} in {time.monotonic() - t:.3f}s", flush=True)
+    info = sb.get_info()
+    check(info.sandbox_id == sb.sandbox_id and info.metadata == {"suite": "sdk"}, f"get_info: {info}")
+    ids = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"suite": "sdk"})).next_items()]
+    check(ids == [sb.sandbox_id], f"list by metadata: {ids}")
+    check(sb.is_running(), "is_running")
+    commands(sb)
+    files(sb)
+    pty(sb)
+    isolation(sb)
+    check(sb.kill() is True, "kill")
+    check(not sb.is_running(), "a killed sandbox is not running")
+    check(Sandbox.kill(sb.sandbox_id) is False, "killing it again answers False")
+    print("ok", sdk_version(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
