@@ -1010,3 +1010,86 @@ fn setuid_sandboxes_keep_their_filter_and_capability_bound() {
     };
     assert_eq!(bound(&plain), bound(&setuid));
 }
+
+#[test]
+fn sandboxes_are_removed_when_they_expire_and_the_time_can_change() {
+    if !can_run("sandboxes_are_removed_when_they_expire_and_the_time_can_change") {
+        return;
+    }
+    let mut d = TestDaemon::start("expiry");
+    let gone = |d: &TestDaemon, id: &str| {
+        d.client
+            .call::<serde_json::Value>("GET", &format!("/v1/sandboxes/{id}"), None)
+            .is_err()
+    };
+    let soon = d.create(serde_json::json!({ "image": "busybox", "expires_in_secs": 1 }));
+    let at = soon.expires_at.expect("an expiry");
+    assert!(
+        at >= soon.created + 1 && at <= soon.created + 3,
+        "{at} vs {}",
+        soon.created
+    );
+    let kept = d.create(serde_json::json!({ "image": "busybox", "expires_in_secs": 1 }));
+    // Pushed back, then cleared: it stays.
+    let pushed: SandboxInfo = d
+        .client
+        .send(
+            "PUT",
+            &format!("/v1/sandboxes/{}/expiry", kept.id),
+            &serde_json::json!({ "expires_in_secs": 3600 }),
+        )
+        .unwrap();
+    assert!(pushed.expires_at.unwrap() >= at + 3000);
+    let cleared: SandboxInfo = d
+        .client
+        .send(
+            "PUT",
+            &format!("/v1/sandboxes/{}/expiry", kept.id),
+            &serde_json::json!({}),
+        )
+        .unwrap();
+    assert_eq!(cleared.expires_at, None);
+    assert!(
+        wait_until(Duration::from_secs(10), || gone(&d, &soon.id)),
+        "the expired sandbox was not removed"
+    );
+    assert!(d
+        .log()
+        .contains(&format!("sandbox {}: expired, removed", soon.id)));
+    assert!(!cgroup_exists(&soon.id), "its cgroup went with it");
+    // A stopped sandbox expires too; the time survives a restart of the daemon.
+    let stopped = d.create(serde_json::json!({ "image": "busybox" }));
+    let _: SandboxInfo = d
+        .client
+        .send(
+            "POST",
+            &format!("/v1/sandboxes/{}/stop", stopped.id),
+            &serde_json::json!({ "grace_secs": 0 }),
+        )
+        .unwrap();
+    let _: SandboxInfo = d
+        .client
+        .send(
+            "PUT",
+            &format!("/v1/sandboxes/{}/expiry", stopped.id),
+            &serde_json::json!({ "expires_in_secs": 2 }),
+        )
+        .unwrap();
+    d.kill9();
+    d.spawn();
+    assert!(
+        wait_until(Duration::from_secs(15), || gone(&d, &stopped.id)),
+        "the stopped sandbox did not expire after the restart"
+    );
+    assert!(!gone(&d, &kept.id), "the sandbox without an expiry stays");
+    let bad = d
+        .client
+        .send::<_, serde_json::Value>(
+            "PUT",
+            &format!("/v1/sandboxes/{}/expiry", kept.id),
+            &serde_json::json!({ "expires_in": 5 }),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("expires_in"), "{bad}");
+}

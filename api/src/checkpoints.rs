@@ -68,6 +68,10 @@ pub struct ForkRequest {
     /// checkpointed sandbox's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// Each branch is removed this many seconds after it starts; by default branches
+    /// last until removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -143,6 +143,10 @@ pub struct CreateSandboxRequest {
     /// Off by default.
     #[serde(default)]
     pub setuid: bool,
+    /// Removed by the daemon this many seconds after it is made (E2B's sandbox timeout);
+    /// absent: it lasts until removed. `setSandboxExpiry` changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_secs: Option<u64>,
 }
 
 /// A sandbox's network as it is (absent for mode `none`).
@@ -254,6 +258,18 @@ pub struct SandboxInfo {
     /// Whether setuid programs take effect in it.
     #[serde(default)]
     pub setuid: bool,
+    /// When the daemon removes it (seconds since the epoch), if it expires.
+    #[serde(default)]
+    pub expires_at: Option<u64>,
+}
+
+/// The body of `setSandboxExpiry`: the sandbox is removed this many seconds from now
+/// (0: at once, within a second); absent or null, never.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpiryRequest {
+    #[serde(default)]
+    pub expires_in_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -34,6 +34,7 @@ pub enum Operation {
     FileOperation,
     ReadFile,
     WriteFile,
+    SetSandboxExpiry,
     CheckpointSandbox,
     ListCheckpoints,
     InspectCheckpoint,
@@ -87,7 +88,7 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 37] = [
+    pub const ALL: [Operation; 38] = [
         Operation::Version,
         Operation::Health,
         Operation::Metrics,
@@ -112,6 +113,7 @@ impl Operation {
         Operation::FileOperation,
         Operation::ReadFile,
         Operation::WriteFile,
+        Operation::SetSandboxExpiry,
         Operation::CheckpointSandbox,
         Operation::ListCheckpoints,
         Operation::InspectCheckpoint,
@@ -344,6 +346,15 @@ impl Operation {
                 body: RequestBody::Bytes,
                 answer: Answer::Json("FsAnswer"),
                 query: &[("path", true), ("user", false)],
+            },
+            Operation::SetSandboxExpiry => OpSpec {
+                method: "PUT",
+                path: "/v1/sandboxes/{id}/expiry",
+                id: "setSandboxExpiry",
+                status: 200,
+                body: RequestBody::Json("ExpiryRequest"),
+                answer: Answer::Json("SandboxInfo"),
+                query: &[],
             },
             Operation::CheckpointSandbox => OpSpec {
                 method: "POST",

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 /// The default lifetime of a sandbox, seconds (E2B's).
 const DEFAULT_TIMEOUT: u64 = 300;
+/// `endAt` of a sandbox that does not expire: the last second RFC 3339 can write.
+const NEVER: u64 = 253_402_300_799;
 /// The longest a list page may be.
 const MAX_PAGE: usize = 100;
 
@@ -71,7 +73,8 @@ pub async fn serve(
             ("GET", ["sandboxes"]) => list(&client, &q),
             ("GET", ["sandboxes", id]) => info(&client, id),
             ("DELETE", ["sandboxes", id]) => kill(&gw, &client, id),
-            ("POST", ["sandboxes", id, "connect"]) => connect(&client, id),
+            ("POST", ["sandboxes", id, "connect"]) => connect(&client, &body, id),
+            ("POST", ["sandboxes", id, "timeout"]) => set_timeout(&client, &body, id),
             (m, _) => Err((
                 501,
                 format!("{m} {path}: this E2B operation is not served by forkd yet"),
@@ -100,7 +103,6 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
     let mut l = BTreeMap::new();
     l.insert(labels::TEMPLATE.to_string(), req.template_id.clone());
     l.insert(labels::TOKEN.to_string(), token.clone());
-    l.insert(labels::END_AT.to_string(), (now() + timeout).to_string());
     for (k, v) in req.metadata.iter().flatten() {
         l.insert(format!("{}{k}", labels::META), v.clone());
     }
@@ -120,6 +122,7 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
         seccomp: Default::default(),
         // E2B's sandboxes let their user sudo.
         setuid: true,
+        expires_in_secs: Some(timeout),
     };
     let sb: SandboxInfo = client
         .send("POST", "/v1/sandboxes", &create)
@@ -219,11 +222,8 @@ fn metadata_of(sb: &SandboxInfo) -> BTreeMap<String, String> {
 
 /// E2B's `SandboxDetail` and `ListedSandbox` (the same required fields).
 fn detail(sb: &SandboxInfo) -> Value {
-    let end_at = sb
-        .labels
-        .get(labels::END_AT)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(sb.created + DEFAULT_TIMEOUT);
+    // A sandbox without an expiry (made through forkd's own API) lasts until removed.
+    let end_at = sb.expires_at.unwrap_or(NEVER);
     json!({
         "templateID": template_of(sb),
         "alias": template_of(sb),
@@ -262,10 +262,48 @@ fn info(client: &Client, id: &str) -> Outcome {
     Ok(json(200, &d))
 }
 
-fn connect(client: &Client, id: &str) -> Outcome {
-    let sb = e2b_sandbox(client, id)?;
+/// `{"timeout": seconds}`, the body of connect and set-timeout.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct Timeout {
+    timeout: Option<u64>,
+}
+
+fn timeout_of(body: &[u8]) -> Result<Option<u64>, (u16, String)> {
+    if body.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice::<Timeout>(body)
+        .map(|t| t.timeout)
+        .map_err(|e| (400, format!("the request body is not a timeout: {e}")))
+}
+
+/// Sets sandbox `id` to expire `seconds` from now.
+fn expire_in(client: &Client, id: &str, seconds: u64) -> Result<SandboxInfo, (u16, String)> {
+    let path = format!("/v1/sandboxes/{}/expiry", forkd_api::url::encode(id));
+    let body = forkd_api::ExpiryRequest {
+        expires_in_secs: Some(seconds),
+    };
+    client.send("PUT", &path, &body).map_err(|e| failure(&e))
+}
+
+/// A running sandbox's connect: its timeout, when given, is extended (never shortened).
+fn connect(client: &Client, body: &[u8], id: &str) -> Outcome {
+    let mut sb = e2b_sandbox(client, id)?;
+    if let Some(t) = timeout_of(body)? {
+        if sb.expires_at.is_some_and(|at| at < now() + t) {
+            sb = expire_in(client, &sb.id, t)?;
+        }
+    }
     let token = sb.labels.get(labels::TOKEN).cloned().unwrap_or_default();
     Ok(json(200, &sandbox(&sb, &token)))
+}
+
+fn set_timeout(client: &Client, body: &[u8], id: &str) -> Outcome {
+    let t = timeout_of(body)?.ok_or((400, "timeout is required".to_string()))?;
+    let sb = e2b_sandbox(client, id)?;
+    expire_in(client, &sb.id, t)?;
+    Ok(empty(204))
 }
 
 fn kill(gw: &Gateway, client: &Client, id: &str) -> Outcome {

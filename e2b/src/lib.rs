@@ -177,7 +177,6 @@ pub(crate) mod labels {
     /// The access token envd's requests carry. Kept as it is (the SDK's connect gets it
     /// back): a label only the sandbox's owner, who may use it anyway, can read.
     pub const TOKEN: &str = "e2b.access-token";
-    pub const END_AT: &str = "e2b.end-at";
     pub const META: &str = "e2b.meta.";
     pub const ENV: &str = "e2b.env.";
 }

@@ -94,6 +94,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> anyhow::Result<i32> {
         network: args.network.clone(),
         seccomp,
         setuid,
+        expires_in_secs: None,
         command: detached_cmd.then(|| build_request(&args.opts, &args.command)),
     };
     let info: SandboxInfo = match ctx.client.send("POST", "/v1/sandboxes", &body) {

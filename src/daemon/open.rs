@@ -297,6 +297,7 @@ impl Daemon {
         daemon
             .watch_volume()
             .context("start the volume's watcher")?;
+        daemon.watch_expiry().context("start the expiry watcher")?;
         daemon.keep_migrations_cheap();
         if daemon.node.favor_dynmods {
             // Another program's mount of cgroup2 clears the flag; set it again within a

@@ -76,6 +76,9 @@ pub struct SandboxRecord {
     /// Setuid programs take effect (no `no_new_privs`).
     #[serde(default)]
     pub setuid: bool,
+    /// When the daemon removes it (seconds since the epoch), if it expires.
+    #[serde(default)]
+    pub expires_at: Option<u64>,
 }
 
 /// Where a new sandbox comes from: what its record takes from its image (a create) or
@@ -92,6 +95,7 @@ pub struct Origin {
     pub network: forkd_net::Network,
     pub seccomp: forkd_sandbox::Seccomp,
     pub setuid: bool,
+    pub expires_at: Option<u64>,
     /// The key that asked for it.
     pub owner: Option<String>,
 }
@@ -123,6 +127,7 @@ impl SandboxRecord {
             lease: None,
             seccomp: origin.seccomp,
             setuid: origin.setuid,
+            expires_at: origin.expires_at,
         }
     }
 }

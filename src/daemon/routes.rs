@@ -550,6 +550,12 @@ fn handle(
                 Some(&req.body),
             )?))
         }
+        O::SetSandboxExpiry => {
+            let sb = d.sandboxes.get(&param("id"))?;
+            let body: api::ExpiryRequest = req.json()?;
+            d.set_expiry(&sb, body.expires_in_secs)?;
+            Ok(Reply::json(&d.info(&sb)))
+        }
         O::CheckpointSandbox => {
             let sb = d.sandboxes.get(&param("id"))?;
             let body: api::CheckpointRequest = req.json()?;

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod describe;
 mod ending;
+mod expiry;
 mod layer;
 
 pub(super) use layer::LayerFrom;
@@ -185,6 +186,9 @@ impl Daemon {
             network,
             seccomp: super::edge::seccomp(req.seccomp),
             setuid: req.setuid,
+            expires_at: req
+                .expires_in_secs
+                .map(|s| super::now_secs().saturating_add(s)),
             owner,
         };
         let memory_cgroup = self

@@ -61,6 +61,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
         }),
         disk_used_bytes: with_values.then_some(12 << 20),
         setuid: with_values,
+        expires_at: with_values.then_some(1_700_000_300),
         seccomp: if with_values {
             api::Seccomp::Unconfined
         } else {
@@ -438,6 +439,7 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<ArchivePath>(&doc, "ArchivePath");
     check_request::<ExportRequest>(&doc, "ExportRequest");
     check_request::<GrantRequest>(&doc, "GrantRequest");
+    check_request::<forkd::api::ExpiryRequest>(&doc, "ExpiryRequest");
     let g: GrantRequest = serde_json::from_value(json!({ "uid": 5 })).unwrap();
     assert!(g.gid.is_none() && g.max_steps.is_none());
 

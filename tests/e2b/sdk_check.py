@@ -149,6 +149,17 @@ def isolation(sb):
         check(True, "a wrong key is AuthenticationException")
 
 
+def timeouts():
+    sb = Sandbox.create(template="base", timeout=600)
+    end = sb.get_info().end_at
+    sb.set_timeout(1)
+    check(sb.get_info().end_at < end, "set_timeout moves the end")
+    deadline = time.monotonic() + 15
+    while sb.is_running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    check(not sb.is_running(), "a sandbox is gone at its timeout")
+
+
 def main():
     t = time.monotonic()
     sb = Sandbox.create(template="base", timeout=300, envs={"SBVAR": "fromsandbox"}, metadata={"suite": "sdk"})
@@ -165,6 +176,7 @@ def main():
     check(sb.kill() is True, "kill")
     check(not sb.is_running(), "a killed sandbox is not running")
     check(Sandbox.kill(sb.sandbox_id) is False, "killing it again answers False")
+    timeouts()
     print("ok", sdk_version(), flush=True)
 
 

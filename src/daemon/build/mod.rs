@@ -397,6 +397,7 @@ impl Daemon {
             lease: None,
             seccomp: forkd_sandbox::Seccomp::Default,
             setuid: false,
+            expires_at: None,
         };
         let dir = self.sandbox_dir(&id);
         self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {

@@ -32,6 +32,8 @@ struct Plan<'a> {
     /// checkpoint), which starts a new init over the checkpoint's files.
     criu: Option<&'a forkd_criu::Criu>,
     lazy: bool,
+    /// Each branch's lifetime, if it expires.
+    expires_in_secs: Option<u64>,
     /// Whether the restored trees are opened to KSM (`crate::daemon::sharing`).
     share_memory: bool,
     /// The checkpoint's restore template, whose memory eager branches share.
@@ -246,6 +248,7 @@ impl Daemon {
             policy,
             criu,
             lazy: req.lazy,
+            expires_in_secs: req.expires_in_secs,
             share_memory,
             template,
         })
@@ -292,6 +295,9 @@ impl Daemon {
             // gets the same.
             seccomp: ck.seccomp,
             setuid: ck.setuid,
+            expires_at: plan
+                .expires_in_secs
+                .map(|s| crate::daemon::now_secs().saturating_add(s)),
             owner: plan.owner.clone(),
         };
         let memory_cgroup = self

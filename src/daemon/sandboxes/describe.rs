@@ -114,6 +114,7 @@ impl Daemon {
                 .map(|l| crate::daemon::edge::network_info(l, &self.sandboxes.egress.table)),
             seccomp: crate::daemon::edge::api_seccomp(rec.seccomp),
             setuid: rec.setuid,
+            expires_at: rec.expires_at,
             disk_used_bytes: None,
         }
     }

@@ -76,6 +76,7 @@ fn reach(op: Operation) -> Reach {
         | O::FileOperation
         | O::ReadFile
         | O::WriteFile
+        | O::SetSandboxExpiry
         | O::CheckpointSandbox
         | O::SandboxExecs => Reach::Sandbox,
         O::InspectCheckpoint | O::RemoveCheckpoint | O::ForkCheckpoint | O::CheckpointDelta => {
