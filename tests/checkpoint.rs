@@ -773,3 +773,131 @@ fn criu_kernel_facts_are_cached_at_start() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Reads frames until a `Started` one; its pid.
+fn started_pid(s: &mut std::os::unix::net::UnixStream) -> i32 {
+    use forkd_sandbox::proto::{read_frame, ExecStarted, Kind};
+    loop {
+        match read_frame(s).unwrap() {
+            Some((Kind::Started, body)) => {
+                return serde_json::from_slice::<ExecStarted>(&body).unwrap().pid
+            }
+            Some((Kind::Error, body)) => panic!("error frame: {}", String::from_utf8_lossy(&body)),
+            Some(_) => {}
+            None => panic!("the stream ended before Started"),
+        }
+    }
+}
+
+/// The next stdout frame's text.
+fn next_output(s: &mut std::os::unix::net::UnixStream) -> String {
+    use forkd_sandbox::proto::{read_frame, Kind};
+    loop {
+        match read_frame(s).unwrap() {
+            Some((Kind::Stdout, body)) => return String::from_utf8(body).unwrap(),
+            Some((Kind::Exit | Kind::Error, body)) => {
+                panic!("ended: {}", String::from_utf8_lossy(&body))
+            }
+            Some(_) => {}
+            None => panic!("the stream ended"),
+        }
+    }
+}
+
+/// A kept command outlives its client, takes the next one that attaches by its pid, and
+/// (with no client attached) goes with its sandbox into a live checkpoint: in a branch
+/// it runs on with its state, and a client attaches to it there.
+#[test]
+fn kept_commands_outlive_their_clients_and_their_checkpoints() {
+    use forkd_sandbox::proto::{write_frame, ExecRequest, Kind};
+    if !can_run_criu("kept_commands_outlive_their_clients_and_their_checkpoints") {
+        return;
+    }
+    let d = TestDaemon::start("kept");
+    let sb = d.busybox();
+    let kept = ExecRequest {
+        shell: Some("i=0; while read line; do i=$((i+1)); echo $i:$line; done".into()),
+        stdin: true,
+        keep: true,
+        ..Default::default()
+    };
+    let mut s = d.client.exec_stream(&sb.id, &kept).unwrap();
+    let pid = started_pid(&mut s);
+    write_frame(&mut s, Kind::Stdin, b"a\n").unwrap();
+    assert_eq!(next_output(&mut s), "1:a\n");
+    drop(s);
+    // Gone client, live command; a second client takes it over, state and all.
+    let attach = ExecRequest {
+        attach: Some(pid),
+        ..Default::default()
+    };
+    let mut s = d.client.exec_stream(&sb.id, &attach).unwrap();
+    assert_eq!(started_pid(&mut s), pid);
+    write_frame(&mut s, Kind::Stdin, b"b\n").unwrap();
+    assert_eq!(next_output(&mut s), "2:b\n");
+    // A third client replaces the second, which sees its stream end.
+    let mut third = d.client.exec_stream(&sb.id, &attach).unwrap();
+    assert_eq!(started_pid(&mut third), pid);
+    assert!(
+        forkd_sandbox::proto::read_frame(&mut s)
+            .map(|f| f.is_none())
+            .unwrap_or(true),
+        "the replaced client's stream ends"
+    );
+    drop(s);
+    drop(third);
+    // With no client, the sandbox checkpoints live; its branch runs the command on.
+    let mut ck = None;
+    for _ in 0..50 {
+        match d.client.call::<CheckpointInfo>(
+            "POST",
+            &format!("/v1/sandboxes/{}/checkpoint", sb.id),
+            Some(&serde_json::json!({ "live": true })),
+        ) {
+            Ok(c) => {
+                ck = Some(c);
+                break;
+            }
+            // The daemon counts a session until the relay's side closes.
+            Err(e) if e.to_string().contains("exec session") => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("checkpoint: {e}"),
+        }
+    }
+    let ck = ck.expect("the checkpoint waited for the sessions to close");
+    let fork = d.fork(&ck.id, 1, false);
+    let branch = &fork.branches[0].id;
+    let mut s = d.client.exec_stream(branch, &attach).unwrap();
+    assert_eq!(started_pid(&mut s), pid, "the same pid in the branch");
+    write_frame(&mut s, Kind::Stdin, b"c\n").unwrap();
+    assert_eq!(
+        next_output(&mut s),
+        "3:c\n",
+        "the branch's command kept its count"
+    );
+    write_frame(&mut s, Kind::StdinEof, b"").unwrap();
+    // A pid that is not a kept command's is refused by name.
+    let mut s = d
+        .client
+        .exec_stream(
+            branch,
+            &ExecRequest {
+                attach: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    match forkd_sandbox::proto::read_frame(&mut s).unwrap() {
+        Some((Kind::Error, body)) => {
+            let m = String::from_utf8_lossy(&body).into_owned();
+            assert!(m.contains("no kept command with pid 1"), "{m}");
+        }
+        other => panic!("expected an error frame, got {other:?}"),
+    }
+    // The source sandbox's command runs on too, for a client that attaches there.
+    let mut s = d.client.exec_stream(&sb.id, &attach).unwrap();
+    assert_eq!(started_pid(&mut s), pid);
+    write_frame(&mut s, Kind::Stdin, b"d\n").unwrap();
+    assert_eq!(next_output(&mut s), "3:d\n");
+}

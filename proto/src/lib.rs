@@ -106,6 +106,18 @@ pub struct ExecRequest {
     /// ask for it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub merge_stderr: bool,
+    /// The command outlives its client: a client that goes away leaves it running (its
+    /// output is dropped until another attaches), and a client may attach to it later
+    /// by its pid (`attach`). With no client attached it holds no connection to the
+    /// host, so a live checkpoint takes it with the sandbox. Left out of the wire form
+    /// when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep: bool,
+    /// Attach to the kept command of this pid (in the sandbox) instead of running one:
+    /// the exchange goes on as the command's own (a `Started` frame, its output, its
+    /// exit), replacing the client attached before, if any. Nothing else may be set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<i32>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -115,6 +127,21 @@ fn is_false(b: &bool) -> bool {
 impl ExecRequest {
     /// Checks the request before anything runs; the message names the bad field.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(pid) = self.attach {
+            let bare = ExecRequest {
+                attach: Some(pid),
+                ..Default::default()
+            };
+            if *self != bare || pid <= 0 {
+                return Err(
+                    "attach names a kept command's pid (above 0), and nothing else: no argv, shell or other setting".into(),
+                );
+            }
+            return Ok(());
+        }
+        if self.keep && self.detach {
+            return Err("keep is for a command with a client: not with detach".into());
+        }
         if self.merge_stderr && (self.tty || self.detach) {
             return Err("merge_stderr is for commands with pipes: not with tty or detach".into());
         }

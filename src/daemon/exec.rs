@@ -225,6 +225,9 @@ fn relay_frames(
     let _ = client.shutdown(std::net::Shutdown::Both);
     let _ = init.shutdown(std::net::Shutdown::Both);
     let _ = upstream.join();
-    d.log_exec(sb, req, t0, &result);
+    if req.attach.is_none() {
+        // An attach is recorded by the command it joins, not as a command of its own.
+        d.log_exec(sb, req, t0, &result);
+    }
     Ok(())
 }

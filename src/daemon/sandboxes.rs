@@ -217,6 +217,10 @@ impl Daemon {
     /// directory and user apply unless the request names its own. forkd's own tools
     /// (`cp`) do not go through this: they always run as root from `/`.
     pub fn apply_image_defaults(&self, sb: &Sandbox, req: &mut ExecRequest) {
+        if req.attach.is_some() {
+            // Joins a command that runs already, with the settings it was started with.
+            return;
+        }
         let rec = sb.record.locked();
         let c = &rec.config;
         if !c.env.is_empty() {

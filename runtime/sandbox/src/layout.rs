@@ -12,6 +12,8 @@ pub const CONTROL_SOCKET: &str = ".forkd/run/init.sock";
 pub const LOG_DIR: &str = "/.forkd/logs";
 /// The init's control socket, as the init inside the sandbox opens it.
 pub const CONTROL_SOCKET_PATH: &str = "/.forkd/run/init.sock";
+/// The directory of the init's socket and of kept commands' attach sockets (root only).
+pub const RUN_DIR: &str = "/.forkd/run";
 /// The environment variable naming the descriptor on which a fresh init tells its set-up
 /// that it listens (one byte, then the descriptor is closed). The program's entry point
 /// reads it and hands it to [`crate::init::init_main`].

@@ -38,8 +38,9 @@ use tree::{kill_tree, reap};
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const CHUNK: usize = 64 * 1024;
 
-/// Serves one connection and exits. `handover` is the init's hand-over pipe.
-pub fn serve_connection(mut conn: UnixStream, handover: OwnedFd) -> ! {
+/// Serves one connection and exits.
+pub fn serve_connection(conn: UnixStream, handover: OwnedFd) -> ! {
+    let mut conn = Some(conn);
     let code = match run(&mut conn) {
         Ok(None) => 0,
         Ok(Some(detached)) => {
@@ -57,7 +58,9 @@ pub fn serve_connection(mut conn: UnixStream, handover: OwnedFd) -> ! {
         }
         Err(message) => {
             let body = serde_json::json!({ "message": message }).to_string();
-            let _ = proto::write_frame(&mut conn, Kind::Error, body.as_bytes());
+            if let Some(c) = conn.as_mut() {
+                let _ = proto::write_frame(c, Kind::Error, body.as_bytes());
+            }
             1
         }
     };
@@ -78,14 +81,71 @@ pub(crate) struct Detached {
     pub started_us: u64,
 }
 
-fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
-    let req = match proto::read_frame(conn).map_err(|e| format!("read request: {e}"))? {
+/// Where the relay of kept command `pid` takes the clients that attach to it.
+fn attach_socket(pid: i32) -> String {
+    format!("{}/attach-{pid}.sock", crate::layout::RUN_DIR)
+}
+
+/// Hands the client over to the relay of kept command `pid` (the connection's
+/// descriptor, over that relay's attach socket), which serves it from here on.
+fn hand_over(conn: &mut Option<UnixStream>, pid: i32) -> Result<Option<Detached>, String> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let target = UnixStream::connect(attach_socket(pid))
+        .map_err(|_| format!("no kept command with pid {pid} runs in this sandbox"))?;
+    let client = conn.as_ref().ok_or("no client to hand over")?;
+    let fds = [client.as_raw_fd()];
+    sendmsg::<()>(
+        target.as_raw_fd(),
+        &[std::io::IoSlice::new(b"a")],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(|e| format!("hand the client to command {pid}: {e}"))?;
+    // Ours is closed; the kept command's relay holds the connection now.
+    conn.take();
+    Ok(None)
+}
+
+/// A client handed over on the attach socket: the connection's descriptor.
+fn take_client(listener: &std::os::unix::net::UnixListener) -> Option<UnixStream> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let (s, _) = listener.accept().ok()?;
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        s.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
+    let mut fds = msg.cmsgs().ok()?.flat_map(|c| match c {
+        ControlMessageOwned::ScmRights(fds) => fds,
+        _ => Vec::new(),
+    });
+    let fd = fds.next()?;
+    let client = UnixStream::from(forkd_sys::own_fd(fd));
+    for extra in fds {
+        drop(forkd_sys::own_fd(extra));
+    }
+    client.set_nonblocking(false).ok()?;
+    Some(client)
+}
+
+fn run(conn_slot: &mut Option<UnixStream>) -> Result<Option<Detached>, String> {
+    let first = conn_slot.as_mut().ok_or("no client")?;
+    let req = match proto::read_frame(first).map_err(|e| format!("read request: {e}"))? {
         Some((Kind::Request, body)) => serde_json::from_slice::<ExecRequest>(&body)
             .map_err(|e| format!("bad exec request: {e}"))?,
         Some((k, _)) => return Err(format!("expected a request frame, got {k:?}")),
         None => return Ok(None),
     };
     req.validate()?;
+    if let Some(pid) = req.attach {
+        return hand_over(conn_slot, pid);
+    }
     // A command run to completion keeps its orphans below the relay, so that a timeout
     // or a hang-up kills its whole tree. A detached command's orphans go to the init
     // instead, as a daemon's do on a real machine: CRIU restores a process whose session
@@ -105,7 +165,7 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
     let mut cmd = build_command(&req)?;
     if req.detach {
         drop(sigfd);
-        return run_detached(conn, &req, cmd);
+        return run_detached(first, &req, cmd);
     }
     // Standard streams: a pty, or three pipes.
     let pty_master;
@@ -157,18 +217,29 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
             .map_err(|e| e.to_string())?;
     }
     send(
-        conn,
+        first,
         Kind::Started,
         &ExecStarted {
             pid,
             log_path: None,
         },
     )?;
+    // A kept command's relay takes clients that attach to it on a socket of its own.
+    let attach = if req.keep {
+        let path = attach_socket(pid);
+        let _ = std::fs::remove_file(&path);
+        let l = std::os::unix::net::UnixListener::bind(&path)
+            .map_err(|e| format!("listen on {path}: {e}"))?;
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Some((l, path))
+    } else {
+        None
+    };
+    let conn = conn_slot;
 
     let deadline = req.timeout_ms.map(|ms| started + Duration::from_millis(ms));
     let mut status: Option<WaitStatus> = None;
     let mut timed_out = false;
-    let mut client_open = true;
     let mut drain_until: Option<Instant> = None;
     let mut buf = vec![0u8; CHUNK];
     // Stdin the command has not taken yet. It is written only when the command's end
@@ -176,7 +247,9 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
     // a blocking write could wait on a command that is itself waiting for this loop
     // to read its output (`cat` of more than two pipes' worth).
     let mut pending = Pending::default();
-    conn.set_nonblocking(false).ok();
+    if let Some(c) = conn.as_ref() {
+        c.set_nonblocking(false).ok();
+    }
     loop {
         if status.is_some() && out.is_none() && err.is_none() {
             break;
@@ -197,11 +270,19 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
             .unwrap_or(PollTimeout::NONE);
         let mut fds = Vec::with_capacity(4);
         fds.push(PollFd::new(sigfd.as_fd(), PollFlags::POLLIN));
-        let conn_idx = if client_open && status.is_none() && pending.data.is_empty() {
-            fds.push(PollFd::new(conn.as_fd(), PollFlags::POLLIN));
-            Some(fds.len() - 1)
-        } else {
-            None
+        let conn_idx = match conn.as_ref() {
+            Some(c) if status.is_none() && pending.data.is_empty() => {
+                fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+                Some(fds.len() - 1)
+            }
+            _ => None,
+        };
+        let attach_idx = match &attach {
+            Some((l, _)) if status.is_none() => {
+                fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                Some(fds.len() - 1)
+            }
+            _ => None,
         };
         let stdin_idx = match &stdin {
             Some(fd) if !pending.data.is_empty() => {
@@ -230,7 +311,9 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
             ready(err_idx),
             ready(stdin_idx),
         );
+        let attach_ready = ready(attach_idx);
         drop(fds);
+
         if stdin_ready && !pending.feed(&stdin) {
             // The command closed its end: what it did not take is dropped.
             stdin = None;
@@ -242,8 +325,8 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
         if err_ready && !pump(&mut err, &mut buf, conn, Kind::Stderr)? {
             err = None;
         }
-        if conn_ready {
-            match proto::read_frame(conn) {
+        if let (true, Some(c)) = (conn_ready, conn.as_mut()) {
+            match proto::read_frame(c) {
                 Ok(Some((Kind::Stdin, data))) => {
                     if stdin.is_some() {
                         pending.data = data;
@@ -272,9 +355,31 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
-                    // The client hung up: nobody is left to see the command, end it.
-                    client_open = false;
-                    kill_tree(pid, &mut status);
+                    *conn = None;
+                    if !req.keep {
+                        // The client hung up: nobody is left to see the command, end it.
+                        kill_tree(pid, &mut status);
+                    }
+                    // A kept command runs on, its output dropped until a client attaches.
+                }
+            }
+        }
+        // After the current client's frames: the one that attaches replaces it.
+        if attach_ready {
+            if let Some(mut c) = attach.as_ref().and_then(|(l, _)| take_client(l)) {
+                // The client attached before, if any, is let go: one client at a time.
+                if send(
+                    &mut c,
+                    Kind::Started,
+                    &ExecStarted {
+                        pid,
+                        log_path: None,
+                    },
+                )
+                .is_ok()
+                {
+                    *conn = Some(c);
+                    pending = Pending::default();
                 }
             }
         }
@@ -308,9 +413,13 @@ fn run(conn: &mut UnixStream) -> Result<Option<Detached>, String> {
     if timed_out {
         kill_tree(pid, &mut status);
     }
+    if let Some((l, path)) = attach {
+        drop(l);
+        let _ = std::fs::remove_file(path);
+    }
     let exit = exit_of(status, timed_out, started.elapsed());
-    if client_open {
-        send(conn, Kind::Exit, &exit)?;
+    if let Some(c) = conn.as_mut() {
+        send(c, Kind::Exit, &exit)?;
     }
     Ok(None)
 }
@@ -370,7 +479,7 @@ fn send<T: serde::Serialize>(conn: &mut UnixStream, kind: Kind, value: &T) -> Re
 fn pump(
     fd: &mut Option<OwnedFd>,
     buf: &mut [u8],
-    conn: &mut UnixStream,
+    conn: &mut Option<UnixStream>,
     kind: Kind,
 ) -> Result<bool, String> {
     let Some(f) = fd.as_ref() else {
@@ -379,8 +488,11 @@ fn pump(
     match nix::unistd::read(f.as_raw_fd(), buf) {
         Ok(0) => Ok(false),
         Ok(n) => {
-            // A client that went away is handled by the poll loop; keep draining.
-            let _ = proto::write_frame(conn, kind, &buf[..n]);
+            // A client that went away is handled by the poll loop; keep draining. With
+            // no client (a kept command), the output is dropped.
+            if let Some(c) = conn.as_mut() {
+                let _ = proto::write_frame(c, kind, &buf[..n]);
+            }
             Ok(true)
         }
         Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => Ok(false),
