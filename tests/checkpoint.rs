@@ -901,3 +901,128 @@ fn kept_commands_outlive_their_clients_and_their_checkpoints() {
     write_frame(&mut s, Kind::Stdin, b"d\n").unwrap();
     assert_eq!(next_output(&mut s), "3:d\n");
 }
+
+/// A pause (a live checkpoint that stops the sandbox) and a resume: the same sandbox,
+/// under its id, labels and all, running its processes on from their state; refused,
+/// leaving it as it was, when the sandbox runs or the checkpoint is another's.
+#[test]
+fn a_paused_sandbox_resumes_under_its_id() {
+    if !can_run_criu("a_paused_sandbox_resumes_under_its_id") {
+        return;
+    }
+    let d = TestDaemon::start("resume");
+    let src = d.create(serde_json::json!({
+        "image": "busybox",
+        "labels": { "who": "resume" },
+        "command": { "shell": COUNTER },
+    }));
+    counter_reaches(&d, &src.id, 40);
+    let other = d.create(serde_json::json!({ "image": "busybox" }));
+    let foreign = d.checkpoint(&other.id, true);
+    // Resuming a running sandbox is refused.
+    let running = d
+        .client
+        .call::<SandboxInfo>(
+            "POST",
+            &format!("/v1/sandboxes/{}/resume", src.id),
+            Some(&serde_json::json!({})),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        running.contains("no live checkpoint") || running.contains("only a stopped"),
+        "{running}"
+    );
+    let paused: CheckpointInfo = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/checkpoint", src.id),
+            Some(&serde_json::json!({ "live": true, "stop": true })),
+        )
+        .unwrap();
+    let stopped: SandboxInfo = d
+        .client
+        .call("GET", &format!("/v1/sandboxes/{}", src.id), None)
+        .unwrap();
+    assert_eq!(stopped.status, SandboxStatus::Stopped);
+    let at_pause = {
+        let dir = std::path::Path::new(&stopped.upper).join("tmp/counter");
+        std::fs::read_to_string(&dir)
+            .unwrap_or_default()
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(40)
+    };
+    // Another sandbox's checkpoint is not this one's to resume from.
+    let wrong = d
+        .client
+        .call::<SandboxInfo>(
+            "POST",
+            &format!("/v1/sandboxes/{}/resume", src.id),
+            Some(&serde_json::json!({ "checkpoint": foreign.id })),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        wrong.contains("not a live checkpoint of sandbox"),
+        "{wrong}"
+    );
+    let still: SandboxInfo = d
+        .client
+        .call("GET", &format!("/v1/sandboxes/{}", src.id), None)
+        .unwrap();
+    assert_eq!(
+        still.status,
+        SandboxStatus::Stopped,
+        "a refused resume leaves it stopped"
+    );
+    let resumed: SandboxInfo = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/resume", src.id),
+            Some(&serde_json::json!({ "expires_in_secs": 3600 })),
+        )
+        .unwrap();
+    assert_eq!(resumed.id, src.id);
+    assert_eq!(resumed.status, SandboxStatus::Running);
+    assert_eq!(
+        resumed.labels.get("who").map(String::as_str),
+        Some("resume")
+    );
+    assert!(resumed.expires_at.is_some());
+    let n = d.read_number(&src.id, "/tmp/counter");
+    assert!(
+        n >= at_pause,
+        "the counter went on from {at_pause}, not from 0: {n}"
+    );
+    assert!(counter_passes(&d, &src.id, n), "it counts on");
+    // Paused and resumed again, from the newest pause.
+    let _: CheckpointInfo = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/checkpoint", src.id),
+            Some(&serde_json::json!({ "live": true, "stop": true })),
+        )
+        .unwrap();
+    let again: SandboxInfo = d
+        .client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{}/resume", src.id),
+            Some(&serde_json::json!({})),
+        )
+        .unwrap();
+    assert_eq!(again.status, SandboxStatus::Running);
+    assert!(d.read_number(&src.id, "/tmp/counter") >= n);
+    let _ = paused;
+    let listed: Vec<SandboxInfo> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert_eq!(listed.iter().filter(|s| s.id == src.id).count(), 1);
+    assert!(!std::path::Path::new(&format!(
+        "{}.resuming",
+        d.data().join("sandboxes").join(&src.id).display()
+    ))
+    .exists());
+}

@@ -263,6 +263,17 @@ pub struct SandboxInfo {
     pub expires_at: Option<u64>,
 }
 
+/// The body of `resumeSandbox`: the live checkpoint of the stopped sandbox to resume
+/// from (by default its newest), and the resumed sandbox's lifetime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_secs: Option<u64>,
+}
+
 /// The body of `setSandboxExpiry`: the sandbox is removed this many seconds from now
 /// (0: at once, within a second); absent or null, never.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -35,6 +35,7 @@ pub enum Operation {
     ReadFile,
     WriteFile,
     SetSandboxExpiry,
+    ResumeSandbox,
     CheckpointSandbox,
     ListCheckpoints,
     InspectCheckpoint,
@@ -88,7 +89,7 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 38] = [
+    pub const ALL: [Operation; 39] = [
         Operation::Version,
         Operation::Health,
         Operation::Metrics,
@@ -114,6 +115,7 @@ impl Operation {
         Operation::ReadFile,
         Operation::WriteFile,
         Operation::SetSandboxExpiry,
+        Operation::ResumeSandbox,
         Operation::CheckpointSandbox,
         Operation::ListCheckpoints,
         Operation::InspectCheckpoint,
@@ -353,6 +355,15 @@ impl Operation {
                 id: "setSandboxExpiry",
                 status: 200,
                 body: RequestBody::Json("ExpiryRequest"),
+                answer: Answer::Json("SandboxInfo"),
+                query: &[],
+            },
+            Operation::ResumeSandbox => OpSpec {
+                method: "POST",
+                path: "/v1/sandboxes/{id}/resume",
+                id: "resumeSandbox",
+                status: 200,
+                body: RequestBody::Json("ResumeRequest"),
                 answer: Answer::Json("SandboxInfo"),
                 query: &[],
             },

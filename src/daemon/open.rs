@@ -314,6 +314,7 @@ impl Daemon {
                 })
                 .context("start the favordynmods watcher")?;
         }
+        daemon.recover_resumes();
         daemon
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;

@@ -556,6 +556,17 @@ fn handle(
             d.set_expiry(&sb, body.expires_in_secs)?;
             Ok(Reply::json(&d.info(&sb)))
         }
+        O::ResumeSandbox => {
+            let sb = d.sandboxes.get(&param("id"))?;
+            let body: api::ResumeRequest = req.json()?;
+            let c = match (&body.checkpoint, who.sees_only()) {
+                (None, _) => d.latest_live_checkpoint(&sb)?,
+                (Some(id), None) => d.checkpoints.get(id)?,
+                (Some(id), Some(owner)) => access::own_checkpoint(d, owner, id)?,
+            };
+            d.resume_sandbox(&sb, &c, body.expires_in_secs)?;
+            Ok(Reply::json(&d.info(&*d.sandboxes.get(sb.id.as_str())?)))
+        }
         O::CheckpointSandbox => {
             let sb = d.sandboxes.get(&param("id"))?;
             let body: api::CheckpointRequest = req.json()?;

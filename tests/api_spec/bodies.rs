@@ -440,6 +440,7 @@ fn request_schemas_deserialise_into_the_request_types() {
     check_request::<ExportRequest>(&doc, "ExportRequest");
     check_request::<GrantRequest>(&doc, "GrantRequest");
     check_request::<forkd::api::ExpiryRequest>(&doc, "ExpiryRequest");
+    check_request::<forkd::api::ResumeRequest>(&doc, "ResumeRequest");
     let g: GrantRequest = serde_json::from_value(json!({ "uid": 5 })).unwrap();
     assert!(g.gid.is_none() && g.max_steps.is_none());
 

@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What every branch of one fork request shares, settled before the first starts.
-struct Plan<'a> {
+pub(super) struct Plan<'a> {
     c: &'a Checkpoint,
     record: CheckpointRecord,
-    labels: BTreeMap<String, String>,
+    pub(super) labels: BTreeMap<String, String>,
     /// The key that asked for the branches.
     owner: Option<String>,
     network: forkd_net::Network,
@@ -116,7 +116,9 @@ impl Daemon {
                 .spare_layers
                 .prepare(&self.layer_source(&plan.layer, &plan.base.id), count);
         }
-        let results = on_workers(count, self.config.fork_parallel, || self.fork_branch(&plan));
+        let results = on_workers(count, self.config.fork_parallel, || {
+            self.fork_branch(&plan, None)
+        });
         let mut branches = Vec::with_capacity(count);
         let mut first_error = None;
         for r in results {
@@ -155,7 +157,7 @@ impl Daemon {
 
     /// Checks the request against the checkpoint and settles what the branches share.
     /// `limits` are the branches' ([`Daemon::admit`] took them).
-    fn plan_fork<'a>(
+    pub(super) fn plan_fork<'a>(
         &'a self,
         c: &'a Checkpoint,
         req: &ForkRequest,
@@ -277,10 +279,15 @@ impl Daemon {
 
     /// Starts one branch: its record, its root, and its processes (restored, or a fresh
     /// init); undone entirely if any step fails.
-    fn fork_branch(self: &Arc<Self>, plan: &Plan) -> Result<BranchInfo, ApiError> {
+    /// `id` is the branch's, when it takes the place of a sandbox it resumes.
+    pub(super) fn fork_branch(
+        self: &Arc<Self>,
+        plan: &Plan,
+        id: Option<SandboxId>,
+    ) -> Result<BranchInfo, ApiError> {
         let started = Instant::now();
         let ck = &plan.record;
-        let id = SandboxId::random();
+        let id = id.unwrap_or_else(SandboxId::random);
         let origin = crate::daemon::record::Origin {
             image: ck.image.clone(),
             lowers: ck.lowers.clone(),

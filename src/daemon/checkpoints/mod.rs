@@ -45,6 +45,7 @@ mod delta;
 mod fork;
 mod hash;
 mod remove;
+mod resume;
 mod tree;
 
 /// The deepest layer stack a checkpoint may have before it is squashed (overlayfs takes

@@ -77,6 +77,7 @@ fn reach(op: Operation) -> Reach {
         | O::ReadFile
         | O::WriteFile
         | O::SetSandboxExpiry
+        | O::ResumeSandbox
         | O::CheckpointSandbox
         | O::SandboxExecs => Reach::Sandbox,
         O::InspectCheckpoint | O::RemoveCheckpoint | O::ForkCheckpoint | O::CheckpointDelta => {
