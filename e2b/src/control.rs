@@ -1,9 +1,12 @@
-//! E2B's control plane: sandboxes made, listed, described and killed, as calls of
-//! forkd's API made with the caller's key (`X-API-KEY`). A sandbox made here is a forkd
-//! sandbox whose labels hold what E2B says of it: its template, access token, end time,
-//! metadata and environment (`labels`); one without them is not E2B's, and is not
-//! seen here.
+//! E2B's control plane: sandboxes made, listed, described, timed and killed, as calls
+//! of forkd's API made with the caller's key (`X-API-KEY`); pauses, resumes, snapshots
+//! and forks are `states.rs`. A sandbox made here is a forkd sandbox whose labels hold
+//! what E2B says of it (`labels`): its template, the secret its access token is derived
+//! from, its metadata and environment; its end is the sandbox's expiry. One without
+//! them is not E2B's, and is not seen here. A running sandbox is E2B's `running`, a
+//! stopped one (a pause) `paused`.
 
+use crate::states;
 use crate::wire::{self, NewSandbox};
 use crate::{blocking, empty, failure, json, labels, query, rest_error, Body, Forkd, Gateway};
 use forkd_api::client::Client;
@@ -13,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The default lifetime of a sandbox, seconds (E2B's).
-const DEFAULT_TIMEOUT: u64 = 300;
+pub(crate) const DEFAULT_TIMEOUT: u64 = 300;
 /// `endAt` of a sandbox that does not expire: the last second RFC 3339 can write.
 const NEVER: u64 = 253_402_300_799;
 /// The longest a list page may be.
@@ -27,7 +30,7 @@ pub fn is_control_path(path: &str) -> bool {
         || path.starts_with("/templates/")
 }
 
-type Answer = hyper::Response<Body>;
+pub(crate) type Answer = hyper::Response<Body>;
 
 pub async fn serve(
     gw: Arc<Gateway>,
@@ -73,8 +76,16 @@ pub async fn serve(
             ("GET", ["sandboxes"]) => list(&client, &q),
             ("GET", ["sandboxes", id]) => info(&client, id),
             ("DELETE", ["sandboxes", id]) => kill(&gw, &client, id),
-            ("POST", ["sandboxes", id, "connect"]) => connect(&client, &body, id),
+            ("POST", ["sandboxes", id, "connect"]) => states::connect(&gw, &client, &body, id),
+            ("POST", ["sandboxes", id, "resume"]) => states::resume(&gw, &client, &body, id),
             ("POST", ["sandboxes", id, "timeout"]) => set_timeout(&client, &body, id),
+            ("POST", ["sandboxes", id, "pause"]) => states::pause(&gw, &client, id),
+            ("POST", ["sandboxes", id, "snapshots"]) => {
+                states::snapshot(&gw, &client, &body, id)
+            }
+            ("GET", ["snapshots"]) => states::list_snapshots(&client, &q),
+            ("DELETE", ["templates", id]) => states::delete_snapshot(&client, id),
+            ("POST", ["sandboxes", id, "fork"]) => states::fork(&gw, &client, &body, id),
             (m, _) => Err((
                 501,
                 format!("{m} {path}: this E2B operation is not served by forkd yet"),
@@ -89,7 +100,7 @@ pub async fn serve(
     }
 }
 
-type Outcome = Result<Answer, (u16, String)>;
+pub(crate) type Outcome = Result<Answer, (u16, String)>;
 
 fn create(client: &Client, body: &[u8]) -> Outcome {
     let req: NewSandbox = serde_json::from_slice(if body.is_empty() { b"{}" } else { body })
@@ -97,12 +108,10 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
     if req.template_id.trim().is_empty() {
         return Err((400, "templateID is required".into()));
     }
-    let image = template_image(client, &req.template_id)?;
     let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    let token = crate::random_hex(16);
     let mut l = BTreeMap::new();
     l.insert(labels::TEMPLATE.to_string(), req.template_id.clone());
-    l.insert(labels::TOKEN.to_string(), token.clone());
+    l.insert(labels::SECRET.to_string(), crate::random_hex(16));
     for (k, v) in req.metadata.iter().flatten() {
         l.insert(format!("{}{k}", labels::META), v.clone());
     }
@@ -112,6 +121,12 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
         }
         l.insert(format!("{}{k}", labels::ENV), v.clone());
     }
+    // A snapshot's id names the state to start from: a branch of its checkpoint.
+    if let Some(c) = states::snapshot_named(client, &req.template_id)? {
+        let sb = states::start_from(client, &c, l, timeout, Some(network(&req)?))?;
+        return Ok(json(201, &sandbox(&sb)));
+    }
+    let image = template_image(client, &req.template_id)?;
     let create = CreateSandboxRequest {
         image,
         command: None,
@@ -127,7 +142,7 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
     let sb: SandboxInfo = client
         .send("POST", "/v1/sandboxes", &create)
         .map_err(|e| failure(&e))?;
-    Ok(json(201, &sandbox(&sb, &token)))
+    Ok(json(201, &sandbox(&sb)))
 }
 
 /// The forkd image a template names: the image of that name, else `e2b-<name>` (the
@@ -154,7 +169,7 @@ fn template_image(client: &Client, template: &str) -> Result<String, (u16, Strin
 /// The network E2B's settings ask for, in forkd's terms: the internet through NAT
 /// (E2B's default), nothing, or only the hosts `allowOut` names when everything else is
 /// denied.
-fn network(req: &NewSandbox) -> Result<Network, (u16, String)> {
+pub(crate) fn network(req: &NewSandbox) -> Result<Network, (u16, String)> {
     let allow = req
         .network
         .as_ref()
@@ -187,23 +202,32 @@ fn network(req: &NewSandbox) -> Result<Network, (u16, String)> {
     Ok(Network::egress())
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs()
 }
 
-/// E2B's `Sandbox`: what create and connect answer.
-fn sandbox(sb: &SandboxInfo, token: &str) -> Value {
+/// E2B's `Sandbox`: what create, connect, resume and fork answer.
+pub(crate) fn sandbox(sb: &SandboxInfo) -> Value {
     json!({
         "templateID": template_of(sb),
         "sandboxID": sb.id,
         "clientID": "forkd",
         "envdVersion": crate::ENVD_VERSION,
-        "envdAccessToken": token,
+        "envdAccessToken": token_of(sb),
         "alias": template_of(sb),
     })
+}
+
+/// The sandbox's access token: derived from its secret and its id, so that the
+/// sandboxes of one fork, which share a secret, each have their own.
+pub(crate) fn token_of(sb: &SandboxInfo) -> String {
+    crate::access_token(
+        sb.labels.get(labels::SECRET).map(String::as_str).unwrap_or(""),
+        &sb.id,
+    )
 }
 
 fn template_of(sb: &SandboxInfo) -> String {
@@ -213,7 +237,7 @@ fn template_of(sb: &SandboxInfo) -> String {
         .unwrap_or_else(|| sb.image.clone())
 }
 
-fn metadata_of(sb: &SandboxInfo) -> BTreeMap<String, String> {
+pub(crate) fn metadata_of(sb: &SandboxInfo) -> BTreeMap<String, String> {
     sb.labels
         .iter()
         .filter_map(|(k, v)| Some((k.strip_prefix(labels::META)?.to_string(), v.clone())))
@@ -235,19 +259,35 @@ fn detail(sb: &SandboxInfo) -> Value {
         "cpuCount": sb.limits.cpu_millis.map_or(0, |m| m.div_ceil(1000)),
         "memoryMB": sb.limits.memory_bytes.map_or(0, |b| b >> 20),
         "diskSizeMB": sb.limits.disk_bytes.map_or(0, |b| b >> 20),
-        "state": "running",
+        "state": state_of(sb),
         "metadata": metadata_of(sb),
     })
 }
 
-/// The E2B sandbox `id`, as the caller sees it: 404 if it is not one (not made here).
-fn e2b_sandbox(client: &Client, id: &str) -> Result<SandboxInfo, (u16, String)> {
+/// E2B's state of a sandbox: a stopped one is paused.
+fn state_of(sb: &SandboxInfo) -> &'static str {
+    if sb.status == SandboxStatus::Stopped {
+        "paused"
+    } else {
+        "running"
+    }
+}
+
+/// Whether the sandbox is E2B's (made through this layer).
+fn is_e2b(sb: &SandboxInfo) -> bool {
+    sb.labels.contains_key(labels::SECRET)
+}
+
+/// The E2B sandbox `id`, as the caller sees it, running or paused: 404 if it is not one
+/// (not made here, or being removed).
+pub(crate) fn e2b_sandbox(client: &Client, id: &str) -> Result<SandboxInfo, (u16, String)> {
     let path = format!("/v1/sandboxes/{}", forkd_api::url::encode(id));
     let sb: SandboxInfo = client.call("GET", &path, None).map_err(|e| {
         let (status, message) = failure(&e);
         (status, format!("sandbox {id}: {message}"))
     })?;
-    if !sb.labels.contains_key(labels::TOKEN) || sb.status != SandboxStatus::Running {
+    let settled = matches!(sb.status, SandboxStatus::Running | SandboxStatus::Stopped);
+    if !is_e2b(&sb) || !settled || sb.id != id {
         return Err((404, format!("sandbox {id} not found")));
     }
     Ok(sb)
@@ -256,9 +296,7 @@ fn e2b_sandbox(client: &Client, id: &str) -> Result<SandboxInfo, (u16, String)> 
 fn info(client: &Client, id: &str) -> Outcome {
     let sb = e2b_sandbox(client, id)?;
     let mut d = detail(&sb);
-    if let Some(t) = sb.labels.get(labels::TOKEN) {
-        d["envdAccessToken"] = json!(t);
-    }
+    d["envdAccessToken"] = json!(token_of(&sb));
     Ok(json(200, &d))
 }
 
@@ -269,7 +307,7 @@ struct Timeout {
     timeout: Option<u64>,
 }
 
-fn timeout_of(body: &[u8]) -> Result<Option<u64>, (u16, String)> {
+pub(crate) fn timeout_of(body: &[u8]) -> Result<Option<u64>, (u16, String)> {
     if body.is_empty() {
         return Ok(None);
     }
@@ -278,44 +316,38 @@ fn timeout_of(body: &[u8]) -> Result<Option<u64>, (u16, String)> {
         .map_err(|e| (400, format!("the request body is not a timeout: {e}")))
 }
 
-/// Sets sandbox `id` to expire `seconds` from now.
-fn expire_in(client: &Client, id: &str, seconds: u64) -> Result<SandboxInfo, (u16, String)> {
+/// Sets sandbox `id` to expire `seconds` from now, or never.
+pub(crate) fn expire_in(
+    client: &Client,
+    id: &str,
+    seconds: Option<u64>,
+) -> Result<SandboxInfo, (u16, String)> {
     let path = format!("/v1/sandboxes/{}/expiry", forkd_api::url::encode(id));
     let body = forkd_api::ExpiryRequest {
-        expires_in_secs: Some(seconds),
+        expires_in_secs: seconds,
     };
     client.send("PUT", &path, &body).map_err(|e| failure(&e))
-}
-
-/// A running sandbox's connect: its timeout, when given, is extended (never shortened).
-fn connect(client: &Client, body: &[u8], id: &str) -> Outcome {
-    let mut sb = e2b_sandbox(client, id)?;
-    if let Some(t) = timeout_of(body)? {
-        if sb.expires_at.is_some_and(|at| at < now() + t) {
-            sb = expire_in(client, &sb.id, t)?;
-        }
-    }
-    let token = sb.labels.get(labels::TOKEN).cloned().unwrap_or_default();
-    Ok(json(200, &sandbox(&sb, &token)))
 }
 
 fn set_timeout(client: &Client, body: &[u8], id: &str) -> Outcome {
     let t = timeout_of(body)?.ok_or((400, "timeout is required".to_string()))?;
     let sb = e2b_sandbox(client, id)?;
-    expire_in(client, &sb.id, t)?;
+    if sb.status != SandboxStatus::Running {
+        return Err((409, format!("sandbox {id} is paused: resume it first")));
+    }
+    expire_in(client, &sb.id, Some(t))?;
     Ok(empty(204))
 }
 
 fn kill(gw: &Gateway, client: &Client, id: &str) -> Outcome {
     let sb = e2b_sandbox(client, id)?;
-    let path = format!(
-        "/v1/sandboxes/{}?force=true",
-        forkd_api::url::encode(&sb.id)
-    );
+    let path = format!("/v1/sandboxes/{}?force=true", forkd_api::url::encode(&sb.id));
     client
         .call::<Value>("DELETE", &path, None)
         .map_err(|e| failure(&e))?;
     gw.sandboxes.forget(&sb.id);
+    // The checkpoints its pauses and forks made go when nothing stands on them.
+    states::collect(client);
     Ok(empty(204))
 }
 
@@ -345,17 +377,29 @@ fn list(client: &Client, q: &std::collections::HashMap<String, String>) -> Outco
         .unwrap_or_else(|| vec!["running", "paused"]);
     let mut rows: Vec<&SandboxInfo> = all
         .iter()
-        .filter(|sb| sb.labels.contains_key(labels::TOKEN) && sb.status == SandboxStatus::Running)
-        .filter(|_| states.contains(&"running"))
+        .filter(|sb| is_e2b(sb) && matches!(sb.status, SandboxStatus::Running | SandboxStatus::Stopped))
+        .filter(|sb| states.contains(&state_of(sb)))
         .filter(|sb| {
             want.iter()
                 .all(|(k, v)| sb.labels.get(&format!("{}{k}", labels::META)) == Some(v))
         })
         .collect();
     rows.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+    let (page, next) = page(rows, q, |sb| sb.id.clone())?;
+    let body: Vec<Value> = page.iter().map(|sb| detail(sb)).collect();
+    Ok(with_next(json(200, &Value::Array(body)), next))
+}
+
+/// One page of `rows` (in their order): at most `limit` of them, from after the row
+/// whose key is `nextToken`; and the token of the next page, when one follows.
+pub(crate) fn page<T>(
+    mut rows: Vec<T>,
+    q: &std::collections::HashMap<String, String>,
+    key: impl Fn(&T) -> String,
+) -> Result<(Vec<T>, Option<String>), (u16, String)> {
     if let Some(after) = q.get("nextToken").filter(|t| !t.is_empty()) {
-        match rows.iter().position(|sb| &sb.id == after) {
-            Some(i) => rows.drain(..=i),
+        match rows.iter().position(|r| &key(r) == after) {
+            Some(i) => drop(rows.drain(..=i)),
             None => {
                 return Err((
                     400,
@@ -374,16 +418,16 @@ fn list(client: &Client, q: &std::collections::HashMap<String, String>) -> Outco
     };
     let more = rows.len() > limit;
     rows.truncate(limit);
-    let body: Vec<Value> = rows.iter().map(|sb| detail(sb)).collect();
-    let mut answer = json(200, &Value::Array(body));
-    if more {
-        if let Some(last) = rows.last() {
-            if let Ok(v) = hyper::header::HeaderValue::from_str(&last.id) {
-                answer.headers_mut().insert("x-next-token", v);
-            }
-        }
+    let next = if more { rows.last().map(&key) } else { None };
+    Ok((rows, next))
+}
+
+/// An answer with `X-Next-Token` when another page follows.
+pub(crate) fn with_next(mut answer: Answer, next: Option<String>) -> Answer {
+    if let Some(v) = next.and_then(|n| hyper::header::HeaderValue::from_str(&n).ok()) {
+        answer.headers_mut().insert("x-next-token", v);
     }
-    Ok(answer)
+    answer
 }
 
 #[cfg(test)]

@@ -145,9 +145,10 @@ fn load(gw: &Gateway, forkd: &dyn Forkd, id: &str) -> Result<Target, String> {
     if sb.status != SandboxStatus::Running {
         return Err(format!("sandbox {id} is not running"));
     }
-    let Some(token) = sb.labels.get(labels::TOKEN).cloned() else {
+    let Some(secret) = sb.labels.get(labels::SECRET) else {
         return Err(format!("sandbox {id} was not made through E2B's API"));
     };
+    let token = crate::access_token(secret, &sb.id);
     let passwd = client
         .raw(
             "GET",

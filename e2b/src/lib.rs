@@ -12,6 +12,7 @@
 //! answers is docs/E2B.md's.
 //!
 //! - `control.rs`: the control plane;
+//! - `states.rs`: pauses, resumes, snapshots and forks (live checkpoints);
 //! - `envd.rs`: envd's routing, authentication, `/health` and `/files`;
 //! - `process.rs`: envd's `process.Process` service (commands, PTYs);
 //! - `filesystem.rs`: envd's `filesystem.Filesystem` service;
@@ -25,6 +26,7 @@ mod control;
 mod envd;
 mod filesystem;
 mod process;
+mod states;
 mod wire;
 
 use bytes::Bytes;
@@ -61,7 +63,7 @@ pub struct Settings {
 /// The layer: its settings, the commands it runs, and what it has read of sandboxes.
 pub struct Gateway {
     settings: Settings,
-    processes: process::Table,
+    processes: Arc<process::Table>,
     sandboxes: Sandboxes,
 }
 
@@ -82,7 +84,7 @@ impl Gateway {
     pub fn new(settings: Settings) -> Gateway {
         Gateway {
             settings,
-            processes: process::Table::default(),
+            processes: Arc::default(),
             sandboxes: Sandboxes::default(),
         }
     }
@@ -174,9 +176,16 @@ impl Sandboxes {
 /// Labels forkd keeps for an E2B sandbox (its record's labels).
 pub(crate) mod labels {
     pub const TEMPLATE: &str = "e2b.template";
-    /// The access token envd's requests carry. Kept as it is (the SDK's connect gets it
-    /// back): a label only the sandbox's owner, who may use it anyway, can read.
-    pub const TOKEN: &str = "e2b.access-token";
+    /// The secret a sandbox's access token is derived from (with its id: see
+    /// [`crate::access_token`]). A fork's sandboxes share it, each with a token of its
+    /// own. A label only the sandbox's owner, who may use the sandbox anyway, reads.
+    pub const SECRET: &str = "e2b.access-secret";
+    /// On a checkpoint: the sandbox a pause stopped.
+    pub const PAUSE_OF: &str = "e2b.pause-of";
+    /// On a checkpoint: the sandbox whose fork it is.
+    pub const FORK_OF: &str = "e2b.fork-of";
+    /// On a checkpoint: a snapshot, and its name.
+    pub const SNAPSHOT: &str = "e2b.snapshot";
     pub const META: &str = "e2b.meta.";
     pub const ENV: &str = "e2b.env.";
 }
@@ -280,6 +289,17 @@ pub(crate) fn query(uri: &hyper::Uri) -> HashMap<String, String> {
         out.insert(decode(k), decode(v));
     }
     out
+}
+
+/// The access token of sandbox `id` whose secret is `secret`: 32 hex digits of
+/// SHA-256(`secret:id`).
+pub(crate) fn access_token(secret: &str, id: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(format!("{secret}:{id}").as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// `n` random bytes, hex.

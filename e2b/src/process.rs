@@ -1,9 +1,14 @@
-//! envd's `process.Process` service: commands and PTYs, each a streamed exec of forkd's
-//! API (the frame protocol) that this layer holds open for as long as the command
-//! runs, so a command outlives the SDK connection that started it, as on E2B. A
-//! thread per command reads its frames and turns them into envd's events: to the
+//! envd's `process.Process` service: commands and PTYs, each a kept command of forkd's
+//! API (a streamed exec with `keep`) that this layer stays attached to for as long as
+//! the command runs, so a command outlives the SDK connection that started it, as on
+//! E2B. A thread per command reads its frames and turns them into envd's events: to the
 //! stream that started it (with back-pressure, like a pipe) and to any that connect to
 //! it later (`Connect`, which may miss output if it reads too slowly).
+//!
+//! Before a live checkpoint of the sandbox (a pause, a snapshot, a fork) the layer lets
+//! go of its commands ([`Table::detach`]): they run on in the sandbox, holding nothing
+//! open to the host, so the checkpoint takes them; afterwards (or in the resumed
+//! sandbox) it attaches to them again by pid ([`Table::reattach`]).
 
 use crate::connect::{self, Code, Error};
 use crate::envd::{rpc_error, unary_error, Target};
@@ -14,6 +19,8 @@ use forkd_api::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
+use forkd_api::client::Client;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
@@ -47,6 +54,40 @@ impl Table {
             m.remove(&pid);
             if m.is_empty() {
                 all.remove(sandbox);
+            }
+        }
+    }
+
+    /// Lets go of the sandbox's commands: their streams end (viewers are told the
+    /// sandbox is being checkpointed) and the exec connections close; the commands run
+    /// on, kept, and stay listed here.
+    pub fn detach(&self, sandbox: &str) {
+        for p in self.list(sandbox) {
+            p.detaching.store(true, Ordering::SeqCst);
+            if let Some(c) = p.control.lock().unwrap().take() {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    /// Attaches again to the sandbox's commands (after a checkpoint, or in the sandbox
+    /// resumed from one); a command that has ended meanwhile is forgotten.
+    pub fn reattach(self: &Arc<Self>, client: &Client, sandbox: &str) {
+        for p in self.list(sandbox) {
+            match attach_to(client, sandbox, p.pid) {
+                Ok(conn) => {
+                    let control = match conn.try_clone() {
+                        Ok(c) => c,
+                        Err(_) => {
+                            self.remove(sandbox, p.pid);
+                            continue;
+                        }
+                    };
+                    *p.control.lock().unwrap() = Some(control);
+                    p.detaching.store(false, Ordering::SeqCst);
+                    spawn_pump(self.clone(), sandbox.to_string(), p, conn, None);
+                }
+                Err(_) => self.remove(sandbox, p.pid),
             }
         }
     }
@@ -93,8 +134,12 @@ struct Proc {
     tag: Option<String>,
     /// Its `ProcessConfig`, as `List` answers it.
     config: Value,
-    /// The exec connection's sending half: stdin, signals, terminal sizes.
-    control: Mutex<UnixStream>,
+    tty: bool,
+    /// The exec connection's sending half: stdin, signals, terminal sizes. None while
+    /// the layer has let go of the command (a checkpoint of its sandbox).
+    control: Mutex<Option<UnixStream>>,
+    /// Set while the layer lets go of it: its reader ends without forgetting it.
+    detaching: AtomicBool,
     /// Its events (envelopes), for viewers that connect after it started.
     events: broadcast::Sender<Bytes>,
 }
@@ -102,13 +147,63 @@ struct Proc {
 impl Proc {
     fn send(&self, kind: Kind, payload: &[u8]) -> Result<(), Error> {
         let mut c = self.control.lock().unwrap();
-        proto::write_frame(&mut *c, kind, payload).map_err(|e| {
+        let Some(c) = c.as_mut() else {
+            return Err(Error::new(
+                Code::Unavailable,
+                format!("process {}: its sandbox is being checkpointed", self.pid),
+            ));
+        };
+        proto::write_frame(c, kind, payload).map_err(|e| {
             Error::new(
                 Code::NotFound,
                 format!("process {} has ended: {e}", self.pid),
             )
         })
     }
+}
+
+/// An exec connection attached to kept command `pid`, past its `Started` frame.
+fn attach_to(client: &Client, sandbox: &str, pid: u32) -> Result<UnixStream, Error> {
+    let req = ExecRequest {
+        attach: Some(pid as i32),
+        ..Default::default()
+    };
+    let mut conn = client.exec_stream(sandbox, &req).map_err(|e| {
+        let (status, message) = failure(&e);
+        rpc_error(status, message)
+    })?;
+    match proto::read_frame(&mut conn) {
+        Ok(Some((Kind::Started, _))) => Ok(conn),
+        _ => Err(Error::new(
+            Code::NotFound,
+            format!("process {pid} is no longer running"),
+        )),
+    }
+}
+
+/// Starts the thread that reads a command's frames.
+fn spawn_pump(
+    table: Arc<Table>,
+    sandbox: String,
+    p: Arc<Proc>,
+    conn: UnixStream,
+    primary: Option<mpsc::Sender<Bytes>>,
+) -> bool {
+    let pid = p.pid;
+    std::thread::Builder::new()
+        .name(format!("e2b-{pid}"))
+        .spawn(move || {
+            let tty = p.tty;
+            let detached = Pump {
+                primary,
+                proc_: p.clone(),
+            }
+            .run(conn, tty);
+            if !detached {
+                table.remove(&sandbox, pid);
+            }
+        })
+        .is_ok()
 }
 
 pub async fn serve(
@@ -328,6 +423,8 @@ fn exec_request(
         timeout_ms: lifetime,
         tty,
         stdin,
+        // It outlives this layer's connection to it (see `Table::detach`).
+        keep: true,
         ..Default::default()
     };
     req.validate().map_err(bad)?;
@@ -407,7 +504,9 @@ fn launch(
         pid,
         tag,
         config,
-        control: Mutex::new(control),
+        tty: req.tty,
+        control: Mutex::new(Some(control)),
+        detaching: AtomicBool::new(false),
         events,
     });
     if let Some((cols, rows)) = size {
@@ -415,21 +514,11 @@ fn launch(
     }
     gw.processes.insert(&t.id, p.clone());
     let (tx, rx) = mpsc::channel(PRIMARY_BACKLOG);
-    let (gw, sandbox, tty) = (gw.clone(), t.id.clone(), req.tty);
-    let spawned = std::thread::Builder::new()
-        .name(format!("e2b-{pid}"))
-        .spawn(move || {
-            Pump {
-                primary: Some(tx),
-                proc_: p.clone(),
-            }
-            .run(conn, tty);
-            gw.processes.remove(&sandbox, pid);
-        });
-    if let Err(e) = spawned {
+    if !spawn_pump(gw.processes.clone(), t.id.clone(), p, conn, Some(tx)) {
+        gw.processes.remove(&t.id, pid);
         return Err(Error::new(
             Code::ResourceExhausted,
-            format!("a thread for the command: {e}"),
+            "no thread for the command's reader",
         ));
     }
     Ok((pid, rx))
@@ -453,7 +542,9 @@ impl Pump {
         let _ = self.proc_.events.send(b);
     }
 
-    fn run(mut self, mut conn: UnixStream, tty: bool) {
+    /// Reads the command's frames to its end; true when it ended because the layer
+    /// let go of the command (which runs on).
+    fn run(mut self, mut conn: UnixStream, tty: bool) -> bool {
         loop {
             match proto::read_frame(&mut conn) {
                 Ok(Some((Kind::Stdout, d))) => {
@@ -477,15 +568,21 @@ impl Pump {
                             format!("the Exit frame: {e}"),
                         )))),
                     }
-                    return;
+                    return false;
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
+                    let detached = self.proc_.detaching.load(Ordering::SeqCst);
+                    let why = if detached {
+                        "the sandbox was paused or checkpointed: the command runs on; connect to it again"
+                    } else {
+                        "the command's stream ended without its exit (the sandbox was stopped?)"
+                    };
                     self.emit(connect::end_of_stream(Some(&Error::new(
                         Code::Unavailable,
-                        "the command's stream ended without its exit (the sandbox was stopped?)",
+                        why,
                     ))));
-                    return;
+                    return detached;
                 }
             }
         }

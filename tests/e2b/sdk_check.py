@@ -16,6 +16,7 @@ from e2b import (
     PtySize,
     Sandbox,
     SandboxQuery,
+    SandboxState,
 )
 
 def sdk_version():
@@ -160,6 +161,86 @@ def timeouts():
     check(not sb.is_running(), "a sandbox is gone at its timeout")
 
 
+COUNTER = """
+import http.server
+n = [0]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        n[0] += 1
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(str(n[0]).encode())
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"""
+
+
+def count(sb):
+    for _ in range(100):
+        r = sb.commands.run("curl -s localhost:8000 || true")
+        if r.stdout.strip():
+            return int(r.stdout)
+        time.sleep(0.1)
+    raise AssertionError("the counter never answered")
+
+
+def pause_resume():
+    sb = Sandbox.create(template="base", timeout=300)
+    sb.files.write("counter.py", COUNTER)
+    h = sb.commands.run("python3 counter.py", background=True)
+    check(count(sb) == 1 and count(sb) == 2, "a process holds state in memory")
+    sb.pause()
+    check(not sb.is_running(), "a paused sandbox is not running")
+    check(Sandbox.get_info(sb.sandbox_id).state.value == "paused", "its state is paused")
+    listed = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()]
+    check(sb.sandbox_id in listed, f"it is listed as paused: {listed}")
+    again = Sandbox.connect(sb.sandbox_id, timeout=120)
+    check(again.sandbox_id == sb.sandbox_id and again.is_running(), "connect resumes it under its id")
+    check(count(again) == 3, "the process resumed with its state")
+    check(h.pid in [p.pid for p in again.commands.list()], "its command is listed again")
+    check(again.commands.kill(h.pid) is True, "and can be killed")
+    return again
+
+
+def snapshots(sb):
+    sb.files.write("/tmp/marker", "before")
+    snap = sb.create_snapshot()
+    sb.files.write("/tmp/marker", "after")
+    check(sb.is_running() and sb.files.read("/tmp/marker") == "after", "the source runs on after its snapshot")
+    ids = [s.snapshot_id for s in sb.list_snapshots().next_items()]
+    check(snap.snapshot_id in ids, f"list_snapshots: {ids}")
+    child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+    check(child.files.read("/tmp/marker") == "before", "a sandbox made from a snapshot has its files")
+    check(child.commands.run("id -un").stdout == "user\n", "and its user")
+    child.kill()
+    check(Sandbox.delete_snapshot(snap.snapshot_id) is True, "delete_snapshot")
+    check(snap.snapshot_id not in [s.snapshot_id for s in sb.list_snapshots().next_items()], "a deleted snapshot is gone")
+
+
+def forks(sb):
+    if not hasattr(sb, "fork"):
+        return
+    sb.files.write("counter.py", COUNTER)
+    sb.commands.run("python3 counter.py", background=True)
+    base = count(sb)
+    t = time.monotonic()
+    forks = sb.fork(count=3, timeout=120)
+    print(f"fork(count=3) in {time.monotonic() - t:.3f}s", flush=True)
+    check(len(forks) == 3 and all(isinstance(f, Sandbox) for f in forks), f"fork(count=3): {forks}")
+    ids = {f.sandbox_id for f in forks}
+    check(len(ids) == 3 and sb.sandbox_id not in ids, "three new sandboxes")
+    for i, f in enumerate(forks):
+        check(count(f) == base + 1, f"fork {i}'s process is alive with the source's state")
+        f.files.write("/tmp/mine", f"fork-{i}")
+    for i, f in enumerate(forks):
+        check(f.files.read("/tmp/mine") == f"fork-{i}", f"fork {i}'s files are its own")
+    check(not sb.files.exists("/tmp/mine"), "the source's files are its own")
+    check(count(sb) == base + 1, "the source's process runs on, apart")
+    for f in forks:
+        check(f.kill() is True, "a fork is killed")
+
+
 def main():
     t = time.monotonic()
     sb = Sandbox.create(template="base", timeout=300, envs={"SBVAR": "fromsandbox"}, metadata={"suite": "sdk"})
@@ -173,10 +254,14 @@ def main():
     files(sb)
     pty(sb)
     isolation(sb)
+    snapshots(sb)
+    forks(sb)
     check(sb.kill() is True, "kill")
     check(not sb.is_running(), "a killed sandbox is not running")
     check(Sandbox.kill(sb.sandbox_id) is False, "killing it again answers False")
     timeouts()
+    resumed = pause_resume()
+    check(resumed.kill() is True, "a resumed sandbox is killed")
     print("ok", sdk_version(), flush=True)
 
 
