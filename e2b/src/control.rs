@@ -80,9 +80,7 @@ pub async fn serve(
             ("POST", ["sandboxes", id, "resume"]) => states::resume(&gw, &client, &body, id),
             ("POST", ["sandboxes", id, "timeout"]) => set_timeout(&client, &body, id),
             ("POST", ["sandboxes", id, "pause"]) => states::pause(&gw, &client, id),
-            ("POST", ["sandboxes", id, "snapshots"]) => {
-                states::snapshot(&gw, &client, &body, id)
-            }
+            ("POST", ["sandboxes", id, "snapshots"]) => states::snapshot(&gw, &client, &body, id),
             ("GET", ["snapshots"]) => states::list_snapshots(&client, &q),
             ("DELETE", ["templates", id]) => states::delete_snapshot(&client, id),
             ("POST", ["sandboxes", id, "fork"]) => states::fork(&gw, &client, &body, id),
@@ -225,7 +223,10 @@ pub(crate) fn sandbox(sb: &SandboxInfo) -> Value {
 /// sandboxes of one fork, which share a secret, each have their own.
 pub(crate) fn token_of(sb: &SandboxInfo) -> String {
     crate::access_token(
-        sb.labels.get(labels::SECRET).map(String::as_str).unwrap_or(""),
+        sb.labels
+            .get(labels::SECRET)
+            .map(String::as_str)
+            .unwrap_or(""),
         &sb.id,
     )
 }
@@ -341,7 +342,10 @@ fn set_timeout(client: &Client, body: &[u8], id: &str) -> Outcome {
 
 fn kill(gw: &Gateway, client: &Client, id: &str) -> Outcome {
     let sb = e2b_sandbox(client, id)?;
-    let path = format!("/v1/sandboxes/{}?force=true", forkd_api::url::encode(&sb.id));
+    let path = format!(
+        "/v1/sandboxes/{}?force=true",
+        forkd_api::url::encode(&sb.id)
+    );
     client
         .call::<Value>("DELETE", &path, None)
         .map_err(|e| failure(&e))?;
@@ -377,7 +381,9 @@ fn list(client: &Client, q: &std::collections::HashMap<String, String>) -> Outco
         .unwrap_or_else(|| vec!["running", "paused"]);
     let mut rows: Vec<&SandboxInfo> = all
         .iter()
-        .filter(|sb| is_e2b(sb) && matches!(sb.status, SandboxStatus::Running | SandboxStatus::Stopped))
+        .filter(|sb| {
+            is_e2b(sb) && matches!(sb.status, SandboxStatus::Running | SandboxStatus::Stopped)
+        })
         .filter(|sb| states.contains(&state_of(sb)))
         .filter(|sb| {
             want.iter()

@@ -64,6 +64,7 @@ pub struct Settings {
 pub struct Gateway {
     settings: Settings,
     processes: Arc<process::Table>,
+    watchers: filesystem::Watchers,
     sandboxes: Sandboxes,
 }
 
@@ -85,6 +86,7 @@ impl Gateway {
         Gateway {
             settings,
             processes: Arc::default(),
+            watchers: Default::default(),
             sandboxes: Sandboxes::default(),
         }
     }

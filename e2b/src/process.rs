@@ -15,11 +15,11 @@ use crate::envd::{rpc_error, unary_error, Target};
 use crate::wire::{field, number};
 use crate::{blocking, failure, json, Body, Gateway};
 use bytes::Bytes;
+use forkd_api::client::Client;
 use forkd_api::proto::{self, ExecExit, ExecRequest, ExecStarted, Kind};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
-use forkd_api::client::Client;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -721,7 +721,7 @@ fn stream(first: Option<Bytes>, mut source: Source, keepalive: Option<Duration>)
 }
 
 /// A server stream that fails at once: 200, and only its end, holding the error.
-fn stream_error(e: &Error) -> Answer {
+pub(crate) fn stream_error(e: &Error) -> Answer {
     crate::with_type(
         200,
         connect::STREAM_CONTENT_TYPE,

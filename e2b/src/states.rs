@@ -100,6 +100,7 @@ fn live_checkpoint(
     stop: bool,
     labels: BTreeMap<String, String>,
 ) -> Result<CheckpointInfo, (u16, String)> {
+    gw.watchers.stop_sandbox(id);
     gw.processes.detach(id);
     let path = format!("/v1/sandboxes/{}/checkpoint", forkd_api::url::encode(id));
     let req = CheckpointRequest {
@@ -205,10 +206,10 @@ pub fn start_from(
     network: Option<Network>,
 ) -> Result<SandboxInfo, (u16, String)> {
     let branches = fork_of(client, c, 1, labels, timeout, network)?;
-    branches
-        .into_iter()
-        .next()
-        .ok_or((500, format!("the fork of checkpoint {} made no sandbox", c.id)))
+    branches.into_iter().next().ok_or((
+        500,
+        format!("the fork of checkpoint {} made no sandbox", c.id),
+    ))
 }
 
 fn fork_of(

@@ -65,6 +65,9 @@ impl Kind {
     }
 }
 
+/// The program of forkd's own tools inside every sandbox.
+pub const TOOL_PROGRAM: &str = "/.forkd/init";
+
 /// What to run, and how.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,6 +121,24 @@ pub struct ExecRequest {
     /// exit), replacing the client attached before, if any. Nothing else may be set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach: Option<i32>,
+    /// Run one of forkd's own tools (in every sandbox, whatever its image) instead of
+    /// `argv` or `shell`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<Tool>,
+}
+
+/// forkd's own tools an exec may run (`ExecRequest::tool`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Tool {
+    /// Changes under the directory `path` as they happen (inotify), one JSON line each
+    /// on stdout: `{"name": PATH, "type": "create"|"write"|"remove"|"rename"|"chmod"}`,
+    /// PATH relative to `path`; first `{"ready": true}` once it watches.
+    Watch {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
 }
 
 fn is_false(b: &bool) -> bool {
@@ -145,9 +166,17 @@ impl ExecRequest {
         if self.merge_stderr && (self.tty || self.detach) {
             return Err("merge_stderr is for commands with pipes: not with tty or detach".into());
         }
-        match (&self.shell, self.argv.is_empty()) {
-            (Some(_), false) => return Err("give either argv or shell, not both".into()),
-            (None, true) => return Err("argv is empty and no shell command given".into()),
+        match (&self.shell, self.argv.is_empty(), &self.tool) {
+            (None, true, Some(Tool::Watch { path, .. })) => {
+                if !path.starts_with('/') || path.contains('\0') {
+                    return Err(format!("tool watch: path {path:?} must be absolute"));
+                }
+            }
+            (_, _, Some(_)) => {
+                return Err("a tool runs instead of argv or shell, not with them".into())
+            }
+            (Some(_), false, None) => return Err("give either argv or shell, not both".into()),
+            (None, true, None) => return Err("argv is empty and no shell command given".into()),
             _ => {}
         }
         if self
@@ -178,11 +207,16 @@ impl ExecRequest {
         Ok(())
     }
 
-    /// The argv actually executed.
+    /// The argv actually executed (a tool's is the sandbox's `/.forkd/init`'s).
     pub fn command_line(&self) -> Vec<String> {
-        match &self.shell {
-            Some(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
-            None => self.argv.clone(),
+        match (&self.shell, &self.tool) {
+            (_, Some(Tool::Watch { path, recursive })) => vec![
+                TOOL_PROGRAM.into(),
+                "__watch".into(),
+                serde_json::json!({ "path": path, "recursive": recursive }).to_string(),
+            ],
+            (Some(line), None) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+            (None, None) => self.argv.clone(),
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - `__mkdirs`: an image build's COPY and WORKDIR steps;
 //! - `__fs`: one file operation (stat, list, make a directory, move, remove, read,
 //!   write) as the caller's user;
+//! - `__watch`: changes under a directory as they happen (inotify), as the caller's user;
 //! - `__setup`: on the host, the helper the daemon runs to build a sandbox around its
 //!   init (`forkd_sandbox::setup`), from the runtime layer's copy of this file. It needs
 //!   a process that started no threads, which holds until the role is chosen here.
@@ -38,10 +39,11 @@ fn main() {
         Some("__untar") => forkd_sandbox::files::untar_main(arg()),
         Some("__mkdirs") => forkd_sandbox::files::mkdirs_main(arg()),
         Some("__fs") => forkd_sandbox::fsops::fs_main(arg()),
+        Some("__watch") => forkd_sandbox::watch::watch_main(arg()),
         Some("__setup") => forkd_sandbox::setup::setup_main(),
         other => {
             eprintln!(
-                "forkd-init runs inside forkd's sandboxes (roles __init, __tar, __untar, __mkdirs, __fs, __setup), not {:?}",
+                "forkd-init runs inside forkd's sandboxes (roles __init, __tar, __untar, __mkdirs, __fs, __watch, __setup), not {:?}",
                 other.unwrap_or("")
             );
             std::process::exit(2);

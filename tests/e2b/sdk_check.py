@@ -5,6 +5,7 @@ to the daemon's TCP listener, E2B_API_KEY to a key of scope own and FORKD_OTHER_
 another key. Every check asserts; the last line printed is `ok <sdk version>`.
 """
 
+import asyncio
 import os
 import time
 
@@ -104,6 +105,16 @@ def files(sb):
         check(False, "reading a missing file raises")
     except NotFoundException:
         check(True, "reading a missing file is NotFound")
+    f.make_dir("/tmp/watched/sub")
+    w = f.watch_dir("/tmp/watched", recursive=True)
+    f.write("/tmp/watched/new.txt", "x")
+    f.write("/tmp/watched/sub/deep.txt", "y")
+    f.remove("/tmp/watched/new.txt")
+    time.sleep(0.5)
+    seen = {(e.name, e.type.value) for e in w.get_new_events()}
+    for want in [("new.txt", "create"), ("new.txt", "write"), ("new.txt", "remove"), ("sub/deep.txt", "create")]:
+        check(want in seen, f"watch_dir sees {want}: {sorted(seen)}")
+    w.stop()
     written = f.write_files([{"path": "/tmp/w1", "data": "1"}, {"path": "/tmp/w2", "data": b"2"}])
     check(sorted(w.path for w in written) == ["/tmp/w1", "/tmp/w2"], "write_files")
     try:
@@ -241,6 +252,25 @@ def forks(sb):
         check(f.kill() is True, "a fork is killed")
 
 
+async def async_checks(sandbox_id):
+    """The asyncio SDK: its commands and its streamed directory watch (WatchDir)."""
+    from e2b import AsyncSandbox
+
+    sb = await AsyncSandbox.connect(sandbox_id)
+    r = await sb.commands.run("echo async-$((1+1))")
+    check(r.stdout == "async-2\n", f"AsyncSandbox runs commands: {r.stdout!r}")
+    await sb.files.make_dir("/tmp/awatched")
+    events = []
+    h = await sb.files.watch_dir("/tmp/awatched", on_event=lambda e: events.append(e))
+    await sb.files.write("/tmp/awatched/a.txt", "1")
+    for _ in range(50):
+        if any(e.name == "a.txt" for e in events):
+            break
+        await asyncio.sleep(0.1)
+    await h.stop()
+    check(any(e.name == "a.txt" and e.type.value == "create" for e in events), f"a streamed watch sees a new file: {events}")
+
+
 def main():
     t = time.monotonic()
     sb = Sandbox.create(template="base", timeout=300, envs={"SBVAR": "fromsandbox"}, metadata={"suite": "sdk"})
@@ -256,6 +286,7 @@ def main():
     isolation(sb)
     snapshots(sb)
     forks(sb)
+    asyncio.run(async_checks(sb.sandbox_id))
     check(sb.kill() is True, "kill")
     check(not sb.is_running(), "a killed sandbox is not running")
     check(Sandbox.kill(sb.sandbox_id) is False, "killing it again answers False")

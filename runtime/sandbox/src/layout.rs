@@ -5,7 +5,7 @@
 /// Where forkd's own files live inside every sandbox.
 pub const FORKD_DIR: &str = "/.forkd";
 /// The init binary, provided by the runtime layer at the top of every layer stack.
-pub const INIT_PATH: &str = "/.forkd/init";
+pub const INIT_PATH: &str = crate::proto::TOOL_PROGRAM;
 /// The init's control socket, relative to the sandbox root.
 pub const CONTROL_SOCKET: &str = ".forkd/run/init.sock";
 /// Log directory inside the sandbox.

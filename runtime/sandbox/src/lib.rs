@@ -19,6 +19,7 @@ pub use forkd_proto as proto;
 pub mod relay;
 pub mod seccomp;
 pub mod setup;
+pub mod watch;
 
 pub use id::{CheckpointId, SandboxId};
 pub use seccomp::Seccomp;
