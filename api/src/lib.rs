@@ -261,6 +261,10 @@ pub struct SandboxInfo {
     /// When the daemon removes it (seconds since the epoch), if it expires.
     #[serde(default)]
     pub expires_at: Option<u64>,
+    /// CPU time its processes used, microseconds; given when `memory_bytes` is, for a
+    /// running sandbox (cgroup v1 without `cpuacct`: that of the processes it holds now).
+    #[serde(default)]
+    pub cpu_usage_us: Option<u64>,
 }
 
 /// The body of `resumeSandbox`: the live checkpoint of the stopped sandbox to resume

@@ -84,6 +84,7 @@ pub async fn serve(
             ("GET", ["snapshots"]) => states::list_snapshots(&client, &q),
             ("DELETE", ["templates", id]) => states::delete_snapshot(&client, id),
             ("POST", ["sandboxes", id, "fork"]) => states::fork(&gw, &client, &body, id),
+            ("GET", ["sandboxes", id, "metrics"]) => metrics(&client, id),
             (m, _) => Err((
                 501,
                 format!("{m} {path}: this E2B operation is not served by forkd yet"),
@@ -353,6 +354,41 @@ fn kill(gw: &Gateway, client: &Client, id: &str) -> Outcome {
     // The checkpoints its pauses and forks made go when nothing stands on them.
     states::collect(client);
     Ok(empty(204))
+}
+
+/// `GET /sandboxes/{id}/metrics`: one sample, now. CPU use is the average since the
+/// sandbox started over the CPUs it may use (its limit, else the machine's); memory
+/// and disk totals are its limits (0: none); forkd does not report page cache apart
+/// (`memCache` 0).
+fn metrics(client: &Client, id: &str) -> Outcome {
+    let sb = e2b_sandbox(client, id)?;
+    if sb.status != SandboxStatus::Running {
+        return Ok(json(200, &json!([])));
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let cpus = sb.limits.cpu_millis.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        |m| m.div_ceil(1000).max(1),
+    );
+    let lived_us = now_ms.saturating_sub(sb.created * 1000).max(1) * 1000;
+    let pct = sb
+        .cpu_usage_us
+        .map_or(0.0, |u| u as f64 * 100.0 / (lived_us as f64 * cpus as f64));
+    let sample = json!({
+        "timestamp": wire::rfc3339(now_ms / 1000),
+        "timestampUnix": now_ms / 1000,
+        "cpuCount": cpus,
+        "cpuUsedPct": (pct * 10_000.0).round() / 10_000.0,
+        "memUsed": sb.memory_bytes.unwrap_or(0),
+        "memTotal": sb.limits.memory_bytes.unwrap_or(0),
+        "memCache": 0,
+        "diskUsed": sb.disk_used_bytes.unwrap_or(0),
+        "diskTotal": sb.limits.disk_bytes.unwrap_or(0),
+    });
+    Ok(json(200, &json!([sample])))
 }
 
 /// `GET /sandboxes` (all at once) and `GET /v2/sandboxes` (pages of `limit`, from after

@@ -167,11 +167,12 @@ impl ExecRequest {
             return Err("merge_stderr is for commands with pipes: not with tty or detach".into());
         }
         match (&self.shell, self.argv.is_empty(), &self.tool) {
-            (None, true, Some(Tool::Watch { path, .. })) => {
-                if !path.starts_with('/') || path.contains('\0') {
-                    return Err(format!("tool watch: path {path:?} must be absolute"));
-                }
+            (None, true, Some(Tool::Watch { path, .. }))
+                if !path.starts_with('/') || path.contains('\0') =>
+            {
+                return Err(format!("tool watch: path {path:?} must be absolute"));
             }
+            (None, true, Some(_)) => {}
             (_, _, Some(_)) => {
                 return Err("a tool runs instead of argv or shell, not with them".into())
             }

@@ -62,6 +62,7 @@ fn sample_info(with_values: bool) -> SandboxInfo {
         disk_used_bytes: with_values.then_some(12 << 20),
         setuid: with_values,
         expires_at: with_values.then_some(1_700_000_300),
+        cpu_usage_us: with_values.then_some(1_234_567),
         seccomp: if with_values {
             api::Seccomp::Unconfined
         } else {

@@ -280,6 +280,11 @@ def main():
     ids = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"suite": "sdk"})).next_items()]
     check(ids == [sb.sandbox_id], f"list by metadata: {ids}")
     check(sb.is_running(), "is_running")
+    busy = sb.commands.run("while :; do :; done", background=True)
+    time.sleep(1)
+    m = sb.get_metrics()
+    busy.kill()
+    check(len(m) == 1 and m[0].mem_used > 0 and m[0].cpu_used_pct > 0, f"get_metrics: {m}")
     commands(sb)
     files(sb)
     pty(sb)

@@ -436,6 +436,42 @@ impl Cgroup {
         fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
+    /// CPU time its processes used, microseconds: cgroup v2's `cpu.stat` (every process
+    /// it ever held), v1's `cpuacct` where the cgroup has one, else the user and system
+    /// time of the processes it holds now (from `/proc`, where v1 keeps `cpuacct` apart).
+    pub fn cpu_usage_us(&self) -> Option<u64> {
+        match &self.hierarchy {
+            Hierarchy::V2 { root, .. } => {
+                let text = fs::read_to_string(root.join(&self.name).join("cpu.stat")).ok()?;
+                stat_sum(&text, &["usage_usec"])
+            }
+            Hierarchy::V1 { root, .. } => {
+                let acct = root.join("cpuacct").join(&self.name).join("cpuacct.usage");
+                if let Ok(ns) = fs::read_to_string(acct) {
+                    return ns.trim().parse::<u64>().ok().map(|n| n / 1000);
+                }
+                let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+                    .ok()
+                    .flatten()
+                    .filter(|t| *t > 0)? as u64;
+                let ticks: u64 = self
+                    .pids()
+                    .ok()?
+                    .into_iter()
+                    .filter_map(|pid| {
+                        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                        // After the command's name, which may hold spaces: state is
+                        // field 3, utime 14 and stime 15.
+                        let rest = &stat[stat.rfind(')')? + 2..];
+                        let f: Vec<&str> = rest.split(' ').collect();
+                        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+                    })
+                    .sum();
+                Some(ticks * 1_000_000 / tick)
+            }
+        }
+    }
+
     /// Bytes of file data the cgroup's processes dirtied that are not yet on disk (dirty
     /// or under writeback), if the memory controller reports them. When its memory
     /// cgroup is shared, those of every sandbox in it: at least this one's.

@@ -73,6 +73,9 @@ impl Daemon {
                 .disk_use(&sb.dir.join("layer"))
                 .map(|u| u.used_bytes);
         }
+        if info.status == SandboxStatus::Running {
+            info.cpu_usage_us = cg.cpu_usage_us();
+        }
         if let Some(bytes) = cg.memory_current() {
             info.memory_bytes = Some(bytes);
             info.memory_counted = Some(MemoryCounted::Cgroup);
@@ -115,6 +118,7 @@ impl Daemon {
             seccomp: crate::daemon::edge::api_seccomp(rec.seccomp),
             setuid: rec.setuid,
             expires_at: rec.expires_at,
+            cpu_usage_us: None,
             disk_used_bytes: None,
         }
     }
