@@ -120,12 +120,19 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
         }
         l.insert(format!("{}{k}", labels::ENV), v.clone());
     }
-    // A snapshot's id names the state to start from: a branch of its checkpoint.
-    if let Some(c) = states::snapshot_named(client, &req.template_id)? {
-        let sb = states::start_from(client, &c, l, timeout, Some(network(&req)?))?;
-        return Ok(json(201, &sandbox(&sb)));
-    }
-    let image = template_image(client, &req.template_id)?;
+    let image = match template_image(client, &req.template_id) {
+        Ok(image) => image,
+        // Not an image: a snapshot's id or name names the state to start from, a
+        // branch of its checkpoint.
+        Err((404, why)) => match states::snapshot_named(client, &req.template_id)? {
+            Some(c) => {
+                let sb = states::start_from(client, &c, l, timeout, Some(network(&req)?))?;
+                return Ok(json(201, &sandbox(&sb)));
+            }
+            None => return Err((404, why)),
+        },
+        Err(e) => return Err(e),
+    };
     let create = CreateSandboxRequest {
         image,
         command: None,
@@ -159,7 +166,7 @@ fn template_image(client: &Client, template: &str) -> Result<String, (u16, Strin
     Err((
         404,
         format!(
-            "template {template:?} not found: no forkd image {:?} or {:?} (forkd images, forkd pull)",
+            "template {template:?} not found: no forkd image {:?} or {:?} (forkd image ls, forkd image pull), and no snapshot of that id or name",
             tried[0], tried[1]
         ),
     ))
@@ -351,8 +358,12 @@ fn kill(gw: &Gateway, client: &Client, id: &str) -> Outcome {
         .call::<Value>("DELETE", &path, None)
         .map_err(|e| failure(&e))?;
     gw.sandboxes.forget(&sb.id);
-    // The checkpoints its pauses and forks made go when nothing stands on them.
-    states::collect(client);
+    // The checkpoints its pauses and forks made go when nothing stands on them: looked
+    // for after the answer.
+    let client = client.clone();
+    let _ = std::thread::Builder::new()
+        .name("e2b-collect".into())
+        .spawn(move || states::collect(&client));
     Ok(empty(204))
 }
 
