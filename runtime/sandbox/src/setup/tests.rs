@@ -59,6 +59,7 @@ fn the_spec_comes_with_its_descriptors_and_nothing_else_is_taken() {
         name_files: false,
         sysfs: None,
         seccomp: crate::Seccomp::Default,
+        setuid: true,
     };
     let body = serde_json::to_vec(&spec).unwrap();
     let files: Vec<std::fs::File> = (0..4)
@@ -67,6 +68,7 @@ fn the_spec_comes_with_its_descriptors_and_nothing_else_is_taken() {
     let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
     let (got, handed) = hand(&body, &fds[..3]).unwrap();
     assert_eq!(got.id, spec.id);
+    assert!(got.setuid, "the setuid setting travels with the spec");
     assert!(handed.netns.is_some());
     // Received as descriptors of its own, closed on exec.
     for fd in [&handed.root, &handed.mntns] {
