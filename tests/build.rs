@@ -357,3 +357,99 @@ fn image_build_failures_name_the_line_and_leave_nothing_behind() {
     assert!(err.contains("absolute"), "{err}");
     assert_eq!(layers(&d), layers_before);
 }
+
+/// A build whose context comes in the request as a tar, from a key of scope own over
+/// TCP: built, usable, and its context gone afterwards; a context that reaches out of
+/// itself, or a name an image has, is refused by name and builds nothing.
+#[test]
+fn an_uploaded_context_builds_for_a_remote_key() {
+    let name = "an_uploaded_context_builds_for_a_remote_key";
+    if !can_run(name) {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let host = format!("tcp://127.0.0.1:{port}");
+    let d = TestDaemon::start_with_env(name, &[("FORKD_LISTEN", &host)]);
+    let key = make_key(&d.root, "remote", "own");
+    let env = [
+        ("FORKD_TLS", "off".to_string()),
+        ("FORKD_API_KEY", key.clone()),
+    ];
+    let endpoint = forkd::api::transport::Endpoint::parse(&host, &|k: &str| {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    let remote = forkd::client::Client::at(endpoint);
+    let base = PathBuf::from(format!("/tmp/forkd-test-{name}-ctx-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(base.join("ctx/sub")).unwrap();
+    std::fs::write(
+        base.join("ctx/build.Dockerfile"),
+        "FROM busybox\nARG WHO\nCOPY sub/ /opt/\nRUN echo \"$WHO\" > /opt/who\n",
+    )
+    .unwrap();
+    std::fs::write(base.join("ctx/sub/data.txt"), "from the context\n").unwrap();
+    let tar = |dir: &Path| {
+        let out = Command::new("tar")
+            .arg("-C")
+            .arg(dir)
+            .args(["-cf", "-", "."])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        out.stdout
+    };
+    let path = |name: &str| {
+        format!(
+            "/v1/images/build/upload?name={name}&dockerfile=build.Dockerfile&build_args={}",
+            forkd::api::url::encode(r#"{"WHO":"remote"}"#)
+        )
+    };
+    let r = remote
+        .raw("POST", &path("uploaded"), &tar(&base.join("ctx")))
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let sb = d.create(serde_json::json!({ "image": "uploaded" }));
+    let (_, out, _) = d.sh(&sb.id, "cat /opt/data.txt /opt/who");
+    assert_eq!(out, "from the context\nremote\n");
+    let left: Vec<_> = std::fs::read_dir(d.data().join("build-contexts"))
+        .map(|r| r.flatten().collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the context went with the build: {left:?}");
+    // Not over an image that exists, for a key of scope own.
+    let again = remote
+        .raw("POST", &path("uploaded"), &tar(&base.join("ctx")))
+        .unwrap();
+    assert_eq!(
+        again.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert!(String::from_utf8_lossy(&again.body).contains("uploaded"));
+    // An archive entry that leaves the context is refused, and nothing is built.
+    let mut evil = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    evil.append_link(&mut h, "sub", "/etc").unwrap();
+    let mut f = tar::Header::new_gnu();
+    f.set_size(1);
+    f.set_mode(0o644);
+    evil.append_data(&mut f, "sub/x", &b"x"[..]).unwrap();
+    let bad = remote
+        .raw("POST", &path("evil"), &evil.into_inner().unwrap())
+        .unwrap();
+    assert_eq!(bad.status, 400, "{}", String::from_utf8_lossy(&bad.body));
+    assert!(String::from_utf8_lossy(&bad.body).contains("symlink"));
+    assert!(d
+        .client
+        .call::<serde_json::Value>("GET", "/v1/images/evil", None)
+        .is_err());
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -331,6 +331,7 @@ fn a_list_shows_every_sandbox_as_it_is_after_each_change() {
             fresh.memory_counted = None;
             fresh.oom_kills = None;
             fresh.disk_used_bytes = None;
+            fresh.cpu_usage_us = None;
             assert_eq!(
                 serde_json::to_value(shown).unwrap(),
                 serde_json::to_value(&fresh).unwrap(),

@@ -17,6 +17,7 @@ pub enum Operation {
     ListImages,
     ImportImage,
     BuildImage,
+    BuildImageUpload,
     ListBuilds,
     PullImage,
     ListPulls,
@@ -89,7 +90,7 @@ pub struct OpSpec {
 
 impl Operation {
     /// Every operation, in the order routes are matched.
-    pub const ALL: [Operation; 39] = [
+    pub const ALL: [Operation; 40] = [
         Operation::Version,
         Operation::Health,
         Operation::Metrics,
@@ -97,6 +98,7 @@ impl Operation {
         Operation::ListImages,
         Operation::ImportImage,
         Operation::BuildImage,
+        Operation::BuildImageUpload,
         Operation::ListBuilds,
         Operation::PullImage,
         Operation::ListPulls,
@@ -195,6 +197,23 @@ impl Operation {
                 body: RequestBody::Json("BuildRequest"),
                 answer: Answer::Json("BuildResult"),
                 query: &[],
+            },
+            Operation::BuildImageUpload => OpSpec {
+                method: "POST",
+                path: "/v1/images/build/upload",
+                id: "buildImageUpload",
+                status: 201,
+                body: RequestBody::Tar,
+                answer: Answer::Json("BuildResult"),
+                query: &[
+                    ("name", true),
+                    ("dockerfile", false),
+                    ("target", false),
+                    ("build_args", false),
+                    ("no_cache", false),
+                    ("network", false),
+                    ("step_timeout_secs", false),
+                ],
             },
             Operation::ListBuilds => OpSpec {
                 method: "GET",

@@ -6,9 +6,9 @@
 //! them is not E2B's, and is not seen here. A running sandbox is E2B's `running`, a
 //! stopped one (a pause) `paused`.
 
-use crate::states;
 use crate::wire::{self, NewSandbox};
 use crate::{blocking, empty, failure, json, labels, query, rest_error, Body, Forkd, Gateway};
+use crate::{states, templates};
 use forkd_api::client::Client;
 use forkd_api::{CreateSandboxRequest, Network, SandboxInfo, SandboxStatus};
 use serde_json::{json, Value};
@@ -23,11 +23,20 @@ const NEVER: u64 = 253_402_300_799;
 const MAX_PAGE: usize = 100;
 
 pub fn is_control_path(path: &str) -> bool {
-    let p = path.strip_prefix("/v2").unwrap_or(path);
+    let p = unversioned(path);
     p == "/sandboxes"
         || p.starts_with("/sandboxes/")
         || p == "/snapshots"
-        || path.starts_with("/templates/")
+        || p == "/templates"
+        || p.starts_with("/templates/")
+}
+
+/// A control-plane path without its version prefix (`/v2`, `/v3`): the versions differ
+/// in their bodies, which the handlers read alike.
+fn unversioned(path: &str) -> &str {
+    path.strip_prefix("/v2")
+        .or_else(|| path.strip_prefix("/v3"))
+        .unwrap_or(path)
 }
 
 pub(crate) type Answer = hyper::Response<Body>;
@@ -37,6 +46,25 @@ pub async fn serve(
     forkd: Arc<dyn Forkd>,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Answer {
+    // A template build's upload carries a single-use token in its URL, not a key (the
+    // SDK sends it where E2B's API hands out a storage URL).
+    if req.method() == hyper::Method::PUT {
+        if let Some(token) = req.uri().path().strip_prefix("/templates/uploads/") {
+            let token = token.to_string();
+            return match crate::read_body(req.into_body(), gw.settings.max_body).await {
+                Ok(body) => templates::upload(&gw, &token, body),
+                Err(e) => rest_error(400, e),
+            };
+        }
+    }
+    let base_url = format!(
+        "{}://{}",
+        if gw.settings.tls { "https" } else { "http" },
+        req.headers()
+            .get(hyper::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("localhost")
+    );
     let key = req
         .headers()
         .get("x-api-key")
@@ -63,7 +91,7 @@ pub async fn serve(
     } else {
         Vec::new()
     };
-    let route = path.strip_prefix("/v2").unwrap_or(&path).to_string();
+    let route = unversioned(&path).to_string();
     let segs: Vec<String> = route
         .trim_matches('/')
         .split('/')
@@ -85,6 +113,15 @@ pub async fn serve(
             ("DELETE", ["templates", id]) => states::delete_snapshot(&client, id),
             ("POST", ["sandboxes", id, "fork"]) => states::fork(&gw, &client, &body, id),
             ("GET", ["sandboxes", id, "metrics"]) => metrics(&client, id),
+            ("POST", ["templates"]) => templates::request(&gw, &client, &body),
+            ("GET", ["templates", "aliases", alias]) => templates::alias(&client, alias),
+            ("GET", ["templates", id, "files", hash]) => {
+                templates::upload_link(&gw, &base_url, id, hash)
+            }
+            ("POST", ["templates", id, "builds", build]) => templates::start(&gw, id, build, &body),
+            ("GET", ["templates", id, "builds", build, "status"]) => {
+                templates::status(&gw, id, build, &q)
+            }
             (m, _) => Err((
                 501,
                 format!("{m} {path}: this E2B operation is not served by forkd yet"),
@@ -134,7 +171,7 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
         Err(e) => return Err(e),
     };
     let create = CreateSandboxRequest {
-        image,
+        image: image.name.clone(),
         command: None,
         hostname: None,
         limits: Default::default(),
@@ -148,17 +185,82 @@ fn create(client: &Client, body: &[u8]) -> Outcome {
     let sb: SandboxInfo = client
         .send("POST", "/v1/sandboxes", &create)
         .map_err(|e| failure(&e))?;
+    let labels = &image.config.labels;
+    if let Some(cmd) = labels.get(templates::START_CMD) {
+        // Its started state, made when it was built, unless it was built elsewhere.
+        if let Some(c) = templates::state_of(client, &image.name)? {
+            let path = format!(
+                "/v1/sandboxes/{}?force=true",
+                forkd_api::url::encode(&sb.id)
+            );
+            let _ = client.call::<Value>("DELETE", &path, None);
+            let sb = states::start_from(
+                client,
+                &c,
+                create.labels.clone(),
+                timeout,
+                Some(create.network.clone()),
+            )?;
+            return Ok(json(201, &sandbox(&sb)));
+        }
+        if let Err(e) = start_command(client, &sb.id, cmd, labels.get(templates::READY_CMD)) {
+            let path = format!(
+                "/v1/sandboxes/{}?force=true",
+                forkd_api::url::encode(&sb.id)
+            );
+            let _ = client.call::<Value>("DELETE", &path, None);
+            return Err(e);
+        }
+    }
     Ok(json(201, &sandbox(&sb)))
+}
+
+/// How long a template's ready check may take to pass.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A template's start command, in the background (its output in the sandbox's log
+/// `e2b-start`), and its ready check, run until it passes.
+pub(crate) fn start_command(
+    client: &Client,
+    id: &str,
+    cmd: &str,
+    ready: Option<&String>,
+) -> Result<(), (u16, String)> {
+    let path = format!("/v1/sandboxes/{}/exec", forkd_api::url::encode(id));
+    let start = json!({ "shell": cmd, "detach": true, "log": "e2b-start" });
+    client
+        .call::<Value>("POST", &path, Some(&start))
+        .map_err(|e| failure(&e))?;
+    let Some(ready) = ready else {
+        return Ok(());
+    };
+    let t = std::time::Instant::now();
+    loop {
+        let check = json!({ "shell": ready, "timeout_ms": 10_000 });
+        let r: forkd_api::ExecResult = client
+            .call("POST", &path, Some(&check))
+            .map_err(|e| failure(&e))?;
+        if r.exit.exit_code == 0 {
+            return Ok(());
+        }
+        if t.elapsed() > READY_WITHIN {
+            return Err((
+                500,
+                format!("sandbox {id}: the template's ready check {ready:?} did not pass within {READY_WITHIN:?}"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// The forkd image a template names: the image of that name, else `e2b-<name>` (the
 /// set-up's `e2b-base` answers E2B's `base`).
-fn template_image(client: &Client, template: &str) -> Result<String, (u16, String)> {
+fn template_image(client: &Client, template: &str) -> Result<forkd_api::ImageInfo, (u16, String)> {
     let tried = [template.to_string(), format!("e2b-{template}")];
     for name in &tried {
         let path = format!("/v1/images/{}", forkd_api::url::encode(name));
-        match client.call::<Value>("GET", &path, None) {
-            Ok(_) => return Ok(name.clone()),
+        match client.call::<forkd_api::ImageInfo>("GET", &path, None) {
+            Ok(info) => return Ok(info),
             Err(e) if failure(&e).0 == 404 => continue,
             Err(e) => return Err(failure(&e)),
         }

@@ -13,6 +13,7 @@
 //!
 //! - `control.rs`: the control plane;
 //! - `states.rs`: pauses, resumes, snapshots and forks (live checkpoints);
+//! - `templates.rs`: template builds (forkd builds of an uploaded context);
 //! - `envd.rs`: envd's routing, authentication, `/health` and `/files`;
 //! - `process.rs`: envd's `process.Process` service (commands, PTYs);
 //! - `filesystem.rs`: envd's `filesystem.Filesystem` service;
@@ -27,6 +28,7 @@ mod envd;
 mod filesystem;
 mod process;
 mod states;
+mod templates;
 mod wire;
 
 use bytes::Bytes;
@@ -58,6 +60,8 @@ pub struct Settings {
     pub max_body: usize,
     /// Where `<port>-<id>.<domain>` Host names are routed to envd, if set.
     pub domain: Option<String>,
+    /// Whether the listeners speak TLS (the scheme of the URLs this layer hands out).
+    pub tls: bool,
 }
 
 /// The layer: its settings, the commands it runs, and what it has read of sandboxes.
@@ -65,6 +69,7 @@ pub struct Gateway {
     settings: Settings,
     processes: Arc<process::Table>,
     watchers: filesystem::Watchers,
+    builds: templates::Builds,
     sandboxes: Sandboxes,
 }
 
@@ -87,6 +92,7 @@ impl Gateway {
             settings,
             processes: Arc::default(),
             watchers: Default::default(),
+            builds: Default::default(),
             sandboxes: Sandboxes::default(),
         }
     }
@@ -332,6 +338,7 @@ mod tests {
         let g = Gateway::new(Settings {
             max_body: 1 << 20,
             domain: Some("e2b.example".into()),
+            tls: false,
         });
         let mut h = hyper::HeaderMap::new();
         assert_eq!(g.envd_target(&h), None);

@@ -18,6 +18,7 @@ pub fn settings(config: &super::config::Config) -> forkd_e2b::Settings {
     forkd_e2b::Settings {
         max_body: config.max_copy_bytes,
         domain: config.listen.e2b_domain.clone(),
+        tls: config.listen.tls.is_some(),
     }
 }
 

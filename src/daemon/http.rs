@@ -21,13 +21,15 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
-/// The largest body a request to `path` may carry: uploads (a tar for `cp`, a file) are
+/// The largest body a request to `path` may carry: uploads (a tar for `cp`, a file, a
+/// build's context) are
 /// binary and may be as large as `copy_limit`, every other body is JSON.
 pub fn body_limit(method: &str, path: &str, copy_limit: usize) -> usize {
     let path = path.trim_end_matches('/');
-    let upload = method == "PUT"
+    let upload = (method == "PUT"
         && path.starts_with("/v1/sandboxes/")
-        && (path.ends_with("/files") || path.ends_with("/file"));
+        && (path.ends_with("/files") || path.ends_with("/file")))
+        || (method == "POST" && path == "/v1/images/build/upload");
     if upload {
         copy_limit
     } else {

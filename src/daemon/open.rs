@@ -315,6 +315,7 @@ impl Daemon {
                 .context("start the favordynmods watcher")?;
         }
         daemon.recover_resumes();
+        daemon.sweep_build_contexts();
         daemon
             .recover()
             .map_err(|e| anyhow::anyhow!("recover sandboxes: {e}"))?;

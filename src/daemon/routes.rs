@@ -409,6 +409,42 @@ fn handle(
             let given = super::edge::registry_given(req.registry_config.as_deref())?;
             Ok(Reply::json(&d.build_image(req.json()?, given)?))
         }
+        O::BuildImageUpload => {
+            let given = super::edge::registry_given(req.registry_config.as_deref())?;
+            let name = query(op, req, "name")?.unwrap_or_default().to_string();
+            if who.is_confined() && d.image_info(&name).is_ok() {
+                return Err(ApiError::forbidden(format!(
+                    "image {name} exists: a key of scope own builds new images only (another name could replace an image others use)"
+                )));
+            }
+            let build_args = match query(op, req, "build_args")? {
+                None => Default::default(),
+                Some(j) => serde_json::from_str(j).map_err(|e| {
+                    ApiError::bad_request(format!(
+                        "build_args must be a JSON object of strings: {e}"
+                    ))
+                })?,
+            };
+            let step_timeout_secs = query(op, req, "step_timeout_secs")?
+                .map(|v| {
+                    v.parse::<u64>().map_err(|_| {
+                        ApiError::bad_request(format!("step_timeout_secs {v:?} is not a number"))
+                    })
+                })
+                .transpose()?;
+            let build = api::BuildRequest {
+                context: String::new(),
+                dockerfile: query(op, req, "dockerfile")?.map(str::to_string),
+                name,
+                build_args,
+                target: query(op, req, "target")?.map(str::to_string),
+                no_cache: flag(op, req, "no_cache")?,
+                network: flag(op, req, "network")?,
+                limits: Default::default(),
+                step_timeout_secs,
+            };
+            Ok(Reply::json(&d.build_uploaded(build, &req.body, given)?))
+        }
         O::ListBuilds => Ok(Reply::json(&d.images.builds.list())),
         O::PullImage => {
             let mut given = super::edge::registry_given(req.registry_config.as_deref())?;

@@ -271,6 +271,34 @@ async def async_checks(sandbox_id):
     check(any(e.name == "a.txt" and e.type.value == "create" for e in events), f"a streamed watch sees a new file: {events}")
 
 
+def templates():
+    """A template from a Dockerfile and its context, built by forkd (what Harbor's E2B
+    backend does per task), then a sandbox of it; and its start command."""
+    import tempfile
+
+    from e2b import Template
+
+    ctx = tempfile.mkdtemp()
+    with open(f"{ctx}/greet.py", "w") as f:
+        f.write("print('hello from the template')\n")
+    with open(f"{ctx}/Dockerfile", "w") as f:
+        f.write(
+            "FROM e2b-base\nWORKDIR /app\nCOPY greet.py /app/greet.py\n"
+            "RUN python3 /app/greet.py > /app/out.txt\nENV GREETING=hi\n"
+        )
+    name = "sdk-check-" + sdk_version().replace(".", "-")
+    check(not Template.alias_exists(name), "no template of the name yet")
+    t = Template(file_context_path=ctx).from_dockerfile(f"{ctx}/Dockerfile")
+    # A start command, run once at the build: sandboxes start from the state it reached.
+    t = t.set_start_cmd("echo started > /tmp/started; exec sleep infinity", "test -f /tmp/started")
+    Template.build(t, alias=name)
+    check(Template.alias_exists(name), "the built template exists")
+    sb = Sandbox.create(template=name)
+    out = sb.commands.run("cat /app/out.txt; echo $GREETING; id -un; cat /tmp/started; pgrep -c sleep").stdout
+    check(out == "hello from the template\nhi\nuser\nstarted\n1\n", f"a sandbox of the template, started: {out!r}")
+    sb.kill()
+
+
 def main():
     t = time.monotonic()
     sb = Sandbox.create(template="base", timeout=300, envs={"SBVAR": "fromsandbox"}, metadata={"suite": "sdk"})
@@ -292,6 +320,7 @@ def main():
     snapshots(sb)
     forks(sb)
     asyncio.run(async_checks(sb.sandbox_id))
+    templates()
     check(sb.kill() is True, "kill")
     check(not sb.is_running(), "a killed sandbox is not running")
     check(Sandbox.kill(sb.sandbox_id) is False, "killing it again answers False")

@@ -35,6 +35,11 @@ class ExecRequest(_Request):
     detach: Optional[bool] = None
     log: Optional[str] = None
     merge_stderr: Optional[bool] = None
+    # a command that outlives its client; attach to one by its pid
+    keep: Optional[bool] = None
+    attach: Optional[int] = None
+    # one of forkd's own tools instead of argv or shell: {"watch": {"path": ..., "recursive": ...}}
+    tool: Optional[dict[str, Any]] = None
 
 
 @dataclass
@@ -55,6 +60,9 @@ class ExecBody(_Request):
     stdin_b64: Optional[str] = None
     merge_stderr: Optional[bool] = None
     output_limit: Optional[int] = None
+    keep: Optional[bool] = None
+    attach: Optional[int] = None
+    tool: Optional[dict[str, Any]] = None
 
     @classmethod
     def of(cls, req: ExecRequest, **more: Any) -> "ExecBody":
@@ -87,6 +95,10 @@ class CreateSandboxRequest(_Request):
     labels: dict[str, str] = field(default_factory=dict)
     network: Optional[Network] = None
     seccomp: Optional[str] = None
+    # setuid programs (sudo) take effect: no no_new_privs
+    setuid: Optional[bool] = None
+    # removed by the daemon this many seconds after it is made
+    expires_in_secs: Optional[int] = None
 
 
 @dataclass
@@ -136,6 +148,18 @@ class ForkRequest(_Request):
     network: Optional[Network] = None
     share_memory: Optional[bool] = None
     disk_bytes: Optional[int] = None
+    expires_in_secs: Optional[int] = None
+
+
+@dataclass
+class ExpiryRequest(_Request):
+    expires_in_secs: Optional[int] = None
+
+
+@dataclass
+class ResumeRequest(_Request):
+    checkpoint: Optional[str] = None
+    expires_in_secs: Optional[int] = None
 
 
 @dataclass
@@ -173,5 +197,7 @@ REQUESTS: dict[str, type[_Request]] = {
         ExportRequest,
         ArchivePath,
         GrantRequest,
+        ExpiryRequest,
+        ResumeRequest,
     )
 }

@@ -230,6 +230,12 @@ class SandboxInfo(_Model):
     seccomp: str = "default"
     # what its writable layer is charged (inspect, or a list with stats), with quotas
     disk_used_bytes: Optional[int] = None
+    # setuid programs (sudo) take effect in it
+    setuid: bool = False
+    # when the daemon removes it (seconds since the epoch), if it expires
+    expires_at: Optional[int] = None
+    # CPU time its processes used, microseconds (inspect, or a list with stats)
+    cpu_usage_us: Optional[int] = None
 
     @property
     def running(self) -> bool:
@@ -287,6 +293,30 @@ class ExecRecord(_Model):
     tty: bool = False
     detach: bool = False
     result: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class FsEntry(_Model):
+    """One file in a sandbox, as `lstat` sees it there."""
+
+    name: str = ""
+    path: str = ""
+    # file, dir, symlink or other
+    kind: str = ""
+    size: int = 0
+    mode: int = 0
+    owner: str = ""
+    group: str = ""
+    modified_ns: int = 0
+    symlink_target: Optional[str] = None
+
+
+@dataclass
+class FsAnswer(_Model):
+    """What a file operation answers."""
+
+    entries: list[FsEntry] = field(default_factory=list)
+    created: Optional[bool] = None
 
 
 @dataclass
@@ -454,4 +484,6 @@ SCHEMAS: dict[str, type[_Model]] = {
     "GcResult": GcResult,
     "Refusal": Refusal,
     "GrantInfo": GrantInfo,
+    "FsEntry": FsEntry,
+    "FsAnswer": FsAnswer,
 }

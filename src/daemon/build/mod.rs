@@ -56,6 +56,7 @@ use crate::api::{ApiError, BuildRequest, BuildResult, BuildStatus, BuildStep};
 
 mod copy;
 mod job;
+mod upload;
 
 const CACHE_VERSION: u32 = 1;
 /// The label on a build's step sandboxes.
