@@ -902,6 +902,23 @@ fn file_operations_run_as_the_user_inside_the_sandbox() {
         String::from_utf8_lossy(&denied.body)
     );
     assert!(String::from_utf8_lossy(&denied.body).contains("/etc/x"));
+    // Written as root for a user: the file and the directories made for it are theirs.
+    let given = c
+        .raw(
+            "PUT",
+            &format!("/v1/sandboxes/{}/file?path=/srv/g/h/f&owner=nobody", sb.id),
+            b"x",
+        )
+        .unwrap();
+    assert_eq!(
+        given.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&given.body)
+    );
+    let (_, owners, _) = d.sh(&sb.id, "stat -c %U /srv/g /srv/g/h /srv/g/h/f /srv");
+    assert_eq!(owners, "nobody\nnobody\nnobody\nroot\n");
+    fs(serde_json::json!({"op": "remove", "path": "/srv/g"})).unwrap();
     // Stat describes a symlink without following it; list goes depth first.
     let st = fs(serde_json::json!({"op": "stat", "path": "/srv/link"})).unwrap();
     assert_eq!(st.entries[0].kind, FsKind::Symlink);

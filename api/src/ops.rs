@@ -366,7 +366,7 @@ impl Operation {
                 status: 200,
                 body: RequestBody::Bytes,
                 answer: Answer::Json("FsAnswer"),
-                query: &[("path", true), ("user", false)],
+                query: &[("path", true), ("user", false), ("owner", false)],
             },
             Operation::SetSandboxExpiry => OpSpec {
                 method: "PUT",

@@ -307,13 +307,19 @@ pub fn rpc_error(status: u16, message: String) -> Error {
     Error::new(code, message)
 }
 
-fn file_path(t: &Target, user: &str, path: &str) -> String {
-    format!(
-        "/v1/sandboxes/{}/file?path={}&user={}",
+/// forkd's path of a file of the sandbox. Like E2B's envd, which runs as root, this
+/// layer reads and writes as root; a file it writes (and the directories made for it)
+/// is given to `owner`, the request's user.
+fn file_path(t: &Target, path: &str, owner: Option<&str>) -> String {
+    let mut p = format!(
+        "/v1/sandboxes/{}/file?path={}",
         forkd_api::url::encode(&t.id),
-        forkd_api::url::encode(path),
-        forkd_api::url::encode(user)
-    )
+        forkd_api::url::encode(path)
+    );
+    if let Some(o) = owner {
+        p.push_str(&format!("&owner={}", forkd_api::url::encode(o)));
+    }
+    p
 }
 
 /// `GET /files?path=&username=`: the file's bytes.
@@ -323,7 +329,7 @@ async fn read_file(t: Target, q: HashMap<String, String>) -> Answer {
         return rest_error(400, "path is required");
     };
     let path = t.path(&user, path);
-    let answer = blocking(move || t.client.raw("GET", &file_path(&t, &user, &path), &[])).await;
+    let answer = blocking(move || t.client.raw("GET", &file_path(&t, &path, None), &[])).await;
     match answer {
         Ok(Ok(r)) if r.status == 200 => crate::with_type(200, "application/octet-stream", r.body),
         Ok(Ok(r)) => {
@@ -395,7 +401,7 @@ async fn write_files(
             let path = t.path(&user, &path);
             let r = t
                 .client
-                .raw("PUT", &file_path(&t, &user, &path), &data)
+                .raw("PUT", &file_path(&t, &path, Some(&user)), &data)
                 .map_err(|e| failure(&e))?;
             if r.status != 200 {
                 return Err(failure(&Client::api_error(&r)));

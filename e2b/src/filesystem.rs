@@ -77,7 +77,11 @@ fn call(
         )?),
         "MakeDir" => {
             let p = path("path")?;
-            let a = op(t, &user, FsOp::MakeDir { path: p.clone() })?;
+            let made = FsOp::MakeDir {
+                path: p.clone(),
+                owner: Some(user.clone()),
+            };
+            let a = op(t, &user, made)?;
             if a.created == Some(false) {
                 return Err(Error::new(
                     Code::AlreadyExists,
@@ -138,11 +142,10 @@ fn call(
     }
 }
 
-fn op(t: &Target, user: &str, op: FsOp) -> Result<FsAnswer, Error> {
-    let body = FsRequest {
-        op,
-        user: Some(user.to_string()),
-    };
+/// A file operation, as root (E2B's envd runs as root: what it makes for a user, it gives
+/// to the user, as `MakeDir` does here).
+fn op(t: &Target, _user: &str, op: FsOp) -> Result<FsAnswer, Error> {
+    let body = FsRequest { op, user: None };
     let path = format!("/v1/sandboxes/{}/fs", forkd_api::url::encode(&t.id));
     t.client.send("POST", &path, &body).map_err(|e| {
         let (status, message) = failure(&e);
@@ -310,7 +313,7 @@ fn create_watcher(gw: &Gateway, t: &Target, user: &str, msg: &Value) -> Result<V
             format!("{MAX_WATCHERS} watchers are open: remove some"),
         ));
     }
-    let conn = start_watch(t, user, &path, watch_args(msg))?;
+    let conn = start_watch(t, "root", &path, watch_args(msg))?;
     let control = conn
         .try_clone()
         .map_err(|e| Error::new(Code::Internal, format!("watch connection: {e}")))?;
@@ -390,7 +393,7 @@ pub async fn watch_dir(t: Target, basic: Option<String>, body: Vec<u8>) -> Answe
         ));
     };
     let recursive = watch_args(&msg);
-    let started = blocking(move || start_watch(&t, &user, &path, recursive)).await;
+    let started = blocking(move || start_watch(&t, "root", &path, recursive)).await;
     let conn = match started {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return crate::process::stream_error(&e),

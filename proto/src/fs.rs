@@ -18,8 +18,12 @@ pub enum FsOp {
         depth: u32,
     },
     /// Creates the directory `path` and its missing parents; `created` says whether it
-    /// was new.
-    MakeDir { path: String },
+    /// was new. With `owner`, what it made is given to that user of the sandbox.
+    MakeDir {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
+    },
     /// Renames `from` to `to` (within the sandbox's filesystem).
     Move { from: String, to: String },
     /// Removes `path`, a directory with everything in it.
@@ -27,8 +31,14 @@ pub enum FsOp {
     /// The bytes of the file `path`, on the tool's standard output.
     Read { path: String },
     /// Writes the tool's standard input to the file `path` (made, or cut to size),
-    /// making missing parent directories.
-    Write { path: String },
+    /// making missing parent directories. With `owner`, the file and the directories
+    /// made for it are given to that user of the sandbox (E2B's envd writes so: as root,
+    /// for the user).
+    Write {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
+    },
 }
 
 fn one() -> u32 {
@@ -41,10 +51,10 @@ impl FsOp {
         match self {
             FsOp::Stat { path }
             | FsOp::List { path, .. }
-            | FsOp::MakeDir { path }
+            | FsOp::MakeDir { path, .. }
             | FsOp::Remove { path }
             | FsOp::Read { path }
-            | FsOp::Write { path } => vec![path],
+            | FsOp::Write { path, .. } => vec![path],
             FsOp::Move { from, to } => vec![from, to],
         }
     }

@@ -577,6 +577,7 @@ fn handle(
             let sb = d.sandboxes.get(&param("id"))?;
             let op = api::FsOp::Write {
                 path: query(op, req, "path")?.unwrap_or_default().to_string(),
+                owner: query(op, req, "owner")?.map(str::to_string),
             };
             let user = query(O::WriteFile, req, "user")?;
             Ok(Reply::json(&d.file_answer(

@@ -601,6 +601,7 @@ fn file_operations_are_their_schemas() {
     for op in ops {
         let body = match op {
             "move" => json!({"op": op, "from": "/a", "to": "/b", "user": "user"}),
+            "make_dir" => json!({"op": op, "path": "/a", "owner": "user"}),
             "list" => json!({"op": op, "path": "/a", "depth": 2}),
             _ => json!({"op": op, "path": "/a"}),
         };

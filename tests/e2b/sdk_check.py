@@ -117,11 +117,12 @@ def files(sb):
     w.stop()
     written = f.write_files([{"path": "/tmp/w1", "data": "1"}, {"path": "/tmp/w2", "data": b"2"}])
     check(sorted(w.path for w in written) == ["/tmp/w1", "/tmp/w2"], "write_files")
-    try:
-        f.write("/etc/forbidden", "x")
-        check(False, "user cannot write /etc")
-    except Exception as e:
-        check("Permission denied" in str(e) or "permission" in str(e).lower(), f"the sandbox's permissions apply: {e}")
+    # As E2B's envd does: files are written as root, for the user, wherever they go.
+    f.write("/opt/made/by/envd.txt", "x")
+    info = f.get_info("/opt/made/by/envd.txt")
+    check(info.owner == "user", f"a file written anywhere is the user's: {info.owner}")
+    check(f.get_info("/opt/made").owner == "user", "and so are the directories made for it")
+    check(f.get_info("/opt").owner == "root", "a directory that was there keeps its owner")
 
 
 def pty(sb):

@@ -8,7 +8,7 @@ use crate::proto::{FsAnswer, FsEntry, FsKind, FsOp};
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Runs the operation `json` and exits.
 pub fn fs_main(json: &str) -> ! {
@@ -76,7 +76,7 @@ fn run(op: &FsOp) -> io::Result<Option<FsAnswer>> {
             list(Path::new(path), *depth, &mut names, &mut entries).map_err(at(path))?;
             one(entries)
         }
-        FsOp::MakeDir { path } => {
+        FsOp::MakeDir { path, owner } => {
             let created = match std::fs::symlink_metadata(path) {
                 Ok(m) if m.is_dir() => false,
                 Ok(_) => {
@@ -86,7 +86,8 @@ fn run(op: &FsOp) -> io::Result<Option<FsAnswer>> {
                     ))
                 }
                 Err(_) => {
-                    std::fs::create_dir_all(path).map_err(at(path))?;
+                    let made = make_dirs(Path::new(path)).map_err(at(path))?;
+                    give(owner.as_deref(), &made).map_err(at(path))?;
                     true
                 }
             };
@@ -122,16 +123,68 @@ fn run(op: &FsOp) -> io::Result<Option<FsAnswer>> {
             out.flush()?;
             Ok(None)
         }
-        FsOp::Write { path } => {
-            if let Some(parent) = Path::new(path).parent() {
-                std::fs::create_dir_all(parent).map_err(at(path))?;
-            }
+        FsOp::Write { path, owner } => {
+            let mut made = match Path::new(path).parent() {
+                Some(parent) => make_dirs(parent).map_err(at(path))?,
+                None => Vec::new(),
+            };
             let mut f = std::fs::File::create(path).map_err(at(path))?;
             io::copy(&mut io::stdin().lock(), &mut f).map_err(at(path))?;
             f.sync_data().map_err(at(path))?;
             drop(f);
+            made.push(PathBuf::from(path));
+            give(owner.as_deref(), &made).map_err(at(path))?;
             one(vec![entry(Path::new(path), &mut names).map_err(at(path))?])
         }
+    }
+}
+
+/// Makes `dir` and its missing parents; the directories it made, outermost first.
+fn make_dirs(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut missing = Vec::new();
+    let mut p = Some(dir);
+    while let Some(d) =
+        p.filter(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
+    {
+        missing.push(d.to_path_buf());
+        p = d.parent();
+    }
+    missing.reverse();
+    std::fs::create_dir_all(dir)?;
+    Ok(missing)
+}
+
+/// Gives `paths` to the sandbox's user `owner` (its uid and primary group), if given.
+fn give(owner: Option<&str>, paths: &[PathBuf]) -> io::Result<()> {
+    let Some(owner) = owner.filter(|o| !o.is_empty()) else {
+        return Ok(());
+    };
+    let (uid, gid) = user_ids(owner)?;
+    for p in paths {
+        std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
+/// A user's uid and primary gid: by name in the sandbox's `/etc/passwd`, or numeric.
+fn user_ids(user: &str) -> io::Result<(u32, u32)> {
+    for line in std::fs::read_to_string("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+    {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 4 && (f[0] == user || f[2] == user) {
+            if let (Ok(u), Ok(g)) = (f[2].parse(), f[3].parse()) {
+                return Ok((u, g));
+            }
+        }
+    }
+    match user.parse::<u32>() {
+        Ok(n) => Ok((n, n)),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("user {user:?} not found in the sandbox's /etc/passwd"),
+        )),
     }
 }
 
@@ -264,6 +317,7 @@ mod tests {
         assert_eq!(shallow.entries.len(), 2);
         let made = run(&FsOp::MakeDir {
             path: format!("{d}/a/b"),
+            owner: None,
         })
         .unwrap()
         .unwrap();
