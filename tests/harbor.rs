@@ -836,3 +836,84 @@ fn forkd_eval_grades_with_the_services_the_agent_left_running() {
     let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Harbor's own E2B backend (`harbor run --env e2b`, E2B's SDK 2.63 in Harbor's
+/// environment) pointed at forkd: each task's Dockerfile becomes an E2B template that
+/// forkd builds (a start command's state checkpointed), trials are sandboxes of it, and
+/// the oracle solves the fixture suite while nop does not. The multi-stage task is left
+/// out: E2B's SDK refuses multi-stage Dockerfiles itself, before any request.
+#[test]
+fn harbor_runs_the_fixture_suite_through_its_e2b_backend() {
+    let name = "harbor_runs_the_fixture_suite_through_its_e2b_backend";
+    let Some(py) = harbor_python(name) else {
+        return;
+    };
+    let e2b_ok = Command::new(&py)
+        .args([
+            "-c",
+            "import harbor.environments.e2b as m; assert m._HAS_E2B",
+        ])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !require(
+        name,
+        e2b_ok,
+        "Harbor's environment lacks e2b (run fixtures/setup.sh harbor)",
+    ) || !can_run_criu(name)
+    {
+        return;
+    }
+    let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let d = TestDaemon::start_with_env("harbor-e2b", &[("FORKD_LISTEN", &listen)]);
+    d.import(&debian, "debian");
+    let key = make_key(&d.root, "harbor", "own");
+    let url = format!("http://127.0.0.1:{port}");
+    let jobs = d.root.parent().unwrap().join("jobs");
+    let tasks = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/harbor/tasks");
+    let run = |agent: &str| {
+        let args = ["--agent", agent, "-n", "3", "-x", "word-count"];
+        let out = Command::new(py.parent().unwrap().join("harbor"))
+            .args(["run", "--env", "e2b", "-p"])
+            .arg(&tasks)
+            .arg("-o")
+            .arg(&jobs)
+            .args(args)
+            .env_remove("FORKD_SOCKET")
+            .env("E2B_API_KEY", &key)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            .output()
+            .expect("run harbor");
+        harbor_result(out, &jobs, &args)
+    };
+    let oracle = run("oracle");
+    assert_eq!(summary(&oracle), (3, 0, 1.0), "{oracle}");
+    let nop = run("nop");
+    assert_eq!(summary(&nop), (3, 0, 0.0), "{nop}");
+    // Every task became an image of its own (built once: the second run found them),
+    // and every trial's sandbox is gone.
+    let images: Vec<forkd::api::ImageInfo> = d.client.call("GET", "/v1/images", None).unwrap();
+    for t in ["edit-greeting", "serve-sum", "service-status"] {
+        assert_eq!(
+            images
+                .iter()
+                .filter(|i| i.name.starts_with(&format!("{t}__")))
+                .count(),
+            1,
+            "{t}: {:?}",
+            images.iter().map(|i| &i.name).collect::<Vec<_>>()
+        );
+    }
+    let left: Vec<serde_json::Value> = d.client.call("GET", "/v1/sandboxes", None).unwrap();
+    assert!(left.is_empty(), "sandboxes left: {left:?}");
+}

@@ -227,7 +227,8 @@ pub(crate) fn start_command(
     ready: Option<&String>,
 ) -> Result<(), (u16, String)> {
     let path = format!("/v1/sandboxes/{}/exec", forkd_api::url::encode(id));
-    let start = json!({ "shell": cmd, "detach": true, "log": "e2b-start" });
+    // As root: a service's start script may need to (E2B's templates run theirs so).
+    let start = json!({ "shell": cmd, "detach": true, "log": "e2b-start", "user": "root" });
     client
         .call::<Value>("POST", &path, Some(&start))
         .map_err(|e| failure(&e))?;
@@ -236,7 +237,13 @@ pub(crate) fn start_command(
     };
     let t = std::time::Instant::now();
     loop {
-        let check = json!({ "shell": ready, "timeout_ms": 10_000 });
+        // A check may itself take long (E2B's default for a Dockerfile's CMD is
+        // `sleep 20`): it has what is left of the bound.
+        let left = READY_WITHIN
+            .saturating_sub(t.elapsed())
+            .as_millis()
+            .max(1000) as u64;
+        let check = json!({ "shell": ready, "timeout_ms": left, "user": "root" });
         let r: forkd_api::ExecResult = client
             .call("POST", &path, Some(&check))
             .map_err(|e| failure(&e))?;

@@ -29,6 +29,8 @@ pub const START_CMD: &str = "e2b.start-cmd";
 pub const READY_CMD: &str = "e2b.ready-cmd";
 /// On a checkpoint: the template whose started state it is.
 pub const STATE_OF: &str = "e2b.template-state";
+/// On an image: the template it was built for.
+const TEMPLATE_LABEL: &str = "e2b.template";
 
 /// The most bytes the uploads of one build may hold together.
 const MAX_UPLOADS: usize = 1 << 30;
@@ -225,6 +227,10 @@ fn dockerfile(start: &Value) -> Result<(String, Vec<String>), String> {
         .filter(|b| !b.is_empty())
         .ok_or("the build names no base: fromImage or fromTemplate")?;
     let mut out = format!("FROM {base}\nUSER root\n");
+    // Which template the image is (a retried build reuses an image it already made).
+    if let Some(name) = start["__template"].as_str() {
+        out.push_str(&format!("LABEL {TEMPLATE_LABEL}={}\n", quoted(name)));
+    }
     // E2B's images all have the user `user`, with its home.
     out.push_str(
         "RUN id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user 2>/dev/null || adduser -D user; mkdir -p /home/user && chown user /home/user\n",
@@ -390,8 +396,12 @@ fn context(
 /// `POST /v2/templates/{id}/builds/{build}`: the build starts, in the background.
 pub fn start(gw: &Gateway, template: &str, build_id: &str, body: &[u8]) -> Outcome {
     let (_, b) = build_of(gw, template, Some(build_id))?;
-    let start: Value = serde_json::from_slice(if body.is_empty() { b"{}" } else { body })
+    let mut start: Value = serde_json::from_slice(if body.is_empty() { b"{}" } else { body })
         .map_err(|e| (400, format!("the request body is not a build's steps: {e}")))?;
+    if !start.is_object() {
+        return Err((400, "the request body is not a build's steps".into()));
+    }
+    start["__template"] = json!(b.template);
     {
         let mut st = b.state.lock().unwrap();
         if st.status != "waiting" {
@@ -445,43 +455,61 @@ fn run(b: &Build, tar: &[u8]) {
         "/v1/images/build/upload?name={}",
         forkd_api::url::encode(&b.template)
     );
-    // A rebuild replaces the image: the caller's own only (forkd refuses a key of scope
-    // own a name that exists), so the old one goes first when nothing uses it.
     let image = format!("/v1/images/{}", forkd_api::url::encode(&b.template));
-    let _ = b.client.call::<Value>("DELETE", &image, None);
-    match b.client.raw("POST", &path, tar) {
+    let built = match b.client.raw("POST", &path, tar) {
         Ok(r) if r.status == 201 => {
-            if let Ok(done) = serde_json::from_slice::<forkd_api::BuildResult>(&r.body) {
-                for s in &done.steps {
+            match serde_json::from_slice::<forkd_api::BuildResult>(&r.body) {
+                Ok(done) => {
+                    for s in &done.steps {
+                        b.log(
+                            "info",
+                            format!("step {} ({}): {}", s.line, s.cache, s.instruction),
+                        );
+                    }
+                    Ok(done.image)
+                }
+                Err(e) => Err((500, format!("the build's answer: {e}"))),
+            }
+        }
+        // A key of scope own cannot replace an image: one this template's build made
+        // before (an attempt that failed after it) is taken as it is.
+        Ok(r) if r.status == 403 => {
+            match b.client.call::<forkd_api::ImageInfo>("GET", &image, None) {
+                Ok(info)
+                    if info.config.labels.get(TEMPLATE_LABEL).map(String::as_str)
+                        == Some(b.template.as_str()) =>
+                {
                     b.log(
                         "info",
-                        format!("step {} ({}): {}", s.line, s.cache, s.instruction),
+                        format!("reusing the image built for {} before", b.template),
                     );
+                    Ok(info)
                 }
+                _ => Err(failure(&Client::api_error(&r))),
             }
-            let started = serde_json::from_slice::<forkd_api::BuildResult>(&r.body)
-                .ok()
-                .and_then(|done| {
-                    let l = &done.image.config.labels;
-                    Some((l.get(START_CMD)?.clone(), l.get(READY_CMD).cloned()))
-                });
-            if let Some((cmd, ready)) = started {
-                // As E2B does: the template is the state its start command reaches.
-                b.log(
-                    "info",
-                    format!("starting {cmd:?} and waiting for {ready:?}"),
-                );
-                if let Err((_, why)) = started_state(&b.client, &b.template, &cmd, ready.as_ref()) {
-                    return fail(b, &why);
-                }
-                b.log("info", "the started state is checkpointed");
-            }
-            b.log("info", format!("template {} is ready", b.template));
-            b.state.lock().unwrap().status = "ready";
         }
-        Ok(r) => fail(b, &failure(&Client::api_error(&r)).1),
-        Err(e) => fail(b, &failure(&e).1),
+        Ok(r) => Err(failure(&Client::api_error(&r))),
+        Err(e) => Err(failure(&e)),
+    };
+    let image = match built {
+        Ok(i) => i,
+        Err((_, why)) => return fail(b, &why),
+    };
+    let labels = &image.config.labels;
+    if let Some(cmd) = labels.get(START_CMD) {
+        // As E2B does: the template is the state its start command reaches.
+        let ready = labels.get(READY_CMD);
+        b.log(
+            "info",
+            format!("starting {cmd:?} and waiting for {ready:?}"),
+        );
+        if let Err((_, why)) = started_state(&b.client, &b.template, cmd, ready) {
+            return fail(b, &why);
+        }
+        b.log("info", "the started state is checkpointed");
     }
+    b.log("info", format!("template {} is ready", b.template));
+    b.state.lock().unwrap().status = "ready";
 }
 
 /// Makes the started state of template `name`: a sandbox of its image, its start command
