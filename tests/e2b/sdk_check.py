@@ -105,6 +105,24 @@ def files(sb):
         check(False, "reading a missing file raises")
     except NotFoundException:
         check(True, "reading a missing file is NotFound")
+    import inspect
+    import io
+
+    if "gzip" in inspect.signature(f.write).parameters:
+        f.write("/tmp/gz.txt", "compressed on the way", gzip=True)
+        check(f.read("/tmp/gz.txt") == "compressed on the way", "a gzip'd upload")
+        f.write("/tmp/stream.bin", io.BytesIO(b"from a file object"))
+        check(f.read("/tmp/stream.bin") == "from a file object", "an octet-stream upload")
+    # A signed URL needs no token; the router a URL without the sandbox in its host
+    # would go through names the sandbox, as E2B's proxy does from the host name.
+    import httpx
+
+    url = sb.download_url("/tmp/gz.txt" if f.exists("/tmp/gz.txt") else "/home/user/notes/a.txt")
+    headers = {"E2b-Sandbox-Id": sb.sandbox_id}
+    r = httpx.get(url, headers=headers)
+    check(r.status_code == 200 and len(r.content) > 0, f"a signed download URL works: {r.status_code}")
+    r = httpx.get(url.replace("signature=v1_", "signature=v1_x"), headers=headers)
+    check(r.status_code == 401, f"a wrong signature is refused: {r.status_code}")
     f.make_dir("/tmp/watched/sub")
     w = f.watch_dir("/tmp/watched", recursive=True)
     f.write("/tmp/watched/new.txt", "x")
