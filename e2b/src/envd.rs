@@ -7,6 +7,7 @@
 //! names (relative ones are in the user's home), `/health` and `/files`.
 
 use crate::connect::{Code, Error};
+use crate::rpc::{unary_error, Target};
 use crate::{
     blocking, failure, json, labels, query, rest_error, Body, Forkd, Gateway, SandboxFacts,
 };
@@ -30,40 +31,6 @@ pub fn refuse_unnamed() -> Answer {
         400,
         "an envd request names its sandbox: send E2b-Sandbox-Id (the SDK does, with E2B_SANDBOX_URL set)",
     )
-}
-
-/// A sandbox envd serves: forkd's API as its owner, and what was read of it.
-#[derive(Clone)]
-pub struct Target {
-    pub id: String,
-    pub client: Client,
-    pub facts: Arc<SandboxFacts>,
-}
-
-impl Target {
-    /// The user a request acts as: the one it names, else the sandbox's default.
-    pub fn user<'a>(&'a self, named: Option<&'a str>) -> &'a str {
-        named.filter(|u| !u.is_empty()).unwrap_or(&self.facts.user)
-    }
-
-    /// An absolute path: a relative one is in `user`'s home.
-    pub fn path(&self, user: &str, path: &str) -> String {
-        if path.starts_with('/') {
-            return path.to_string();
-        }
-        let home = self
-            .facts
-            .homes
-            .get(user)
-            .cloned()
-            .unwrap_or_else(|| self.facts.home.clone());
-        let rel = path.trim_start_matches("./");
-        if rel.is_empty() || rel == "." {
-            home
-        } else {
-            format!("{}/{rel}", home.trim_end_matches('/'))
-        }
-    }
 }
 
 /// The message of a sandbox that is gone, in the words the SDK looks for.
@@ -286,25 +253,6 @@ fn basic_user(headers: &hyper::HeaderMap) -> Option<String> {
     let text = String::from_utf8(raw).ok()?;
     let user = text.split(':').next()?.to_string();
     (!user.is_empty()).then_some(user)
-}
-
-/// A unary call's error: its status, and `{code: NAME, message}`.
-pub fn unary_error(e: &Error) -> Answer {
-    json(e.code.status(), &e.json())
-}
-
-/// forkd's refusal as Connect's error.
-pub fn rpc_error(status: u16, message: String) -> Error {
-    let code = match status {
-        400 => Code::InvalidArgument,
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::NotFound,
-        409 => Code::AlreadyExists,
-        503 => Code::Unavailable,
-        _ => Code::Internal,
-    };
-    Error::new(code, message)
 }
 
 /// forkd's path of a file of the sandbox. Like E2B's envd, which runs as root, this

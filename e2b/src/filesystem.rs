@@ -4,7 +4,7 @@
 //! watch tool ([`Watchers`]).
 
 use crate::connect::{self, Code, Error};
-use crate::envd::{rpc_error, unary_error, Target};
+use crate::rpc::{rpc_error, stream_error, unary_error, Target};
 use crate::wire::{entry_info, field, number};
 use crate::{blocking, failure, json, Body, Gateway};
 use bytes::Bytes;
@@ -380,24 +380,21 @@ pub async fn watch_dir(t: Target, basic: Option<String>, body: Vec<u8>) -> Answe
         })
     }) {
         Ok(m) => m,
-        Err(e) => return crate::process::stream_error(&e),
+        Err(e) => return stream_error(&e),
     };
     let user = t.user(basic.as_deref()).to_string();
     let Some(path) = field(&msg, "path", "path")
         .and_then(Value::as_str)
         .map(|p| t.path(&user, p))
     else {
-        return crate::process::stream_error(&Error::new(
-            Code::InvalidArgument,
-            "path is required",
-        ));
+        return stream_error(&Error::new(Code::InvalidArgument, "path is required"));
     };
     let recursive = watch_args(&msg);
     let started = blocking(move || start_watch(&t, "root", &path, recursive)).await;
     let conn = match started {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return crate::process::stream_error(&e),
-        Err(e) => return crate::process::stream_error(&Error::new(Code::Internal, e)),
+        Ok(Err(e)) => return stream_error(&e),
+        Err(e) => return stream_error(&Error::new(Code::Internal, e)),
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
     let control = conn.try_clone().ok();

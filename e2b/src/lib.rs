@@ -11,10 +11,11 @@
 //! running (`process.rs`) and what it has read of a sandbox (`Sandboxes`). The wire it
 //! answers is docs/E2B.md's.
 //!
-//! - `control.rs`: the control plane;
+//! - `control.rs`: the control plane; `sandboxes.rs`: what a forkd sandbox is to it;
 //! - `states.rs`: pauses, resumes, snapshots and forks (live checkpoints);
 //! - `templates.rs`: template builds (forkd builds of an uploaded context);
-//! - `envd.rs`: envd's routing, authentication, `/health` and `/files`;
+//! - `envd.rs`: envd's routing, authentication, `/health` and `/files`; `rpc.rs`: the
+//!   sandbox an envd call is for, and Connect's errors as answers;
 //! - `process.rs`: envd's `process.Process` service (commands, PTYs);
 //! - `filesystem.rs`: envd's `filesystem.Filesystem` service;
 //! - `connect.rs`: the Connect protocol's envelopes and errors;
@@ -27,6 +28,8 @@ mod control;
 mod envd;
 mod filesystem;
 mod process;
+mod rpc;
+mod sandboxes;
 mod states;
 mod templates;
 mod wire;

@@ -11,7 +11,7 @@
 //! sandbox) it attaches to them again by pid ([`Table::reattach`]).
 
 use crate::connect::{self, Code, Error};
-use crate::envd::{rpc_error, unary_error, Target};
+use crate::rpc::{rpc_error, stream_error, unary_error, Target};
 use crate::wire::{field, number};
 use crate::{blocking, failure, json, Body, Gateway};
 use bytes::Bytes;
@@ -718,15 +718,6 @@ fn stream(first: Option<Bytes>, mut source: Source, keepalive: Option<Duration>)
         hyper::header::HeaderValue::from_static(connect::STREAM_CONTENT_TYPE),
     );
     r
-}
-
-/// A server stream that fails at once: 200, and only its end, holding the error.
-pub(crate) fn stream_error(e: &Error) -> Answer {
-    crate::with_type(
-        200,
-        connect::STREAM_CONTENT_TYPE,
-        connect::end_of_stream(Some(e)),
-    )
 }
 
 #[cfg(test)]

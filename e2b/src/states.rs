@@ -15,7 +15,9 @@
 //! to them again afterwards, or in the resumed sandbox. The checkpoints pauses and
 //! forks make are removed once nothing needs them ([`collect`]).
 
-use crate::control::{self, e2b_sandbox, expire_in, metadata_of, sandbox, timeout_of, Outcome};
+use crate::sandboxes::{
+    self as control, e2b_sandbox, expire_in, metadata_of, sandbox, timeout_of, Outcome,
+};
 use crate::{empty, failure, json, labels, Gateway};
 use forkd_api::client::Client;
 use forkd_api::{

@@ -67,7 +67,7 @@ impl Build {
             .lock()
             .unwrap()
             .logs
-            .push((crate::control::now(), level, message.into()));
+            .push((crate::sandboxes::now(), level, message.into()));
     }
 }
 
@@ -528,7 +528,7 @@ fn started_state(
     let sb: forkd_api::SandboxInfo = client
         .call("POST", "/v1/sandboxes", Some(&create))
         .map_err(|e| failure(&e))?;
-    let made = crate::control::start_command(client, &sb.id, cmd, ready).and_then(|()| {
+    let made = crate::sandboxes::start_command(client, &sb.id, cmd, ready).and_then(|()| {
         let path = format!(
             "/v1/sandboxes/{}/checkpoint",
             forkd_api::url::encode(&sb.id)

@@ -1,11 +1,12 @@
 //! E2B's protocol on the daemon's listeners: the daemon hands E2B's requests to the
 //! `forkd-e2b` crate, a client of this API, and gives it connections to the API that
-//! act for the key a request stands for ([`Acting`]). Those connections are served
-//! like any other (the router authenticates nothing more, and admits, audits and
-//! answers them as that key's own requests), so the translation reaches exactly what
-//! its caller's key may.
+//! act for the key a request stands for ([`Acting`]). Each is one end of a socket pair
+//! whose other end goes to the server on a channel ([`E2b::connections`], as grants'
+//! sockets do), which serves it like any other connection (the router authenticates
+//! nothing more, and admits, audits and answers its requests as that key's own), so the
+//! translation reaches exactly what its caller's key may.
 
-use super::server::{serve_connection, Caller, Peer};
+use super::server::conn::Caller;
 use super::Daemon;
 use crate::api::client::Client;
 use crate::api::transport::{Dial, Endpoint};
@@ -13,8 +14,41 @@ use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+/// A connection to the API that a translation dialled, for the server to serve as
+/// `caller`'s.
+pub struct Dialed {
+    pub stream: UnixStream,
+    pub caller: Caller,
+}
+
+/// The E2B layer, and the connections it dials.
+pub struct E2b {
+    pub gateway: Arc<forkd_e2b::Gateway>,
+    to_serve: tokio::sync::mpsc::UnboundedSender<Dialed>,
+    dialed: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Dialed>>>,
+}
+
+impl E2b {
+    pub fn new(config: &super::config::Config) -> E2b {
+        let (to_serve, dialed) = tokio::sync::mpsc::unbounded_channel();
+        E2b {
+            gateway: Arc::new(forkd_e2b::Gateway::new(settings(config))),
+            to_serve,
+            dialed: std::sync::Mutex::new(Some(dialed)),
+        }
+    }
+
+    /// The connections translations dial, each as it is made, for the server (once).
+    pub fn connections(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Dialed>> {
+        self.dialed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// The layer's settings, from the daemon's.
-pub fn settings(config: &super::config::Config) -> forkd_e2b::Settings {
+fn settings(config: &super::config::Config) -> forkd_e2b::Settings {
     forkd_e2b::Settings {
         max_body: config.max_copy_bytes,
         domain: config.listen.e2b_domain.clone(),
@@ -83,20 +117,20 @@ struct Dialer {
 
 impl Dial for Dialer {
     fn dial(&self) -> std::io::Result<UnixStream> {
-        use std::os::fd::AsFd;
         let (near, far) = UnixStream::pair()?;
         far.set_nonblocking(true)?;
-        let peer = Peer::of(far.as_fd(), false)?;
         let caller = Caller::Acting {
             key: self.key.clone(),
             peer: self.peer,
         };
-        let daemon = self.daemon.clone();
-        self.daemon.runtime.spawn(async move {
-            if let Ok(far) = tokio::net::UnixStream::from_std(far) {
-                serve_connection(daemon, far, caller, peer).await;
-            }
-        });
+        self.daemon
+            .e2b
+            .to_serve
+            .send(Dialed {
+                stream: far,
+                caller,
+            })
+            .map_err(|_| std::io::Error::other("the daemon's server has stopped"))?;
         Ok(near)
     }
 

@@ -75,7 +75,7 @@ pub struct Daemon {
     pub sandboxes: services::Sandboxes,
     pub checkpoints: services::Checkpoints,
     /// E2B's protocol, served beside the API (`e2b.rs`; the `forkd-e2b` crate).
-    pub e2b: Arc<forkd_e2b::Gateway>,
+    pub e2b: e2b::E2b,
     pub runtime: tokio::runtime::Handle,
 }
 
@@ -304,6 +304,9 @@ pub fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         let tcp = server::bind_tcp(&daemon.config.listen).await?;
         if let Some(sockets) = daemon.sandboxes.grants.sockets() {
             tokio::spawn(server::serve_grants(daemon.clone(), sockets));
+        }
+        if let Some(dialed) = daemon.e2b.connections() {
+            tokio::spawn(server::serve_dialed(daemon.clone(), dialed));
         }
         let (stopping, stopped) = tokio::sync::watch::channel(false);
         for (l, tls) in tcp {

@@ -289,7 +289,7 @@ impl Daemon {
                 templates,
                 sharing,
             },
-            e2b: Arc::new(forkd_e2b::Gateway::new(super::e2b::settings(&config))),
+            e2b: super::e2b::E2b::new(&config),
             config,
             features,
             runtime,

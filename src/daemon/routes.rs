@@ -87,12 +87,12 @@ pub async fn answer(
     };
     // E2B's protocol, beside the API on the same listeners: its own crate translates
     // it into requests of this API, which come back here as the key they act for.
-    if acting.is_none() && daemon.e2b.claims(req.uri().path(), req.headers()) {
+    if acting.is_none() && daemon.e2b.gateway.claims(req.uri().path(), req.headers()) {
         let forkd = Arc::new(super::e2b::Acting {
             daemon: daemon.clone(),
             peer: addr,
         });
-        return daemon.e2b.clone().serve(forkd, req).await;
+        return daemon.e2b.gateway.clone().serve(forkd, req).await;
     }
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();

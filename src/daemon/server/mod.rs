@@ -152,6 +152,30 @@ pub async fn serve_unix(
     }
 }
 
+/// Serves each connection a protocol translation dials (see `E2b::connections`), as the
+/// caller it acts for, until `dialed` ends.
+pub async fn serve_dialed(
+    daemon: Arc<Daemon>,
+    mut dialed: tokio::sync::mpsc::UnboundedReceiver<super::e2b::Dialed>,
+) {
+    use std::os::fd::AsFd;
+    while let Some(d) = dialed.recv().await {
+        let peer = match Peer::of(d.stream.as_fd(), false) {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn(&format!("a dialled connection: {e}"));
+                continue;
+            }
+        };
+        match tokio::net::UnixStream::from_std(d.stream) {
+            Ok(s) => {
+                tokio::spawn(serve_connection(daemon.clone(), s, d.caller, peer));
+            }
+            Err(e) => log::warn(&format!("a dialled connection: {e}")),
+        }
+    }
+}
+
 /// Serves each grant's socket as it is made (see `Grants::sockets`) until `sockets` ends.
 pub async fn serve_grants(
     daemon: Arc<Daemon>,
