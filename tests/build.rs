@@ -367,11 +367,7 @@ fn an_uploaded_context_builds_for_a_remote_key() {
     if !can_run(name) {
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let host = format!("tcp://127.0.0.1:{port}");
     let d = TestDaemon::start_with_env(name, &[("FORKD_LISTEN", &host)]);
     let key = make_key(&d.root, "remote", "own");

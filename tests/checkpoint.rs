@@ -902,6 +902,17 @@ fn kept_commands_outlive_their_clients_and_their_checkpoints() {
     assert_eq!(next_output(&mut s), "3:d\n");
 }
 
+/// A pause: a live checkpoint that stops the sandbox.
+fn pause(d: &TestDaemon, id: &str) -> CheckpointInfo {
+    d.client
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/checkpoint"),
+            Some(&serde_json::json!({ "live": true, "stop": true })),
+        )
+        .unwrap()
+}
+
 /// A pause (a live checkpoint that stops the sandbox) and a resume: the same sandbox,
 /// under its id, labels and all, running its processes on from their state; refused,
 /// leaving it as it was, when the sandbox runs or the checkpoint is another's.
@@ -933,14 +944,7 @@ fn a_paused_sandbox_resumes_under_its_id() {
         running.contains("no live checkpoint") || running.contains("only a stopped"),
         "{running}"
     );
-    let paused: CheckpointInfo = d
-        .client
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{}/checkpoint", src.id),
-            Some(&serde_json::json!({ "live": true, "stop": true })),
-        )
-        .unwrap();
+    let paused = pause(&d, &src.id);
     let stopped: SandboxInfo = d
         .client
         .call("GET", &format!("/v1/sandboxes/{}", src.id), None)
@@ -999,14 +1003,7 @@ fn a_paused_sandbox_resumes_under_its_id() {
     );
     assert!(counter_passes(&d, &src.id, n), "it counts on");
     // Paused and resumed again, from the newest pause.
-    let _: CheckpointInfo = d
-        .client
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{}/checkpoint", src.id),
-            Some(&serde_json::json!({ "live": true, "stop": true })),
-        )
-        .unwrap();
+    pause(&d, &src.id);
     let again: SandboxInfo = d
         .client
         .call(

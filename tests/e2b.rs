@@ -34,11 +34,7 @@ fn sdk_python(name: &str, version: &str) -> Option<PathBuf> {
 /// `e2b-base` image imported; its URL.
 fn e2b_daemon(name: &str) -> Option<(TestDaemon, String)> {
     let base = fixture(name, "images/e2b-base.tar.zst", "e2b")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("tcp://127.0.0.1:{port}");
     let d = TestDaemon::start_with_env(name, &[("FORKD_LISTEN", &listen)]);
     d.import(&base, "e2b-base");

@@ -447,11 +447,7 @@ fn mutated_requests_over_tcp_with_and_without_a_key_never_crash() {
     if !can_run(name) {
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let d = TestDaemon::start_with_env("fuzz-tcp", &[("FORKD_LISTEN", &format!("tcp://{addr}"))]);
     let key = make_key(&d.root, "fuzz", "own");

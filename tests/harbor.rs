@@ -867,11 +867,7 @@ fn harbor_runs_the_fixture_suite_through_its_e2b_backend() {
     let Some(debian) = fixture(name, "images/debian.tar.zst", "debian") else {
         return;
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("tcp://127.0.0.1:{port}");
     let d = TestDaemon::start_with_env("harbor-e2b", &[("FORKD_LISTEN", &listen)]);
     d.import(&debian, "debian");

@@ -22,6 +22,15 @@ pub use tls::{make_key, start_tls, Tls};
 pub const BIN: &str = env!("CARGO_BIN_EXE_forkd");
 
 /// Returns false (after printing SKIP) when the test cannot run here; panics in CI.
+/// A free TCP port on loopback, for a daemon's listener (`FORKD_LISTEN`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub fn can_run(name: &str) -> bool {
     let reason = if !nix::unistd::Uid::effective().is_root() {
         Some("needs root".to_string())

@@ -1,6 +1,6 @@
 //! A daemon listening on TCP with TLS, and the keys remote clients present to it.
 
-use super::{make_pki, require, TestDaemon, BIN};
+use super::{free_port, make_pki, require, TestDaemon, BIN};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -37,11 +37,7 @@ pub fn start_tls(name: &str, env: &[(&str, &str)]) -> Option<(TestDaemon, Tls)> 
     let pki = PathBuf::from(format!("/tmp/forkd-test-{name}-pki-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&pki);
     make_pki(&pki);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let host = format!("tcp://127.0.0.1:{port}");
     let cert = pki.join("server.crt").display().to_string();
     let key = pki.join("server.key").display().to_string();
