@@ -34,8 +34,12 @@ const TEMPLATE_LABEL: &str = "e2b.template";
 
 /// The most bytes the uploads of one build may hold together.
 const MAX_UPLOADS: usize = 1 << 30;
+/// The most bytes the uploads of every build under way may hold together.
+const MAX_ALL_UPLOADS: usize = 2 << 30;
 /// Builds kept (their status and logs) at most.
 const MAX_BUILDS: usize = 1024;
+/// How long a build that never starts keeps its uploads.
+const UNSTARTED: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The builds this layer was asked for, and the upload URLs it handed out.
 #[derive(Default)]
@@ -47,6 +51,8 @@ pub struct Builds {
 
 struct Build {
     template: String,
+    /// When it was asked for: a build never started is forgotten after [`UNSTARTED`].
+    asked: std::time::Instant,
     /// The key that asked (the id of its forkd key is not known here: its client is).
     client: Client,
     files: Mutex<HashMap<String, Vec<u8>>>,
@@ -107,6 +113,7 @@ pub fn request(gw: &Gateway, client: &Client, body: &[u8]) -> Outcome {
     let build_id = crate::random_hex(8);
     let b = Arc::new(Build {
         template: template.clone(),
+        asked: std::time::Instant::now(),
         client: client.clone(),
         files: Mutex::default(),
         state: Mutex::new(State {
@@ -119,6 +126,7 @@ pub fn request(gw: &Gateway, client: &Client, body: &[u8]) -> Outcome {
         format!("build {build_id} of template {template} requested"),
     );
     let mut all = gw.builds.all.lock().unwrap();
+    all.retain(|_, b| b.asked.elapsed() < UNSTARTED || b.state.lock().unwrap().status != "waiting");
     if all.len() >= MAX_BUILDS {
         // The oldest finished ones go first.
         let done: Vec<String> = all
@@ -198,12 +206,34 @@ pub fn upload(gw: &Gateway, token: &str, body: Vec<u8>) -> Answer {
     let Some(b) = gw.builds.all.lock().unwrap().get(&build_id).cloned() else {
         return rest_error(404, format!("build {build_id} is gone"));
     };
+    let all: usize = gw
+        .builds
+        .all
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|o| !Arc::ptr_eq(o, &b))
+        .map(|o| {
+            o.files
+                .lock()
+                .unwrap()
+                .values()
+                .map(Vec::len)
+                .sum::<usize>()
+        })
+        .sum();
     let mut files = b.files.lock().unwrap();
     let held: usize = files.values().map(Vec::len).sum();
     if held + body.len() > MAX_UPLOADS {
         return rest_error(
             400,
             format!("the build's uploads are over {MAX_UPLOADS} bytes"),
+        );
+    }
+    if all + held + body.len() > MAX_ALL_UPLOADS {
+        return rest_error(
+            503,
+            format!("uploads of builds under way hold {MAX_ALL_UPLOADS} bytes: try again later"),
         );
     }
     let n = body.len();

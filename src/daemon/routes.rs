@@ -92,7 +92,33 @@ pub async fn answer(
             daemon: daemon.clone(),
             peer: addr,
         });
-        return daemon.e2b.gateway.clone().serve(forkd, req).await;
+        let (method, path) = (
+            req.method().as_str().to_string(),
+            req.uri().path().to_string(),
+        );
+        let resp = daemon.e2b.gateway.clone().serve(forkd, req).await;
+        // What the translation did is audited as the key's own requests; a refusal of
+        // the caller itself (a wrong key or access token) is written here.
+        let status = resp.status().as_u16();
+        if status == 401 || status == 403 {
+            daemon.node.audit.write(super::server::audit::Entry {
+                t_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis() as u64,
+                key: None,
+                key_id: None,
+                peer: addr.to_string(),
+                method: &method,
+                path: &path,
+                op: None,
+                id: None,
+                status,
+                request_id: &rid,
+                suppressed: None,
+            });
+        }
+        return resp;
     }
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
@@ -410,7 +436,11 @@ fn handle(
             Ok(Reply::json(&d.build_image(req.json()?, given)?))
         }
         O::BuildImageUpload => {
-            let given = super::edge::registry_given(req.registry_config.as_deref())?;
+            let mut given = super::edge::registry_given(req.registry_config.as_deref())?;
+            if who.is_confined() {
+                // The caller's credentials for its FROM images, or none: never the node's.
+                given.get_or_insert_with(Default::default);
+            }
             let name = query(op, req, "name")?.unwrap_or_default().to_string();
             if who.is_confined() && d.image_info(&name).is_ok() {
                 return Err(ApiError::forbidden(format!(

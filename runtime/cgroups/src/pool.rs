@@ -17,7 +17,9 @@
 //! holds a cgroup. A cgroup is kept only when it is empty and thawed, its OOM-kill and
 //! task-refusal counters (which the kernel never clears, and which a sandbox's
 //! description reports) are zero, and it still charges at most [`KEEP_BYTES`]: pages of
-//! files its processes read that are still cached, and file-system objects. Those stay
+//! files its processes read that are still cached (among them those of forkd's own
+//! init, several MiB, charged to the first sandbox that runs it), and file-system
+//! objects. Those stay
 //! charged to the cgroup, so to its next sandbox, as a page stays charged to the first
 //! cgroup that touched it. A cgroup that charges more is removed, as before.
 //!
@@ -44,7 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// The most a kept cgroup may still charge: 8 MiB.
-pub const KEEP_BYTES: u64 = 8 << 20;
+pub const KEEP_BYTES: u64 = 16 << 20;
 
 const FREE_PREFIX: &str = "free-";
 const SHARED_PREFIX: &str = "shared-";
