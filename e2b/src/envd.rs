@@ -1,10 +1,13 @@
-//! envd, the in-sandbox API, served by forkd itself: nothing runs in the sandbox for
-//! it, so it works with any image. A request names its sandbox (`E2b-Sandbox-Id`, or a
-//! Host name), proves it may use it (`X-Access-Token`, or a signed `/files` URL), and is
-//! then carried out with forkd's API as the key that made the sandbox.
+//! envd, the in-sandbox API, served by forkd itself: no E2B program is put in the
+//! sandbox (forkd's own init, which every sandbox has, carries out its file operations
+//! and watches), so it works with any image. A request names its sandbox
+//! (`E2b-Sandbox-Id`, or a Host name), proves it may use it (`X-Access-Token`, or a
+//! signed `/files` URL), and is then carried out with forkd's API as the key that made
+//! the sandbox.
 //!
-//! Here: that routing and authentication, the user a request acts as and the paths it
-//! names (relative ones are in the user's home), `/health` and `/files`.
+//! Here: that routing and authentication, what is read of a sandbox once (its users'
+//! homes, its environment), `/health` and `/files`; the target's users and paths are
+//! `rpc.rs`'s.
 
 use crate::connect::{Code, Error};
 use crate::rpc::{unary_error, Target};
