@@ -15,6 +15,7 @@ mod network;
 mod ops;
 pub mod registry_auth;
 mod size;
+pub mod time;
 pub mod transport;
 
 pub use checkpoints::*;

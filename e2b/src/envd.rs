@@ -137,10 +137,6 @@ fn load(gw: &Gateway, forkd: &dyn Forkd, id: &str) -> Result<Target, String> {
     } else {
         "root"
     };
-    let home = homes
-        .get(user)
-        .cloned()
-        .unwrap_or_else(|| "/root".to_string());
     let envs = sb
         .labels
         .iter()
@@ -149,7 +145,6 @@ fn load(gw: &Gateway, forkd: &dyn Forkd, id: &str) -> Result<Target, String> {
     let facts = Arc::new(SandboxFacts {
         token,
         user: user.to_string(),
-        home,
         homes,
         envs,
     });
@@ -429,7 +424,6 @@ mod tests {
             facts: Arc::new(SandboxFacts {
                 token: "t0k".into(),
                 user: "user".into(),
-                home: "/home/user".into(),
                 homes,
                 envs: Vec::new(),
             }),

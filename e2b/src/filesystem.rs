@@ -70,7 +70,6 @@ fn call(
     match method {
         "Stat" => one(op(
             t,
-            &user,
             FsOp::Stat {
                 path: path("path")?,
             },
@@ -81,7 +80,7 @@ fn call(
                 path: p.clone(),
                 owner: Some(user.clone()),
             };
-            let a = op(t, &user, made)?;
+            let a = op(t, made)?;
             if a.created == Some(false) {
                 return Err(Error::new(
                     Code::AlreadyExists,
@@ -92,7 +91,6 @@ fn call(
         }
         "Move" => one(op(
             t,
-            &user,
             FsOp::Move {
                 from: path("source")?,
                 to: path("destination")?,
@@ -104,7 +102,6 @@ fn call(
                 .clamp(1, 64) as u32;
             let a = op(
                 t,
-                &user,
                 FsOp::List {
                     path: path("path")?,
                     depth,
@@ -116,7 +113,6 @@ fn call(
         "Remove" => {
             op(
                 t,
-                &user,
                 FsOp::Remove {
                     path: path("path")?,
                 },
@@ -144,7 +140,7 @@ fn call(
 
 /// A file operation, as root (E2B's envd runs as root: what it makes for a user, it gives
 /// to the user, as `MakeDir` does here).
-fn op(t: &Target, _user: &str, op: FsOp) -> Result<FsAnswer, Error> {
+fn op(t: &Target, op: FsOp) -> Result<FsAnswer, Error> {
     let body = FsRequest { op, user: None };
     let path = format!("/v1/sandboxes/{}/fs", forkd_api::url::encode(&t.id));
     t.client.send("POST", &path, &body).map_err(|e| {

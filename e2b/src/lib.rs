@@ -149,13 +149,11 @@ impl Gateway {
 }
 
 /// What the layer has read of a sandbox it serves envd for: its access token, its
-/// default user and that user's home, its users' homes, the environment its commands
-/// get. Derived from the sandbox's record (its labels) and its `/etc/passwd`, read once.
+/// default user, its users' homes, the environment its commands get. Derived from the sandbox's record (its labels) and its `/etc/passwd`, read once.
 #[derive(Debug, Clone)]
 pub(crate) struct SandboxFacts {
     pub token: String,
     pub user: String,
-    pub home: String,
     pub homes: HashMap<String, String>,
     pub envs: Vec<(String, String)>,
 }

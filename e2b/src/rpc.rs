@@ -32,8 +32,9 @@ impl Target {
             .facts
             .homes
             .get(user)
+            .or_else(|| self.facts.homes.get(&self.facts.user))
             .cloned()
-            .unwrap_or_else(|| self.facts.home.clone());
+            .unwrap_or_else(|| "/root".to_string());
         let rel = path.trim_start_matches("./");
         if rel.is_empty() || rel == "." {
             home
