@@ -12,8 +12,9 @@ use std::time::Duration;
 /// held.
 pub const DEFAULT_PIDS: u64 = 2048;
 /// Spares kept for each source unless `FORKD_SPARE_LAYERS` says otherwise: one covers a
-/// create or a single fork arriving at a time; batches make their own side by side.
-pub const DEFAULT_SPARE_LAYERS: usize = 1;
+/// create or a single fork arriving at a time, and a second lets the one taken be made
+/// again when the daemon is quiet (`quiet.rs`); batches make their own side by side.
+pub const DEFAULT_SPARE_LAYERS: usize = 2;
 /// How many namespaces are kept ready unless `FORKD_SPARE_NETNS` says otherwise. Each is
 /// ~200 KiB of kernel memory; a few cover creates and single forks arriving one at a time.
 pub const DEFAULT_SPARE_NETNS: usize = 4;

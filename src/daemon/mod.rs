@@ -31,6 +31,7 @@ mod open;
 mod paths;
 mod prometheus;
 mod pull;
+mod quiet;
 mod record;
 mod routes;
 mod sandboxes;

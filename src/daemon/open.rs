@@ -182,9 +182,13 @@ impl Daemon {
             Ok(_) => {}
         }
         let hierarchy = Hierarchy::detect().context("detect cgroups")?;
-        let spare_netns = spare_netns::SpareNetns::start(config.spare_netns)?;
-        let spare_layers =
-            spare_layers::SpareLayers::start(data.join("spare-layers"), config.spare_layers)?;
+        let activity = Arc::new(quiet::Activity::default());
+        let spare_netns = spare_netns::SpareNetns::start(config.spare_netns, activity.clone())?;
+        let spare_layers = spare_layers::SpareLayers::start(
+            data.join("spare-layers"),
+            config.spare_layers,
+            activity.clone(),
+        )?;
         let templates = Arc::new(templates::Templates::new(
             data.join("logs"),
             config.templates,
@@ -256,6 +260,7 @@ impl Daemon {
                 favor_dynmods_failed: std::sync::atomic::AtomicBool::new(false),
                 _lock: lock,
                 next_request: AtomicU64::new(1),
+                activity,
             },
             images: services::Images {
                 layers,

@@ -76,6 +76,10 @@ pub async fn answer(
 ) -> hyper::Response<http::Body> {
     let started = Instant::now();
     let rid = daemon.node.request_id();
+    // Until the answer is made (a stream or an upgraded connection it hands on is not
+    // counted): work made ahead waits for a moment without any.
+    let activity = daemon.node.activity.clone();
+    let _answering = activity.answering();
     let (addr, acting) = match &caller {
         Caller::Remote(a) => (*a, None),
         Caller::Acting { key, peer } => (*peer, Some((**key).clone())),

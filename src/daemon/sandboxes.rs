@@ -197,6 +197,9 @@ impl Daemon {
             .shared_memory_for(&super::edge::cgroup_limits(&req.limits));
         let record = SandboxRecord::starting(id.clone(), origin, memory_cgroup);
         let dir = self.sandbox_dir(&id);
+        // Until its command has started too: the spare layer taken is made again after,
+        // not beside that start (whose log file waits out the snapshot's commit).
+        let _busy = self.images.spare_layers.busy();
         let sb = self.start_or_undo(&dir, record, started, &LayerFrom::Base, |d, dir, rec| {
             d.start_init_in(dir, rec, policy.as_ref())
         })?;

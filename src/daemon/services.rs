@@ -36,6 +36,8 @@ pub struct Node {
     pub keys: forkd_keys::Keys,
     /// What keys did (`ROOT/audit.log`).
     pub audit: super::server::audit::Audit,
+    /// The requests under way, for the work made ahead when the daemon is quiet.
+    pub activity: Arc<super::quiet::Activity>,
     /// Keep `favordynmods` on the cgroup2 mount (unless `FORKD_CGROUP_FAVOR_DYNMODS=0`).
     pub(super) favor_dynmods: bool,
     /// Whether the last attempt to set it failed (so a failure is logged once).

@@ -9,6 +9,11 @@
 //! instead of committing. A fork of several branches makes the snapshots it lacks at
 //! once, side by side, where btrfs puts them in one commit.
 //!
+//! A source whose last take left it none is refilled at once (once the creates and forks
+//! under way have ended); one that still has a spare, or a new checkpoint's that nothing
+//! took yet, waits until the daemon is quiet ([`super::quiet`]), so that its commit does
+//! not land on the requests that follow a create (its first exec above all).
+//!
 //! A spare is a snapshot of an immutable subvolume (a base, a checkpoint's read-only
 //! snapshot), so one made ahead is the same as one made at the create. Each is handed
 //! out once, by rename; a source that goes (a checkpoint removed, a base collected)
@@ -16,7 +21,8 @@
 
 use super::log;
 use super::Lock as _;
-use std::collections::{HashMap, VecDeque};
+use super::quiet::Activity;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -35,6 +41,8 @@ const BATCH_AHEAD: usize = 256;
 /// How long, at most, the thread waits after a take for the operations in flight to end
 /// before it makes the next.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
+/// How often a spare not needed yet looks again whether the daemon is quiet.
+const QUIET_POLL: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
 struct State {
@@ -48,6 +56,8 @@ struct State {
     in_flight: usize,
     /// The source the thread is making a spare of, if any.
     making: Option<PathBuf>,
+    /// Sources whose last take left them no spare: made at once, not when quiet.
+    emptied: HashSet<PathBuf>,
 }
 
 impl State {
@@ -58,18 +68,23 @@ impl State {
         let mut dropped = Vec::new();
         while self.sources.len() > MAX_SOURCES {
             if let Some(old) = self.sources.pop_front() {
+                self.emptied.remove(&old);
                 dropped.extend(self.ready.remove(&old).unwrap_or_default());
             }
         }
         dropped
     }
 
-    fn lacking(&self, target: usize) -> Option<PathBuf> {
-        self.sources
-            .iter()
-            .rev()
-            .find(|s| self.ready.get(*s).map_or(0, Vec::len) < target)
-            .cloned()
+    /// The source to make a spare of next, and whether it is needed now (a take left it
+    /// none) rather than when the daemon is quiet: the most recently used of those needed
+    /// now, else of those short of `target`.
+    fn lacking(&self, target: usize) -> Option<(PathBuf, bool)> {
+        let have = |s: &PathBuf| self.ready.get(s).map_or(0, Vec::len);
+        let recent = || self.sources.iter().rev();
+        recent()
+            .find(|s| have(s) == 0 && self.emptied.contains(*s))
+            .map(|s| (s.clone(), true))
+            .or_else(|| recent().find(|s| have(s) < target).map(|s| (s.clone(), false)))
     }
 }
 
@@ -82,6 +97,8 @@ pub struct SpareLayers {
     next: AtomicU64,
     /// Held by the thread while it makes a snapshot.
     making: Mutex<()>,
+    /// The daemon's requests, for the spares not needed yet.
+    activity: Arc<Activity>,
     /// Signalled when the last operation in flight ends, and when the thread has made a
     /// spare.
     settled: Condvar,
@@ -103,7 +120,11 @@ impl Drop for Busy<'_> {
 impl SpareLayers {
     /// Opens `dir` (emptied of what an earlier daemon left) and starts the thread that
     /// keeps `target` spares of each recent source (none with 0).
-    pub fn start(dir: PathBuf, target: usize) -> anyhow::Result<Arc<Self>> {
+    pub fn start(
+        dir: PathBuf,
+        target: usize,
+        activity: Arc<Activity>,
+    ) -> anyhow::Result<Arc<Self>> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| anyhow::anyhow!("create {}: {e}", dir.display()))?;
         if let Ok(entries) = std::fs::read_dir(&dir) {
@@ -118,6 +139,7 @@ impl SpareLayers {
             target,
             next: AtomicU64::new(0),
             making: Mutex::new(()),
+            activity,
             settled: Condvar::new(),
         });
         if target > 0 {
@@ -181,6 +203,9 @@ impl SpareLayers {
         let (spare, dropped) = {
             let mut st = self.state.locked();
             let spare = st.ready.get_mut(source).and_then(Vec::pop);
+            if st.ready.get(source).is_none_or(Vec::is_empty) {
+                st.emptied.insert(source.to_path_buf());
+            }
             (spare, st.touch(source))
         };
         self.wanted.notify_one();
@@ -243,6 +268,7 @@ impl SpareLayers {
         let dropped = {
             let mut st = self.state.locked();
             st.sources.retain(|s| s != source);
+            st.emptied.remove(source);
             st.ready.remove(source).unwrap_or_default()
         };
         dropped.iter().for_each(|p| remove(p));
@@ -257,9 +283,33 @@ impl SpareLayers {
         Ok(spare)
     }
 
+    /// Waits until the daemon is quiet and no create or fork is under way; false if
+    /// the thread was stopped or `source` is no longer the next to make (another became
+    /// needed at once, or it was forgotten or filled) meanwhile.
+    fn quiet_unless_needed(&self, source: &Path) -> bool {
+        let mut st = self.state.locked();
+        loop {
+            if st.stopped
+                || st
+                    .lacking(self.target)
+                    .is_none_or(|(s, now)| now || s != source)
+            {
+                return false;
+            }
+            if st.in_flight == 0 && self.activity.is_quiet() {
+                return true;
+            }
+            st = self
+                .wanted
+                .wait_timeout(st, QUIET_POLL)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
     fn fill(&self) {
         loop {
-            let source = {
+            let (source, now) = {
                 let mut st = self.state.locked();
                 loop {
                     if st.stopped {
@@ -274,6 +324,10 @@ impl SpareLayers {
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
             };
+            if !now && !self.quiet_unless_needed(&source) {
+                // Stopped, or something else comes first now: choose again.
+                continue;
+            }
             // After the operations that took one are done: on a machine of few CPUs, a
             // snapshot beside one would slow it down.
             {
@@ -306,6 +360,7 @@ impl SpareLayers {
             self.settled.notify_all();
             match made {
                 Ok(spare) => {
+                    st.emptied.remove(&source);
                     if st.sources.contains(&source) {
                         st.ready.entry(source).or_default().push(spare);
                     } else {
@@ -372,10 +427,37 @@ mod tests {
         assert!(st.touch(Path::new("/s0")).is_empty());
         assert!(st.touch(Path::new("/new")).is_empty());
         assert!(!st.sources.contains(&PathBuf::from("/s1")));
-        assert_eq!(st.lacking(1), Some(PathBuf::from("/new")));
+        assert_eq!(st.lacking(1), Some((PathBuf::from("/new"), false)));
         for i in 2..MAX_SOURCES {
             st.touch(Path::new(&format!("/t{i}")));
         }
         assert_eq!(st.touch(Path::new("/last")), vec![PathBuf::from("/spare0")]);
+    }
+
+    #[test]
+    fn a_source_a_take_left_empty_comes_first_and_at_once() {
+        let mut st = State::default();
+        let (a, b) = (PathBuf::from("/a"), PathBuf::from("/b"));
+        st.touch(&a);
+        st.touch(&b);
+        st.ready.insert(a.clone(), vec![PathBuf::from("/spare-a")]);
+        st.ready.insert(b.clone(), vec![PathBuf::from("/spare-b")]);
+        // Both short of two: the most recent, when quiet.
+        assert_eq!(st.lacking(2), Some((b.clone(), false)));
+        // A take emptied the older one: it is made first, at once.
+        st.ready.get_mut(&a).unwrap().clear();
+        st.emptied.insert(a.clone());
+        assert_eq!(st.lacking(2), Some((a.clone(), true)));
+        // A new source nothing took from waits for a quiet moment.
+        st.touch(Path::new("/c"));
+        assert_eq!(st.lacking(2), Some((a.clone(), true)));
+        st.emptied.clear();
+        assert_eq!(st.lacking(2), Some((PathBuf::from("/c"), false)));
+        // Falling out forgets that it was emptied.
+        st.emptied.insert(a.clone());
+        for i in 0..MAX_SOURCES {
+            st.touch(Path::new(&format!("/s{i}")));
+        }
+        assert!(!st.emptied.contains(&a));
     }
 }

@@ -8,9 +8,12 @@
 //! ahead, so a create or a fork takes one instead of making it. Each namespace is handed
 //! out once, by value, and nothing else holds it: once taken, it is the sandbox's alone,
 //! as a namespace made in place would be. When none is ready (a batch of forks drains
-//! them faster than the thread makes them), the caller makes its own as before.
+//! them faster than the thread makes them), the caller makes its own as before. While
+//! some are left, the next is made once the daemon is quiet ([`super::quiet`]); the last
+//! one taken is replaced at once.
 
 use super::log;
+use super::quiet::Activity;
 use super::Lock as _;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex};
@@ -18,21 +21,26 @@ use std::time::Duration;
 
 /// How long the thread waits after a take before it makes the next namespace.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
+/// How often a namespace not needed yet looks again whether the daemon is quiet.
+const QUIET_POLL: Duration = Duration::from_millis(10);
 
 pub struct SpareNetns {
     ready: Mutex<Vec<OwnedFd>>,
     /// Signalled when one is taken.
     taken: Condvar,
     target: usize,
+    /// The daemon's requests, for the namespaces not needed yet.
+    activity: Arc<Activity>,
 }
 
 impl SpareNetns {
     /// Starts the thread that keeps `target` namespaces ready (none with 0).
-    pub fn start(target: usize) -> anyhow::Result<Arc<Self>> {
+    pub fn start(target: usize, activity: Arc<Activity>) -> anyhow::Result<Arc<Self>> {
         let spare = Arc::new(SpareNetns {
             ready: Mutex::new(Vec::with_capacity(target)),
             taken: Condvar::new(),
             target,
+            activity,
         });
         if target > 0 {
             let s = spare.clone();
@@ -67,6 +75,14 @@ impl SpareNetns {
                         .taken
                         .wait(ready)
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                // While some are left, the next waits for a quiet moment.
+                while !ready.is_empty() && !self.activity.is_quiet() {
+                    ready = self
+                        .taken
+                        .wait_timeout(ready, QUIET_POLL)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
                 }
             }
             // After the operation that took one has had time to finish: on a machine of
