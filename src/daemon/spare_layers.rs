@@ -20,8 +20,8 @@
 //! takes its spares with it, and a daemon that starts removes those an earlier one left.
 
 use super::log;
-use super::Lock as _;
 use super::quiet::Activity;
+use super::Lock as _;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CString;
 use std::fs::File;
@@ -84,7 +84,11 @@ impl State {
         recent()
             .find(|s| have(s) == 0 && self.emptied.contains(*s))
             .map(|s| (s.clone(), true))
-            .or_else(|| recent().find(|s| have(s) < target).map(|s| (s.clone(), false)))
+            .or_else(|| {
+                recent()
+                    .find(|s| have(s) < target)
+                    .map(|s| (s.clone(), false))
+            })
     }
 }
 
