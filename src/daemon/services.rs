@@ -2,7 +2,7 @@
 //!
 //! | service | owns |
 //! |---|---|
-//! | [`Node`] | the state root and its lock, the volume and its watch, whether disk limits hold, the metrics, the cgroup2 flag kept |
+//! | [`Node`] | the state root and its lock, the volume and its watch, whether disk limits hold, the metrics, the cgroup2 flag kept, the requests under way |
 //! | [`Images`] | the layer store, images, bases, the runtime layer, the store lock, pulls and builds in progress, spare layers |
 //! | [`Sandboxes`] | the table of sandboxes, cgroups, the watch of inits' exits, network leases and egress, spare network namespaces, the sysfs and mount namespace every sandbox starts from, the set-up program, grants |
 //! | [`Checkpoints`] | the table of checkpoints, CRIU, restore templates, memory sharing |
