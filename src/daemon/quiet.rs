@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 /// How long no request must have been under way for the daemon to count as quiet.
 pub const QUIET: Duration = Duration::from_millis(25);
 
-/// The requests under way, and when the last one ended.
+/// The requests under way that may change something (the API's reads are not counted:
+/// `routes::answer`), and when the last one ended.
 pub struct Activity {
     under_way: AtomicUsize,
     /// When the last request ended, in microseconds since `epoch`.

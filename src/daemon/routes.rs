@@ -76,10 +76,13 @@ pub async fn answer(
 ) -> hyper::Response<http::Body> {
     let started = Instant::now();
     let rid = daemon.node.request_id();
-    // Until the answer is made (a stream or an upgraded connection it hands on is not
-    // counted): work made ahead waits for a moment without any.
+    // A request that may change something, until its answer is made (a stream or an
+    // upgraded connection it hands on is not counted): work made ahead waits for a
+    // moment without any. Reads are left out: a commit does not hold them up, and a
+    // client polling the daemon must not keep it from ever being quiet.
     let activity = daemon.node.activity.clone();
-    let _answering = activity.answering();
+    let reads_only = matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD);
+    let _answering = (!reads_only).then(|| activity.answering());
     let (addr, acting) = match &caller {
         Caller::Remote(a) => (*a, None),
         Caller::Acting { key, peer } => (*peer, Some((**key).clone())),
