@@ -381,6 +381,7 @@ impl SpareLayers {
                         source.display()
                     ));
                     st.sources.retain(|s| *s != source);
+                    st.emptied.remove(&source);
                     let dropped = st.ready.remove(&source).unwrap_or_default();
                     drop(st);
                     dropped.iter().for_each(|p| remove(p));
