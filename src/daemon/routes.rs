@@ -109,10 +109,7 @@ pub async fn answer(
         let status = resp.status().as_u16();
         if status == 401 || status == 403 {
             daemon.node.audit.write(super::server::audit::Entry {
-                t_ms: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_millis() as u64,
+                t_ms: super::server::audit::now_ms(),
                 key: None,
                 key_id: None,
                 peer: addr.to_string(),
@@ -165,10 +162,7 @@ pub async fn answer(
     let status = resp.status().as_u16();
     if method != "GET" || status == 401 || status == 403 {
         daemon.node.audit.write(super::server::audit::Entry {
-            t_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64,
+            t_ms: super::server::audit::now_ms(),
             key: key.as_ref().map(|(name, _)| name.as_str()),
             key_id: key.as_ref().map(|(_, id)| id.as_str()),
             peer: addr.to_string(),

@@ -14,6 +14,14 @@ const KEPT: u32 = 3;
 /// Entries without a key written a second, at most.
 pub const KEYLESS_PER_SECOND: u32 = 20;
 
+/// Now, in milliseconds since the epoch (an entry's `t_ms`).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
 #[derive(Serialize)]
 pub struct Entry<'a> {
     /// Milliseconds since the epoch.
